@@ -1,0 +1,14 @@
+"""Collective cost model and hardware profiles (pure: no torch, no I/O beyond profiles)."""
+
+from prism_debug.cost.model import COLLECTIVES, CostModel, Estimate, Placement, bus_factor
+from prism_debug.cost.profile import (
+    DEFAULT_PROFILE,
+    HardwareProfile,
+    bundled_profiles,
+    load_profile,
+)
+
+__all__ = [
+    "COLLECTIVES", "CostModel", "DEFAULT_PROFILE", "Estimate", "HardwareProfile",
+    "Placement", "bundled_profiles", "bus_factor", "load_profile",
+]

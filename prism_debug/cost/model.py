@@ -1,0 +1,173 @@
+"""NCCL-style collective cost model.
+
+``time = latency(algorithm, protocol, steps) + bytes * factor / bus_bandwidth``
+
+* ``bytes`` follows nccl-tests' "size": the all-reduce buffer, the all-gather
+  *output*, the reduce-scatter *input*, the whole all-to-all buffer.
+* ``factor`` is nccl-tests' bus-bandwidth factor (2(n-1)/n for all-reduce,
+  (n-1)/n for all-gather / reduce-scatter / all-to-all, 1 otherwise), so the
+  busbw this model reports is directly comparable with nccl-tests output.
+* Like NCCL's tuner, the model evaluates every algorithm (ring, tree, NVLS,
+  NVLS-tree) and protocol (LL, LL128, Simple) that applies to the op and the
+  group's placement, and takes the fastest.  Latency constants follow
+  ``src/graph/tuning.cc``: ring latency grows with the number of steps, tree
+  latency with log2(nodes), which is why a ring-only model is wrong at scale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from prism_debug.cost.profile import LL, LL128, SIMPLE, HardwareProfile
+
+COLLECTIVES = (
+    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
+    "reduce", "gather", "scatter", "barrier", "send", "recv",
+)
+_PROTOCOLS = (LL, LL128, SIMPLE)
+_PROTOCOL_NAMES = ("LL", "LL128", "Simple")
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a group's ranks sit: what the cost of a collective depends on."""
+
+    num_ranks: int
+    num_nodes: int
+    ranks_per_node: int  # the most ranks the group has on any one node
+
+    @classmethod
+    def of(cls, global_ranks, gpus_per_node: int) -> "Placement":
+        per_node: dict[int, int] = {}
+        for rank in global_ranks:
+            node = rank // gpus_per_node
+            per_node[node] = per_node.get(node, 0) + 1
+        return cls(len(global_ranks), len(per_node), max(per_node.values(), default=0))
+
+    @classmethod
+    def pair(cls, rank_a: int, rank_b: int, gpus_per_node: int) -> "Placement":
+        same_node = rank_a // gpus_per_node == rank_b // gpus_per_node
+        return cls(2, 1 if same_node else 2, 2 if same_node else 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+    op: str
+    nbytes: int
+    placement: Placement
+    time_s: float
+    busbw_gbs: float
+    algorithm: str
+    protocol: str
+
+
+def bus_factor(op: str, num_ranks: int) -> float:
+    """nccl-tests' busbw = algbw * factor (doc/PERFORMANCE.md)."""
+    n = num_ranks
+    if op in ("all_reduce", "barrier"):
+        return 2 * (n - 1) / n
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+class CostModel:
+    """Predicts how long one collective takes on a hardware profile."""
+
+    def __init__(self, profile: HardwareProfile) -> None:
+        self.profile = profile
+        self.is_free = profile.is_free
+        self._cache: dict[tuple[str, int, Placement], float] = {}
+
+    def time_s(self, op: str, nbytes: int, placement: Placement) -> float:
+        """Seconds one ``op`` of ``nbytes`` takes on a group with ``placement``.
+
+        The hot path of every emulated collective: memoised, since a training
+        loop repeats the same few (op, size, group) triples.
+        """
+        key = (op, nbytes, placement)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = self.estimate(op, nbytes, placement).time_s
+        return cached
+
+    def estimate(self, op: str, nbytes: int, placement: Placement) -> Estimate:
+        if op not in COLLECTIVES:
+            raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(COLLECTIVES)}")
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        n = placement.num_ranks
+        if n <= 1 or self.is_free:
+            return Estimate(op, nbytes, placement, 0.0, math.inf, "local", "-")
+        if op == "barrier":
+            # NCCL implements a barrier as an all-reduce of one element.
+            best = self._candidates("all_reduce", 4, placement)
+        else:
+            best = self._candidates(op, nbytes, placement)
+        time_s, algorithm, protocol = min(best)
+        factor = bus_factor(op, n)
+        busbw = nbytes * factor / time_s / 1e9 if time_s > 0 else math.inf
+        return Estimate(op, nbytes, placement, time_s, busbw, algorithm, protocol)
+
+    # -- algorithms ----------------------------------------------------------
+
+    def _candidates(self, op: str, nbytes: int, pl: Placement):
+        p = self.profile
+        n, k, m = pl.num_ranks, pl.num_nodes, pl.ranks_per_node
+        factor = bus_factor(op, n)
+        ring_bw = p.nvlink_bw if k == 1 else min(p.nvlink_bw, m * p.nic_bw)
+
+        if op in ("send", "recv"):
+            bw = p.nvlink_bw if k == 1 else p.nic_bw
+            hop = p.nvlink_ring if k == 1 else p.net_ring
+            for proto in _PROTOCOLS:
+                lat = p.base_ring[proto] + hop[proto]
+                yield self._time(lat, nbytes, 1.0, bw, proto), "p2p", _PROTOCOL_NAMES[proto]
+            return
+
+        if op == "all_to_all":
+            # Every rank exchanges with every other; traffic leaving the node is
+            # limited to about one NIC per GPU (NCCL cannot aggregate NICs here).
+            intra = nbytes * (m - 1) / n
+            inter = nbytes * (n - m) / n
+            hop = p.nvlink_ring if k == 1 else p.net_ring
+            lat = p.base_ring[SIMPLE] + hop[SIMPLE]
+            xfer = max(intra / p.nvlink_bw, inter / p.nic_bw if inter else 0.0)
+            yield lat + xfer, "p2p", "Simple"
+            return
+
+        # Ring: nsteps sequential hops; those crossing a node boundary pay the
+        # network hop latency (tuning.cc: nInterSteps).
+        if op == "all_reduce":
+            steps, inter_steps = 2 * (n - 1), (2 * (k - 1) if k > 1 else 0)
+        else:
+            steps, inter_steps = n - 1, (k - 1 if k > 1 else 0)
+        for proto in _PROTOCOLS:
+            lat = (p.base_ring[proto] + (steps - inter_steps) * p.nvlink_ring[proto]
+                   + inter_steps * p.net_ring[proto])
+            yield self._time(lat, nbytes, factor, ring_bw, proto), "ring", _PROTOCOL_NAMES[proto]
+
+        if op != "all_reduce":
+            return
+        if k > 1:
+            # Double binary tree between nodes, chain inside each node.
+            depth = math.log2(k)
+            for proto in _PROTOCOLS:
+                lat = p.base_tree[proto] + 2 * (
+                    (m - 1) * p.nvlink_tree[proto] + depth * p.net_tree[proto]
+                )
+                bw = ring_bw * p.tree_factor
+                yield self._time(lat, nbytes, factor, bw, proto), "tree", _PROTOCOL_NAMES[proto]
+        if m == p.gpus_per_node and m > 1:
+            # NVLink SHARP: the switch reduces, inside a node (NVLS) or as the
+            # intra-node half of NVLS-tree across nodes.
+            if k == 1:
+                lat, bw, name = p.nvls_lat, p.nvls_bw, "nvls"
+            else:
+                lat = p.nvls_lat + 2 * math.log2(k) * p.nvls_tree_net_lat
+                bw, name = min(p.nvls_bw, m * p.nic_bw), "nvls_tree"
+            yield self._time(lat, nbytes, factor, bw, SIMPLE), name, "Simple"
+
+    def _time(self, lat: float, nbytes: int, factor: float, bw: float, proto: int) -> float:
+        return lat + nbytes * factor / (bw * self.profile.protocol_efficiency[proto])

@@ -1,0 +1,137 @@
+"""Hardware profiles: the data a cost model needs about one cluster design.
+
+Profiles are TOML files that cite their sources.  Bundled ones live in
+``prism_debug/cost/profiles/``; ``--hardware`` takes a bundled name or a path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from pathlib import Path
+
+from prism_debug.errors import HardwareProfileError
+
+BUNDLED_DIR = Path(__file__).with_name("profiles")
+DEFAULT_PROFILE = "h100-ib400"
+PROTOCOLS = ("ll", "ll128", "simple")
+
+# Latency lists are indexed by protocol, in NCCL's order.
+LL, LL128, SIMPLE = range(3)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HardwareProfile:
+    """Bandwidths in bytes/s, latencies in seconds (converted on load)."""
+
+    name: str
+    description: str
+    gpus_per_node: int
+    sources: tuple[str, ...]
+    nvlink_bw: float
+    nvls_bw: float
+    nic_bw: float
+    tree_factor: float
+    base_ring: tuple[float, float, float]
+    base_tree: tuple[float, float, float]
+    nvlink_ring: tuple[float, float, float]
+    nvlink_tree: tuple[float, float, float]
+    net_ring: tuple[float, float, float]
+    net_tree: tuple[float, float, float]
+    nvls_lat: float
+    nvls_tree_net_lat: float
+    protocol_efficiency: tuple[float, float, float]
+    path: str = ""
+
+    def __post_init__(self) -> None:
+        if self.gpus_per_node < 1:
+            raise HardwareProfileError(f"profile {self.name!r}: gpus_per_node must be >= 1")
+        for field in ("nvlink_bw", "nvls_bw", "nic_bw"):
+            if not getattr(self, field) > 0:
+                raise HardwareProfileError(f"profile {self.name!r}: {field} must be > 0")
+        if not all(0 < e <= 1 for e in self.protocol_efficiency):
+            raise HardwareProfileError(
+                f"profile {self.name!r}: protocol_efficiency values must be in (0, 1]"
+            )
+
+    @property
+    def is_free(self) -> bool:
+        """True when every collective costs nothing (the ``zero`` profile)."""
+        lats = (*self.base_ring, *self.base_tree, *self.nvlink_ring, *self.net_ring)
+        return math.isinf(self.nvlink_bw) and math.isinf(self.nic_bw) and not any(lats)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "HardwareProfile":
+        data = dict(data)
+        for key, value in data.items():
+            if isinstance(value, list):
+                data[key] = tuple(value)
+        return cls(**data)
+
+
+def bundled_profiles() -> list[str]:
+    return sorted(p.stem for p in BUNDLED_DIR.glob("*.toml"))
+
+
+def load_profile(name_or_path: str) -> HardwareProfile:
+    """Load a bundled profile by name, or a TOML file by path."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = BUNDLED_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        raise HardwareProfileError(
+            f"unknown hardware profile {name_or_path!r}: give a TOML file or one of "
+            f"{', '.join(bundled_profiles())}"
+        )
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise HardwareProfileError(f"cannot read hardware profile {path}: {exc}") from exc
+    return _parse(raw, path)
+
+
+def _parse(raw: dict, path: Path) -> HardwareProfile:
+    def get(table: str, key: str):
+        try:
+            return raw[table][key] if table else raw[key]
+        except KeyError:
+            where = f"[{table}] " if table else ""
+            raise HardwareProfileError(
+                f"hardware profile {path}: missing {where}{key}"
+            ) from None
+
+    def micros(key: str) -> tuple[float, float, float]:
+        value = get("latency_us", key)
+        if not (isinstance(value, list) and len(value) == 3):
+            raise HardwareProfileError(
+                f"hardware profile {path}: [latency_us] {key} must be [LL, LL128, Simple]"
+            )
+        return tuple(float(v) * 1e-6 for v in value)  # type: ignore[return-value]
+
+    gbs = 1e9
+    return HardwareProfile(
+        name=str(get("", "name")),
+        description=str(raw.get("description", "")),
+        gpus_per_node=int(get("", "gpus_per_node")),
+        sources=tuple(raw.get("sources", ())),
+        nvlink_bw=float(get("bandwidth_gbs", "nvlink")) * gbs,
+        nvls_bw=float(get("bandwidth_gbs", "nvls")) * gbs,
+        nic_bw=float(get("bandwidth_gbs", "nic")) * gbs,
+        tree_factor=float(get("bandwidth_gbs", "tree_factor")),
+        base_ring=micros("base_ring"),
+        base_tree=micros("base_tree"),
+        nvlink_ring=micros("nvlink_ring"),
+        nvlink_tree=micros("nvlink_tree"),
+        net_ring=micros("net_ring"),
+        net_tree=micros("net_tree"),
+        nvls_lat=float(get("latency_us", "nvls")) * 1e-6,
+        nvls_tree_net_lat=float(get("latency_us", "nvls_tree_net")) * 1e-6,
+        protocol_efficiency=tuple(
+            float(get("protocol_efficiency", p)) for p in PROTOCOLS
+        ),  # type: ignore[arg-type]
+        path=str(path),
+    )
