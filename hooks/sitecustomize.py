@@ -1,0 +1,58 @@
+"""Injected by ``prism-debug run`` (this folder is put first on PYTHONPATH).
+
+It makes every Python process the run starts — the script and whatever the
+script spawns — load the prism-debug agent as soon as it imports torch, and
+costs nothing in processes that never do.  Python imports only the first
+``sitecustomize`` on the path, so this one then runs the one it shadows.
+"""
+
+import os
+import sys
+
+
+def _install_torch_import_hook():
+    import importlib.abc
+    import importlib.machinery
+
+    class _AfterTorchImport(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name != "torch":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+            if spec is None or spec.loader is None:
+                return spec
+            exec_module = spec.loader.exec_module
+
+            def exec_then_bootstrap(module):
+                exec_module(module)
+                from prism_debug.agent.agent import bootstrap
+
+                bootstrap()
+
+            spec.loader.exec_module = exec_then_bootstrap
+            return spec
+
+    sys.meta_path.insert(0, _AfterTorchImport())
+
+
+def _run_shadowed_sitecustomize():
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+
+
+if os.environ.get("PRISM_DEBUG_CONFIG"):
+    if "torch" in sys.modules:  # imported already (an interpreter that preloads it)
+        from prism_debug.agent.agent import bootstrap
+
+        bootstrap()
+    else:
+        _install_torch_import_hook()
+_run_shadowed_sitecustomize()

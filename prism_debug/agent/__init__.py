@@ -1,0 +1,1 @@
+"""The agent inside the real rank's process: configuration, iteration tracking, events."""

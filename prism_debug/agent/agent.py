@@ -1,0 +1,162 @@
+"""The agent: prism-debug's presence inside the real rank's process.
+
+Installed when the script imports torch (see ``hooks/sitecustomize.py``), it
+seeds the random generators, puts the prism backend behind
+``init_process_group``, counts iterations with torch's global optimizer-step
+hooks (or the script's own ``prism_debug.iteration()`` marks), and appends one
+JSON line per event to the run's event log, which the controller reads.
+Append-only, line by line: a crash loses nothing already written.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import random
+import resource
+import threading
+
+import torch
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
+
+from prism_debug.agent.config import AgentConfig
+from prism_debug.agent.tracker import IterationTracker
+from prism_debug.backend.install import install
+from prism_debug.backend.runtime import Runtime
+from prism_debug.backend.values import Values
+from prism_debug.cost import CostModel, HardwareProfile
+from prism_debug.engine import EmulatedClock, LockstepEngine
+from prism_debug.graph import FamilyRecorder
+
+log = logging.getLogger(__name__)
+
+_active: "Agent | None" = None
+
+
+def active_agent() -> "Agent | None":
+    return _active
+
+
+class Agent:
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.clock = EmulatedClock()
+        self._events = open(config.events_path, "a", buffering=1, encoding="utf-8")
+        profile = HardwareProfile.from_dict(config.hardware)
+        self.families = FamilyRecorder(config.world_size)
+        self.tracker = IterationTracker(self.clock.now(), self._emit, config.record_ops)
+        self.runtime = Runtime(
+            rank=config.rank, world_size=config.world_size, clock=self.clock,
+            engine=LockstepEngine(CostModel(profile), profile.gpus_per_node),
+            values=Values(config.values, config.seed), tracker=self.tracker,
+            families=self.families, digests=config.digests,
+        )
+        self.runtime.stop_check = self._maybe_stop
+        self.initialised = False
+        self.marker_mode = False  # the script marks iterations itself
+        self._lead_optimizer: int | None = None
+        self._families_version = -1
+        self._stop_pending = False
+
+    def install(self) -> None:
+        global _active
+        _active = self
+        seed = self.config.seed
+        random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            import numpy
+            numpy.random.seed(seed % 2**32)
+        except ImportError:
+            pass
+        install(self.runtime, self._on_init)
+        register_optimizer_step_pre_hook(self._before_step)
+        register_optimizer_step_post_hook(self._after_step)
+        atexit.register(self._on_exit)
+
+    # -- events ---------------------------------------------------------------------
+
+    def _emit(self, record: dict) -> None:
+        self._events.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def _on_init(self, requested_backend: str) -> None:
+        self.initialised = True
+        now = self.clock.now()
+        self.tracker.start = now
+        self._emit({"kind": "init", "backend": requested_backend, "rank": self.config.rank,
+                    "world_size": self.config.world_size, "time_s": now})
+
+    def _on_exit(self) -> None:
+        if self.initialised:
+            self._emit({"kind": "exit", "families": self._families(),
+                        "peak_rss_bytes": _peak_rss(),
+                        "harness_excluded_s": self.clock.excluded_s})
+        self._events.close()
+
+    def _families(self) -> list[dict]:
+        return [f.to_dict() for f in self.families.summaries()]
+
+    # -- iterations ------------------------------------------------------------------
+
+    def mark_iteration(self) -> None:
+        """``prism_debug.iteration()``: the script ends an iteration itself."""
+        self._maybe_stop()
+        self.marker_mode = True
+        self._boundary()
+
+    def _before_step(self, optimizer, args, kwargs) -> None:
+        self._maybe_stop()
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        if self.marker_mode or not self.initialised:
+            return
+        # Several optimizers may step per iteration (one per model part); the
+        # first one ever seen to step marks the iteration.
+        if self._lead_optimizer is None:
+            self._lead_optimizer = id(optimizer)
+        if id(optimizer) == self._lead_optimizer:
+            self._boundary()
+
+    def _boundary(self) -> None:
+        if not self.initialised:
+            return
+        t0 = self.clock.now()
+        extra = {"peak_rss_bytes": _peak_rss()}
+        if self.families.version != self._families_version:
+            self._families_version = self.families.version
+            extra["families"] = self._families()
+        record = self.tracker.boundary(t0, extra)
+        limit = self.config.iterations
+        if limit is not None and record["iteration"] >= limit:
+            self._stop_pending = True
+            self.runtime.stop_requested = True
+
+    def _maybe_stop(self) -> None:
+        """Stop cleanly once ``--iterations`` are done, at the first point where
+        raising SystemExit reaches the script's own frames: the main thread,
+        outside autograd (a collective issued from a backward hook defers)."""
+        if not self._stop_pending:
+            return
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if torch._C._current_autograd_node() is not None:
+            return
+        self._stop_pending = False
+        self._emit({"kind": "stop", "iterations": self.tracker.iteration - 1})
+        raise SystemExit(0)
+
+
+def _peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def bootstrap() -> None:
+    """Called once torch has been imported in a process started by prism-debug."""
+    config = AgentConfig.from_environment()
+    if config is None or _active is not None:
+        return
+    Agent(config).install()

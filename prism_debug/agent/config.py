@@ -1,0 +1,41 @@
+"""What the controller tells the agent in the real rank (a JSON file named by
+``PRISM_DEBUG_CONFIG``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+ENV_VAR = "PRISM_DEBUG_CONFIG"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    rank: int
+    world_size: int
+    gpus_per_node: int
+    hardware: dict  # HardwareProfile.to_dict()
+    seed: int
+    values: str
+    events_path: str
+    iterations: int | None = None  # stop cleanly after this many iterations
+    record_ops: bool = False  # per-op records for --trace
+    digests: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside the world of {self.world_size} ranks")
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=1))
+
+    @classmethod
+    def read(cls, path: str | Path) -> "AgentConfig":
+        return cls(**json.loads(Path(path).read_text()))
+
+    @classmethod
+    def from_environment(cls) -> "AgentConfig | None":
+        path = os.environ.get(ENV_VAR)
+        return cls.read(path) if path else None

@@ -1,0 +1,69 @@
+"""Per-iteration accounting in the real rank: time, waits, collectives, digest.
+
+Pure Python (no torch): the backend feeds it bytes and timestamps on the
+emulated clock; at every iteration boundary it closes one record and hands it
+to a sink (the agent appends it to the run's event log).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Callable
+
+
+class IterationTracker:
+    def __init__(self, start: float, sink: Callable[[dict], None], record_ops: bool) -> None:
+        self.iteration = 1  # the iteration in progress, 1-based like optimizer steps
+        self.record_ops = record_ops
+        self._sink = sink
+        self._lock = threading.Lock()  # the future completer thread adds waits too
+        self._reset(start)
+
+    def _reset(self, start: float) -> None:
+        self.start = start
+        self.num_collectives = 0
+        self.comm_wait_s = 0.0
+        self.hasher = hashlib.blake2b(digest_size=16)
+        self.ops: list[tuple] = []  # (op, family, index, nbytes, arrival, done) when recording
+        self.waits: list[tuple[float, float]] = []  # (start, end) when recording
+
+    # -- the collective path (hot) ---------------------------------------------
+
+    def collective(self, op: str, ref, nbytes: int, arrival: float, done: float) -> None:
+        self.num_collectives += 1
+        if self.record_ops:
+            self.ops.append((op, ref.family, ref.index, nbytes, arrival, done))
+
+    def waited(self, start: float, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        with self._lock:
+            self.comm_wait_s += seconds
+            if self.record_ops:
+                self.waits.append((start, start + seconds))
+
+    # -- boundaries -------------------------------------------------------------
+
+    def boundary(self, now: float, extra: dict) -> dict:
+        """Close the iteration in progress at ``now``; return and emit its record."""
+        with self._lock:
+            time_s = now - self.start
+            record = {
+                "kind": "iteration",
+                "iteration": self.iteration,
+                "start_s": self.start,
+                "time_s": time_s,
+                "compute_s": max(0.0, time_s - self.comm_wait_s),
+                "comm_wait_s": self.comm_wait_s,
+                "num_collectives": self.num_collectives,
+                "digest": self.hasher.hexdigest(),
+                **extra,
+            }
+            if self.record_ops:
+                record["ops"] = self.ops
+                record["waits"] = self.waits
+            self.iteration += 1
+            self._reset(now)
+        self._sink(record)
+        return record

@@ -1,0 +1,1 @@
+"""The torch.distributed adapter: the prism ProcessGroup, its Work, value policies, install."""

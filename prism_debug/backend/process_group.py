@@ -1,0 +1,338 @@
+"""The prism ProcessGroup: what torch.distributed talks to in the real rank.
+
+Every op follows the same path (DESIGN.md §2): note the real rank's arrival
+on the emulated clock, fill the outputs as the virtual peers would have,
+fold inputs and outputs into the iteration digest, ask the engine when the op
+completes, and return a Work that blocks until then.  The bookkeeping itself
+is excluded from the emulated clock.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import torch
+import torch.distributed as dist
+
+from prism_debug.backend.runtime import Runtime
+from prism_debug.backend.work import PrismWork
+from prism_debug.graph import GroupRef
+
+_perf_counter = time.perf_counter
+
+
+class PrismProcessGroup(dist.ProcessGroup):
+    def __init__(self, runtime: Runtime, global_ranks: list[int], ref: GroupRef,
+                 timeout: datetime.timedelta, backend_name: str) -> None:
+        group_rank = global_ranks.index(runtime.rank)
+        super().__init__(group_rank, len(global_ranks))
+        self._rt = runtime
+        self.global_ranks = global_ranks
+        self.ref = ref
+        self.timeout = timeout
+        self._backend_name = backend_name
+        self._me = group_rank
+        self._n = len(global_ranks)
+        self._stream = runtime.engine.group(global_ranks, ref)
+        self._peer_streams: dict[int, object] = {}
+        self._coalesced_done: float | None = None  # set between _start/_end_coalescing
+
+    def __repr__(self) -> str:
+        return (f"PrismProcessGroup({self.ref.family}[{self.ref.index}], "
+                f"rank {self._me} of {self._n})")
+
+    # -- identity -------------------------------------------------------------
+
+    def getBackendName(self) -> str:
+        return "prism"
+
+    def new_group(self, ranks, timeout=None, pg_options=None, group_name=None, group_desc=None):
+        """Called by torch for every ``new_group`` on the default group, by
+        members and non-members alike: where families are recorded."""
+        rt = self._rt
+        ranks = list(ranks)
+        ref = rt.families.add(ranks, group_desc)
+        if rt.rank not in ranks:
+            return None
+        pg = PrismProcessGroup(rt, ranks, ref, timeout or self.timeout, self._backend_name)
+        pg._set_group_name(group_name)
+        pg._set_group_desc(group_desc or "undefined")
+        return pg
+
+    # -- the common path --------------------------------------------------------
+
+    def _complete(self, op: str, nbytes: int, t0: float, arrival: float, result: list,
+                  stream=None) -> PrismWork:
+        rt = self._rt
+        done = rt.engine.collective(stream or self._stream, op, nbytes, arrival)
+        if self._coalesced_done is not None:
+            self._coalesced_done = max(self._coalesced_done, done)
+        rt.tracker.collective(op, self.ref, nbytes, arrival, done)
+        rt.mark_activity(arrival)
+        rt.clock.exclude_since(t0)
+        return PrismWork(rt, done, result)
+
+    def _key(self) -> tuple:
+        tracker = self._rt.tracker
+        return (tracker.iteration, tracker.num_collectives)
+
+    # -- reductions -------------------------------------------------------------
+
+    def allreduce(self, tensors, opts=None):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        rt.digest(tensors)
+        key = self._key()
+        for i, tensor in enumerate(tensors):
+            rt.values.reduce_peers(tensor, op, self._n, (*key, i))
+        rt.digest(tensors)
+        return self._complete("all_reduce", _nbytes(tensors), t0, arrival, tensors)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts)
+
+    def reduce(self, tensors, opts):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        rt.digest(tensors)
+        if opts.rootRank == self._me:
+            key = self._key()
+            for i, tensor in enumerate(tensors):
+                rt.values.reduce_peers(tensor, opts.reduceOp, self._n, (*key, i))
+            rt.digest(tensors)
+        return self._complete("reduce", _nbytes(tensors), t0, arrival, tensors)
+
+    def reduce_scatter(self, output_tensors, input_lists, opts):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        key = self._key()
+        for i, (out, inputs) in enumerate(zip(output_tensors, input_lists)):
+            rt.digest(inputs)
+            out.copy_(inputs[self._me])
+            rt.values.reduce_peers(out, opts.reduceOp, self._n, (*key, i))
+        rt.digest(output_tensors)
+        nbytes = sum(_nbytes(inputs) for inputs in input_lists)
+        return self._complete("reduce_scatter", nbytes, t0, arrival, output_tensors)
+
+    def reduce_scatter_single(self, output, input, opts):
+        return self.reduce_scatter_single_coalesced([output], [input], opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        rt.digest(inputs)
+        key = self._key()
+        for i, (out, inp) in enumerate(zip(outputs, inputs)):
+            out.copy_(_chunk(inp, self._n, self._me).view_as(out))
+            rt.values.reduce_peers(out, opts.reduceOp, self._n, (*key, i))
+        rt.digest(outputs)
+        return self._complete("reduce_scatter", _nbytes(inputs), t0, arrival, outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # -- gathers ----------------------------------------------------------------
+
+    def allgather(self, output_lists, input_tensors, opts=None):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        rt.digest(input_tensors)
+        key = self._key()
+        for i, (outs, inp) in enumerate(zip(output_lists, input_tensors)):
+            for peer, out in enumerate(outs):
+                if peer == self._me:
+                    out.copy_(inp)
+                else:
+                    rt.values.peer_copy(out, inp, (*key, i, peer))
+            rt.digest(outs)
+        nbytes = _nbytes(input_tensors) * self._n
+        return self._complete("all_gather", nbytes, t0, arrival, output_lists)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        return self.allgather(output_lists, input_list, opts)
+
+    def all_gather_single(self, output, input, opts=None):
+        return self.all_gather_single_coalesced([output], [input], opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        rt.digest(inputs)
+        key = self._key()
+        for i, (out, inp) in enumerate(zip(outputs, inputs)):
+            chunks = out.view(self._n, -1)
+            mine = inp.reshape(1, -1)
+            if rt.values.policy == "mirror":
+                chunks.copy_(mine.expand(self._n, -1))
+            else:
+                rt.values.peer_copy(chunks, mine.expand(self._n, -1), (*key, i))
+                chunks[self._me].copy_(mine[0])
+        rt.digest(outputs)
+        return self._complete("all_gather", _nbytes(outputs), t0, arrival, outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_lists, input_tensors, opts):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        rt.digest(input_tensors)
+        if opts.rootRank == self._me:
+            key = self._key()
+            for i, (outs, inp) in enumerate(zip(output_lists, input_tensors)):
+                for peer, out in enumerate(outs):
+                    if peer == self._me:
+                        out.copy_(inp)
+                    else:
+                        rt.values.peer_copy(out, inp, (*key, i, peer))
+                rt.digest(outs)
+        nbytes = _nbytes(input_tensors) * self._n
+        return self._complete("gather", nbytes, t0, arrival, output_lists)
+
+    def scatter(self, output_tensors, input_lists, opts):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        key = self._key()
+        for i, out in enumerate(output_tensors):
+            if opts.rootRank == self._me:
+                rt.digest(input_lists[i])
+                out.copy_(input_lists[i][self._me])
+            else:
+                # The root's data is its own; no model of the real rank knows it.
+                rt.values.fill_seeded(out, (*key, i))
+        rt.digest(output_tensors)
+        nbytes = _nbytes(output_tensors) * self._n
+        return self._complete("scatter", nbytes, t0, arrival, output_tensors)
+
+    def broadcast(self, tensors, opts):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        if opts.rootRank != self._me:
+            key = self._key()
+            for i, tensor in enumerate(tensors):
+                rt.values.peer_copy(tensor, tensor, (*key, i))
+        rt.digest(tensors)
+        return self._complete("broadcast", _nbytes(tensors), t0, arrival, tensors)
+
+    # -- all-to-all -------------------------------------------------------------
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        rt.digest(input_tensors)
+        key = self._key()
+        mine = input_tensors[self._me]
+        for peer, out in enumerate(output_tensors):
+            self._from_peer(out, mine, peer, (*key, peer))
+        rt.digest(output_tensors)
+        return self._complete("all_to_all", _nbytes(input_tensors), t0, arrival, output_tensors)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        rt.digest([input])
+        key = self._key()
+        ins = _split(input, input_split_sizes, self._n)
+        outs = _split(output, output_split_sizes, self._n)
+        for peer, out in enumerate(outs):
+            self._from_peer(out, ins[self._me], peer, (*key, peer))
+        rt.digest([output])
+        return self._complete("all_to_all", input.nbytes, t0, arrival, [output])
+
+    def _from_peer(self, out: torch.Tensor, mine: torch.Tensor, peer: int, key: tuple) -> None:
+        # Peer j sends the real rank its chunk for the real rank; mirrored, that
+        # is the real rank's own chunk for itself — when the sizes agree.
+        if peer == self._me:
+            out.copy_(mine)
+        elif out.shape == mine.shape:
+            self._rt.values.peer_copy(out, mine, key)
+        else:
+            self._rt.values.fill_seeded(out, key)
+
+    # -- synchronisation ----------------------------------------------------------
+
+    def barrier(self, opts=None):
+        t0 = _perf_counter()
+        return self._complete("barrier", 0, t0, t0 - self._rt.clock.excluded_s, [])
+
+    # -- point to point -----------------------------------------------------------
+
+    def send(self, tensors, dst, tag=0):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        rt.digest(tensors)
+        return self._complete("send", _nbytes(tensors), t0, arrival, tensors, self._peer(dst))
+
+    def recv(self, tensors, src, tag=0):
+        t0 = _perf_counter()
+        rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
+        key = self._key()
+        for i, tensor in enumerate(tensors):
+            rt.values.fill_seeded(tensor, (*key, i))
+        rt.digest(tensors)
+        return self._complete("recv", _nbytes(tensors), t0, arrival, tensors, self._peer(src))
+
+    def recv_anysource(self, tensors, tag=0):
+        # In lockstep every peer is ready at once; the lowest other rank wins.
+        return self.recv(tensors, 1 if self._me == 0 else 0, tag)
+
+    def _peer(self, group_peer: int):
+        stream = self._peer_streams.get(group_peer)
+        if stream is None:
+            if not 0 <= group_peer < self._n:
+                raise ValueError(f"peer {group_peer} is not a rank of {self!r}")
+            stream = self._peer_streams[group_peer] = self._rt.engine.peer_stream(
+                self._stream, self._rt.rank, self.global_ranks[group_peer])
+        return stream
+
+    # -- coalescing -----------------------------------------------------------------
+
+    def _start_coalescing(self, device=None):
+        self._coalesced_done = float("-inf")
+
+    def _end_coalescing(self, device=None):
+        done = self._coalesced_done
+        self._coalesced_done = None
+        if done is None or done == float("-inf"):
+            done = self._rt.clock.now()
+        return PrismWork(self._rt, done, [])
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    def abort(self):
+        pass
+
+    def shutdown(self):
+        pass
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.nbytes for t in tensors)
+
+
+def _chunk(tensor: torch.Tensor, n: int, index: int) -> torch.Tensor:
+    return tensor.reshape(n, -1)[index]
+
+
+def _split(tensor: torch.Tensor, sizes, n: int) -> list[torch.Tensor]:
+    if not sizes:
+        return list(tensor.chunk(n)) if tensor.shape[0] % n == 0 else _uneven(tensor, n)
+    return list(tensor.split(list(sizes)))
+
+
+def _uneven(tensor: torch.Tensor, n: int) -> list[torch.Tensor]:
+    raise ValueError(f"all_to_all_single: dim 0 of size {tensor.shape[0]} is not divisible by "
+                     f"the group size {n}; pass split sizes")

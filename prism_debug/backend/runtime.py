@@ -1,0 +1,73 @@
+"""State the prism process groups of one real rank share."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from prism_debug.agent.tracker import IterationTracker
+from prism_debug.backend.values import Values
+from prism_debug.backend.work import FutureCompleter
+from prism_debug.engine import EmulatedClock, Engine
+from prism_debug.graph import FamilyRecorder
+
+
+@dataclasses.dataclass(eq=False)
+class Runtime:
+    rank: int
+    world_size: int
+    clock: EmulatedClock
+    engine: Engine
+    values: Values
+    tracker: IterationTracker
+    families: FamilyRecorder
+    digests: bool = True
+    completer: FutureCompleter = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.completer = FutureCompleter(self.clock, self._future_completed)
+        self._last_activity = self.clock.now()
+        self.stop_requested = False  # set once --iterations are done
+        self.stop_check = lambda: None
+
+    def mark_activity(self, now: float) -> None:
+        """The script just entered the harness at ``now``."""
+        self._last_activity = now
+        if self.stop_requested:
+            self.stop_check()
+
+    def wait_until(self, done: float) -> None:
+        start = self.clock.now()
+        waited = self.clock.wait_until(done)
+        self.tracker.waited(start, waited)
+
+    def _future_completed(self, done: float, main_thread_blocked: bool) -> None:
+        # A future awaited inside C++ (DDP's reducer) blocks the main thread
+        # without passing through Python.  If the main thread sleeps when the
+        # op completes, it has been waiting since its last entry into the
+        # harness (or since the op was issued, whichever is later).
+        if main_thread_blocked:
+            since = self._last_activity
+            self.tracker.waited(since, max(0.0, done - since))
+            self._last_activity = done  # counted up to here; don't count it twice
+
+    def digest(self, tensors) -> None:
+        """Fold the values of ``tensors`` into this iteration's digest."""
+        if not self.digests:
+            return
+        update = self.tracker.hasher.update
+        for tensor in tensors:
+            update(tensor_bytes(tensor))
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    flat = tensor.detach().reshape(-1)
+    if flat.device.type != "cpu":
+        flat = flat.cpu()
+    if not flat.is_contiguous():
+        flat = flat.contiguous()
+    if flat.is_complex():
+        flat = torch.view_as_real(flat).reshape(-1)
+    return memoryview(flat.view(torch.uint8).numpy())
+

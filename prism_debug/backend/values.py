@@ -1,0 +1,140 @@
+"""What virtual peers contribute to a collective's result.
+
+Outputs always get the right shape and dtype and deterministic contents.
+
+* ``mirror`` (default): every peer contributes what the real rank contributes,
+  the natural assumption for SPMD data parallelism.  SUM over n peers is n·x,
+  AVG and MAX/MIN are x, an all-gather repeats the local shard, a
+  reduce-scatter returns the local chunk reduced n times.
+* ``zeros``: peers contribute zeros (SUM is x, AVG is x/n).
+* ``random``: peers contribute seeded N(0, 1) values; a SUM over n-1 of them
+  is drawn from its exact distribution, N(0, n-1), in one draw.
+
+Data no rank of the real rank's kind could know — a tensor received from
+another pipeline stage, a scatter from another root — gets seeded values that
+depend only on (seed, iteration, op index): same seed, same run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+import torch.distributed as dist
+
+_R = dist.ReduceOp.RedOpType
+POLICIES = ("mirror", "zeros", "random")
+
+
+class Values:
+    def __init__(self, policy: str, seed: int) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"unknown value policy {policy!r}; expected one of {', '.join(POLICIES)}")
+        self.policy = policy
+        self.seed = seed
+
+    # -- seeded data ----------------------------------------------------------
+
+    def generator(self, key: tuple) -> torch.Generator:
+        digest = hashlib.blake2b(repr((self.seed, *key)).encode(), digest_size=8).digest()
+        return torch.Generator().manual_seed(int.from_bytes(digest, "little") & (2**63 - 1))
+
+    def fill_seeded(self, tensor: torch.Tensor, key: tuple) -> None:
+        """Deterministic contents for data no peer model can know.
+
+        Floating tensors get N(0, 1) values.  Integer and boolean tensors are
+        far more often control values (flags, votes, sizes) than data, so they
+        get ones: that keeps handshakes such as pipelining's warm-up vote on
+        the path every rank agreed.
+        """
+        if tensor.is_floating_point() or tensor.is_complex():
+            values = torch.randn(tensor.shape, generator=self.generator(key), dtype=tensor.dtype)
+            tensor.copy_(values)
+        else:
+            tensor.fill_(1)
+
+    # -- collectives ----------------------------------------------------------
+
+    def reduce_peers(self, tensor: torch.Tensor, op, n: int, key: tuple) -> None:
+        """In place: ``tensor`` becomes the reduction of the real rank's
+        ``tensor`` with the n-1 peers' contributions."""
+        kind = op.op if isinstance(op, dist.ReduceOp) else op
+        factor = op.factor if kind == _R.PREMUL_SUM else None
+        if self.policy == "mirror":
+            _reduce_mirror(tensor, kind, n, factor)
+        elif self.policy == "zeros":
+            _reduce_zeros(tensor, kind, n, factor)
+        else:
+            self._reduce_random(tensor, kind, n, factor, key)
+
+    def peer_copy(self, out: torch.Tensor, mine: torch.Tensor, key: tuple) -> None:
+        """``out`` receives what a peer holds where the real rank holds ``mine``."""
+        if self.policy == "mirror":
+            out.copy_(mine)
+        elif self.policy == "zeros":
+            out.zero_()
+        else:
+            self.fill_seeded(out, key)
+
+    def _reduce_random(self, tensor, kind, n, factor, key) -> None:
+        if n <= 1:
+            return
+        if kind in (_R.SUM, _R.AVG, _R.PREMUL_SUM):
+            if not tensor.is_floating_point():
+                tensor.mul_(n)
+                return
+            noise = torch.randn(tensor.shape, generator=self.generator(key), dtype=tensor.dtype)
+            tensor.add_(noise.mul_(math.sqrt(n - 1)))
+            if kind == _R.AVG:
+                tensor.div_(n)
+            elif kind == _R.PREMUL_SUM:
+                tensor.mul_(_premul_factor(factor))
+        elif kind in (_R.MAX, _R.MIN) and tensor.is_floating_point():
+            other = torch.randn(tensor.shape, generator=self.generator(key), dtype=tensor.dtype)
+            torch.maximum(tensor, other, out=tensor) if kind == _R.MAX else torch.minimum(tensor, other, out=tensor)
+        else:
+            _reduce_mirror(tensor, kind, n, factor)
+
+
+def _premul_factor(factor) -> float:
+    if isinstance(factor, torch.Tensor):
+        return float(factor.item())
+    return float(factor)
+
+
+def _reduce_mirror(tensor: torch.Tensor, kind, n: int, factor) -> None:
+    if n <= 1 and kind != _R.PREMUL_SUM:
+        return
+    if kind == _R.SUM:
+        tensor.mul_(n)
+    elif kind in (_R.AVG, _R.MAX, _R.MIN, _R.BAND, _R.BOR):
+        return
+    elif kind == _R.PREMUL_SUM:
+        tensor.mul_(_premul_factor(factor) * n)
+    elif kind == _R.PRODUCT:
+        tensor.pow_(n)
+    elif kind == _R.BXOR:
+        if n % 2 == 0:
+            tensor.zero_()
+    else:
+        raise ValueError(f"unsupported reduce op {kind}")
+
+
+def _reduce_zeros(tensor: torch.Tensor, kind, n: int, factor) -> None:
+    if n <= 1 and kind != _R.PREMUL_SUM:
+        return
+    if kind in (_R.SUM, _R.BOR, _R.BXOR):
+        return
+    if kind == _R.AVG:
+        tensor.div_(n)
+    elif kind == _R.PREMUL_SUM:
+        tensor.mul_(_premul_factor(factor))
+    elif kind == _R.MAX:
+        tensor.clamp_(min=0)
+    elif kind == _R.MIN:
+        tensor.clamp_(max=0)
+    elif kind in (_R.PRODUCT, _R.BAND):
+        tensor.zero_()
+    else:
+        raise ValueError(f"unsupported reduce op {kind}")

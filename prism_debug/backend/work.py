@@ -1,0 +1,101 @@
+"""Work objects and futures that complete on the emulated clock."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+
+import torch.distributed as dist
+from torch.futures import Future
+
+
+class PrismWork(dist._Work):
+    """The handle of one emulated op: done when the emulated clock reaches
+    ``done``.  ``wait()`` blocks the calling thread until then."""
+
+    def __init__(self, runtime, done: float, result: list) -> None:
+        super().__init__()
+        self._runtime = runtime
+        self._done = done
+        self._result = result
+        self._future: Future | None = None
+
+    def wait(self, timeout=None) -> bool:
+        self._runtime.wait_until(self._done)
+        return True
+
+    def is_completed(self) -> bool:
+        return self._runtime.clock.now() >= self._done
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def result(self) -> list:
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def get_future(self) -> Future:
+        # DDP's reducer waits on this future from C++, where no Python hook
+        # can make the rank wait; so the future itself completes only when the
+        # emulated op does, set by the completer thread.
+        if self._future is None:
+            self._future = Future()
+            self._runtime.completer.complete_at(self._future, self._done, self._result)
+        return self._future
+
+
+class FutureCompleter:
+    """One daemon thread that sets futures' results at their emulated
+    completion times, in deadline order."""
+
+    def __init__(self, clock, on_blocked_wait) -> None:
+        self._clock = clock
+        self._on_blocked_wait = on_blocked_wait
+        self._heap: list = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._main_tid = threading.main_thread().native_id
+
+    def complete_at(self, future: Future, done: float, value) -> None:
+        if done <= self._clock.now():
+            future.set_result(value)
+            return
+        with self._cond:
+            heapq.heappush(self._heap, (done, next(self._seq), future, value))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="prism-futures", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._heap:
+                    self._cond.wait()
+                done = self._heap[0][0]
+                remaining = done - self._clock.now()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                _, _, future, value = heapq.heappop(self._heap)
+            self._on_blocked_wait(done, self._main_thread_blocked())
+            future.set_result(value)
+
+    def _main_thread_blocked(self) -> bool:
+        """Whether the script's main thread sleeps (waiting on a future in C++,
+        as DDP's reducer does) rather than computing.  Linux only; elsewhere
+        such waits go uncounted in ``comm_wait_s``."""
+        try:
+            with open(f"/proc/self/task/{self._main_tid}/stat", "rb") as stat:
+                state = stat.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return False
+        return state in (b"S", b"D")
+

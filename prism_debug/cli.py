@@ -1,0 +1,156 @@
+"""The ``prism-debug`` command line.  Commands parse and call; nothing else.
+
+Every :class:`~prism_debug.errors.PrismError` becomes one line on stderr and
+the error's exit code here, in :class:`_Cli`, and nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from pathlib import Path
+
+import click
+
+from prism_debug.cost import COLLECTIVES, DEFAULT_PROFILE, CostModel, Placement, load_profile
+from prism_debug.errors import ConfigError, PrismError
+
+EXIT_OK = 0
+
+BUNDLED_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_gpt.py"
+EXAMPLE_TP, EXAMPLE_PP, EXAMPLE_ITERATIONS = 8, 4, 4
+
+
+class _Cli(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except PrismError as exc:
+            click.echo(f"prism-debug: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="prism-debug")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
+def main(verbose: int) -> None:
+    """Run one rank of a huge torch.distributed job on the machine you have."""
+    level = (logging.WARNING, logging.INFO, logging.DEBUG)[min(verbose, 2)]
+    logging.basicConfig(level=level, format="prism-debug: %(levelname)s %(name)s: %(message)s")
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--rank", default=4097, show_default=True, help="The rank to run for real.")
+@click.option("--world-size", default=8192, show_default=True, help="Ranks in the emulated job.")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="GPUs per node [default: the hardware profile's, 8 for H100].")
+@click.option("--hardware", default=DEFAULT_PROFILE, show_default=True,
+              help="Hardware profile: a bundled name or a TOML file.")
+@click.option("--iterations", type=int, default=None,
+              help="Stop cleanly after this many iterations.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the JSON report here.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a Chrome trace (open it in Perfetto) here.")
+@click.option("--seed", default=0, show_default=True,
+              help="Seeds torch, random and numpy in the rank, and the seeded peer values.")
+@click.option("--values", type=click.Choice(["mirror", "zeros", "random"]), default="mirror",
+              show_default=True, help="What virtual peers contribute to collectives.")
+@click.option("--no-digest", is_flag=True, help="Skip hashing collective values.")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the run's log and events go [default: ~/.local/state/prism-debug/runs/…].")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path, seed,
+        values, no_digest, run_dir, command) -> None:
+    """Run COMMAND as one real rank of a WORLD_SIZE job.
+
+    \b
+    prism-debug run --world-size 8192 --rank 4097 -- python train.py --lr 3e-4
+
+    With no COMMAND, runs the bundled example (examples/train_gpt.py: a GPT
+    with tp=8 x pp=4 x data parallelism). The script's exit code is the
+    command's exit code.
+    """
+    import dataclasses
+
+    from prism_debug.runner.launch import RunOptions, python_command
+    from prism_debug.runner.launch import run as run_rank
+
+    profile = load_profile(hardware)
+    if gpus_per_node is not None:
+        if gpus_per_node < 1:
+            raise ConfigError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
+        profile = dataclasses.replace(profile, gpus_per_node=gpus_per_node)
+    command = list(command)
+    if not command:
+        command = _bundled_example_command(world_size)
+    options = RunOptions(
+        command=command, rank=rank, world_size=world_size, profile=profile,
+        iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
+        values=values, run_dir=run_dir, digests=not no_digest)
+    result = run_rank(options, click.echo)
+    sys.exit(result.exit_code)
+
+
+def _bundled_example_command(world_size: int) -> list[str]:
+    from prism_debug.runner.launch import python_command
+
+    if not BUNDLED_EXAMPLE.is_file():
+        raise ConfigError(f"the bundled example is missing ({BUNDLED_EXAMPLE}); "
+                          "install prism-debug from a checkout (pip install -e .)")
+    if world_size % (EXAMPLE_TP * EXAMPLE_PP):
+        raise ConfigError(
+            f"world size {world_size} cannot be laid out as tp={EXAMPLE_TP} x pp={EXAMPLE_PP} "
+            f"x dp: use a multiple of {EXAMPLE_TP * EXAMPLE_PP}")
+    return python_command(BUNDLED_EXAMPLE, [
+        "--backend", "nccl", "--tp", str(EXAMPLE_TP), "--pp", str(EXAMPLE_PP),
+        "--iterations", str(EXAMPLE_ITERATIONS)])
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+
+
+def parse_bytes(text: str) -> int:
+    """``1G``, ``64MiB``, ``8k``, ``4096``: binary multiples, as nccl-tests' -b/-e."""
+    match = _SIZE.match(text)
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a size such as 4096, 64K, 1M or 8GiB")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    return int(number * 1024 ** " kmgt".index(unit or " "))
+
+
+@main.command()
+@click.option("--hardware", default=DEFAULT_PROFILE, show_default=True,
+              help="Hardware profile: a bundled name or a TOML file.")
+@click.option("--op", type=click.Choice(COLLECTIVES), required=True, help="The collective.")
+@click.option("--bytes", "size", required=True,
+              help="Message size in nccl-tests' convention (e.g. 1G, 64MiB).")
+@click.option("--ranks", type=int, required=True, help="Ranks in the group (packed onto nodes).")
+@click.option("--gpus-per-node", type=int, default=None, help="[default: the profile's]")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def cost(hardware, op, size, ranks, gpus_per_node, as_json) -> None:
+    """Predict one collective's time and bus bandwidth."""
+    profile = load_profile(hardware)
+    gpn = gpus_per_node or profile.gpus_per_node
+    if ranks < 1 or gpn < 1:
+        raise ConfigError("--ranks and --gpus-per-node must be at least 1")
+    nbytes = parse_bytes(size)
+    placement = Placement.of(range(ranks), gpn)
+    estimate = CostModel(profile).estimate(op, nbytes, placement)
+    if as_json:
+        click.echo(json.dumps({
+            "hardware": profile.name, "op": op, "bytes": nbytes, "ranks": ranks,
+            "nodes": placement.num_nodes, "gpus_per_node": gpn,
+            "time_us": estimate.time_s * 1e6, "busbw_gbs": estimate.busbw_gbs,
+            "algorithm": estimate.algorithm, "protocol": estimate.protocol,
+        }))
+        return
+    click.echo(f"{op} of {nbytes} bytes on {ranks} ranks ({placement.num_nodes} node(s) x "
+               f"{placement.ranks_per_node}) on {profile.name}: {estimate.time_s * 1e6:.1f} us, "
+               f"busbw {estimate.busbw_gbs:.1f} GB/s ({estimate.algorithm}/{estimate.protocol})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""The controller side of ``prism-debug run``: start the real rank, relay its
+output, follow its event log, and assemble the report.
+
+The rank is started the way CRIU will need it (its own session, stdin from
+/dev/null, output to an append-only file the controller relays), so snapshots
+can slot in without changing how ranks are launched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import resource
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import prism_debug
+from prism_debug.agent.config import ENV_VAR, AgentConfig
+from prism_debug.cost import HardwareProfile
+from prism_debug.errors import ConfigError, LaunchError
+from prism_debug.runner import report as reporting
+
+PACKAGE_ROOT = Path(prism_debug.__file__).resolve().parent
+SOURCE_ROOT = PACKAGE_ROOT.parent
+HOOKS_DIR = SOURCE_ROOT / "hooks"
+_POLL_S = 0.05
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    command: list[str]
+    rank: int
+    world_size: int
+    profile: HardwareProfile
+    iterations: int | None = None
+    report_path: Path | None = None
+    trace_path: Path | None = None
+    seed: int = 0
+    values: str = "mirror"
+    run_dir: Path | None = None
+    digests: bool = True
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ConfigError(f"--world-size must be at least 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(
+                f"rank {self.rank} is outside the world: --rank must be in "
+                f"[0, {self.world_size - 1}] for --world-size {self.world_size}")
+        if self.iterations is not None and self.iterations < 1:
+            raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
+        if not self.command:
+            raise ConfigError("no command to run")
+
+
+@dataclasses.dataclass
+class RunResult:
+    report: dict
+    exit_code: int
+    run_dir: Path
+
+
+def default_run_dir() -> Path:
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return state / "prism-debug" / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def check_command(command: list[str]) -> None:
+    """Catch the mistakes that would otherwise surface as a confusing child
+    failure: a missing program or a missing Python script."""
+    program = command[0]
+    if shutil.which(program) is None and not Path(program).is_file():
+        raise ConfigError(f"command not found: {program}")
+    if Path(program).name.startswith("python"):
+        script = next((a for a in command[1:] if not a.startswith("-")), None)
+        if script is not None and script.endswith(".py") and not Path(script).is_file():
+            raise ConfigError(f"script not found: {script}")
+
+
+def torchrun_environment(rank: int, world_size: int, gpus_per_node: int) -> dict[str, str]:
+    """The variables torchrun sets for a worker, for the emulated rank."""
+    local_world = min(gpus_per_node, world_size)
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank % gpus_per_node),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "GROUP_RANK": str(rank // gpus_per_node),
+        "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(world_size),
+        "ROLE_NAME": "default",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "TORCHELASTIC_RUN_ID": "prism-debug",
+        "TORCHELASTIC_RESTART_COUNT": "0",
+        "TORCHELASTIC_MAX_RESTARTS": "0",
+    }
+
+
+def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
+    check_command(options.command)
+    run_dir = options.run_dir or default_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    events_path = run_dir / "events.jsonl"
+    log_path = run_dir / "rank.log"
+    for path in (events_path, log_path):
+        path.unlink(missing_ok=True)
+    profile = options.profile
+    config = AgentConfig(
+        rank=options.rank, world_size=options.world_size, gpus_per_node=profile.gpus_per_node,
+        hardware=profile.to_dict(), seed=options.seed, values=options.values,
+        events_path=str(events_path), iterations=options.iterations,
+        record_ops=options.trace_path is not None, digests=options.digests,
+    )
+    config_path = run_dir / "agent.json"
+    config.write(config_path)
+
+    env = dict(os.environ)
+    env.update(torchrun_environment(options.rank, options.world_size, profile.gpus_per_node))
+    env[ENV_VAR] = str(config_path)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(HOOKS_DIR), str(SOURCE_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+
+    nodes = -(-options.world_size // profile.gpus_per_node)
+    message(f"prism-debug: rank {options.rank} of {options.world_size} "
+            f"(node {options.rank // profile.gpus_per_node} of {nodes}, local rank "
+            f"{options.rank % profile.gpus_per_node}) · hardware {profile.name} · "
+            f"values {options.values} · seed {options.seed}")
+    message(f"command: {shlex.join(options.command)}")
+
+    with open(log_path, "ab") as log:
+        try:
+            child = subprocess.Popen(options.command, stdin=subprocess.DEVNULL, stdout=log,
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        except OSError as exc:
+            raise LaunchError(f"cannot start {options.command[0]}: {exc}") from exc
+    follower = _Follower(log_path, events_path, options.rank, message)
+    exit_code = _wait(child, follower)
+    follower.poll()
+    events = reporting.read_events(events_path)
+
+    report = reporting.build_report(
+        events=events, world_size=options.world_size, rank=options.rank,
+        command=options.command, exit_code=exit_code, hardware=profile.name,
+        child_peak_rss=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+    for line in reporting.summary_lines(report):
+        message(line)
+    if options.report_path:
+        options.report_path.write_text(json.dumps(report, indent=1) + "\n")
+        message(f"report: {options.report_path}")
+    if options.trace_path:
+        options.trace_path.write_text(json.dumps(reporting.chrome_trace(events, options.rank)))
+        message(f"trace: {options.trace_path} (open in https://ui.perfetto.dev)")
+    if not any(e["kind"] == "init" for e in events):
+        raise LaunchError(
+            f"the script never called torch.distributed.init_process_group (exit code "
+            f"{exit_code}): prism-debug emulates one rank of a distributed job, so the "
+            f"command must start one; its output is in {log_path}")
+    return RunResult(report, exit_code, run_dir)
+
+
+def _wait(child: subprocess.Popen, follower: "_Follower") -> int:
+    """Wait for the rank, relaying as it goes; Ctrl-C is passed on to it."""
+    interrupted = 0
+    while True:
+        try:
+            code = child.poll()
+            follower.poll()
+            if code is not None:
+                return code if code >= 0 else 128 - code
+            time.sleep(_POLL_S)
+        except KeyboardInterrupt:
+            interrupted += 1
+            sig = signal.SIGINT if interrupted == 1 else signal.SIGKILL
+            try:
+                os.killpg(child.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+class _Follower:
+    """Relays the rank's output and prints a table row per finished iteration."""
+
+    def __init__(self, log_path: Path, events_path: Path, rank: int,
+                 message: Callable[[str], None]) -> None:
+        self._log = _Tail(log_path)
+        self._events = _Tail(events_path)
+        self._prefix = f"[rank {rank}] "
+        self._message = message
+        self._header_shown = False
+
+    def poll(self) -> None:
+        for line in self._log.lines():
+            self._message(self._prefix + line)
+        for line in self._events.lines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if event.get("kind") == "iteration":
+                if not self._header_shown:
+                    self._message(reporting.table_header())
+                    self._header_shown = True
+                self._message(reporting.table_row(event))
+
+
+class _Tail:
+    """Complete lines appended to a file since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._offset = 0
+        self._partial = b""
+
+    def lines(self) -> list[str]:
+        try:
+            with open(self._path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        data = self._partial + data
+        *complete, self._partial = data.split(b"\n")
+        return [line.decode("utf-8", "replace") for line in complete]
+
+
+def python_command(script: Path, args: list[str]) -> list[str]:
+    return [sys.executable, str(script), *args]

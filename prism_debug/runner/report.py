@@ -1,0 +1,123 @@
+"""The run report: assembled from the agent's event log, written as JSON,
+printed as a table, and turned into a Chrome trace that Perfetto opens."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+REPORT_VERSION = 1
+
+_TABLE_HEADER = (f"{'iter':>5} {'time ms':>10} {'compute ms':>11} {'comm wait ms':>13} "
+                 f"{'colls':>6}  digest")
+
+
+def read_events(path: Path) -> list[dict]:
+    """The complete lines of an event log (a line being written is skipped)."""
+    events = []
+    if not path.exists():
+        return events
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return events
+
+
+def build_report(*, events: list[dict], world_size: int, rank: int, command: list[str],
+                 exit_code: int | None, hardware: str, child_peak_rss: int) -> dict:
+    iterations = [e for e in events if e["kind"] == "iteration"]
+    families: list[dict] = []
+    peak_rss = child_peak_rss
+    backend = None
+    for event in events:
+        if "families" in event:
+            families = event["families"]
+        if event["kind"] == "init":
+            backend = event["backend"]
+        peak_rss = max(peak_rss, event.get("peak_rss_bytes", 0))
+    return {
+        "version": REPORT_VERSION,
+        "world_size": world_size,
+        "rank": rank,
+        "command": command,
+        "exit_code": exit_code,
+        "hardware": hardware,
+        "backend": backend,
+        "families": [{k: f[k] for k in ("name", "num_groups", "group_size")} for f in families],
+        "iterations": [
+            {k: it[k] for k in ("iteration", "time_s", "compute_s", "comm_wait_s",
+                                "num_collectives", "digest")}
+            for it in iterations
+        ],
+        "peak_rss_bytes": peak_rss,
+    }
+
+
+def table_header() -> str:
+    return _TABLE_HEADER
+
+
+def table_row(it: dict) -> str:
+    return (f"{it['iteration']:>5} {it['time_s'] * 1e3:>10.2f} {it['compute_s'] * 1e3:>11.2f} "
+            f"{it['comm_wait_s'] * 1e3:>13.2f} {it['num_collectives']:>6}  {it['digest'][:16]}")
+
+
+def describe_families(families: list[dict]) -> str:
+    return " · ".join(f"{f['name']} {f['num_groups']}×{f['group_size']}" for f in families)
+
+
+def summary_lines(report: dict) -> list[str]:
+    its = report["iterations"]
+    lines = []
+    if report["families"]:
+        lines.append(f"families: {describe_families(report['families'])}")
+    if its:
+        times = [it["time_s"] for it in its]
+        steady = times[1:] or times
+        wait = sum(it["comm_wait_s"] for it in its[1:] or its)
+        lines.append(
+            f"summary: {len(its)} iterations · median {statistics.median(steady) * 1e3:.2f} ms "
+            f"after warm-up (first {times[0] * 1e3:.2f} ms) · comm wait "
+            f"{100 * wait / max(sum(steady), 1e-12):.1f}% · peak RSS "
+            f"{report['peak_rss_bytes'] / 2**20:.0f} MiB · exit {report['exit_code']}")
+    else:
+        lines.append(f"summary: no iteration completed · peak RSS "
+                     f"{report['peak_rss_bytes'] / 2**20:.0f} MiB · exit {report['exit_code']}")
+    return lines
+
+
+def chrome_trace(events: list[dict], rank: int) -> dict:
+    """Chrome trace-event JSON: iterations, each collective on its family's
+    lane (arrival to completion), and the waits that blocked the rank."""
+    iterations = [e for e in events if e["kind"] == "iteration"]
+    origin = iterations[0]["start_s"] if iterations else 0.0
+    trace: list[dict] = [
+        {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} (real)"}},
+    ]
+    lanes: dict[str, int] = {"iterations": 0, "waits": 1}
+
+    def lane(name: str) -> int:
+        return lanes.setdefault(name, len(lanes))
+
+    def us(t: float) -> float:
+        return round((t - origin) * 1e6, 3)
+
+    for it in iterations:
+        trace.append({"name": f"iteration {it['iteration']}", "ph": "X", "pid": rank,
+                      "tid": lane("iterations"), "ts": us(it["start_s"]),
+                      "dur": round(it["time_s"] * 1e6, 3),
+                      "args": {"digest": it["digest"], "comm_wait_ms": it["comm_wait_s"] * 1e3}})
+        for op, family, index, nbytes, arrival, done in it.get("ops", ()):
+            trace.append({"name": op, "ph": "X", "pid": rank, "tid": lane(f"comm {family}"),
+                          "ts": us(arrival), "dur": round((done - arrival) * 1e6, 3),
+                          "args": {"family": family, "group": index, "bytes": nbytes}})
+        for start, end in it.get("waits", ()):
+            trace.append({"name": "wait", "ph": "X", "pid": rank, "tid": lane("waits"),
+                          "ts": us(start), "dur": round((end - start) * 1e6, 3)})
+    for name, tid in lanes.items():
+        trace.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
+                      "args": {"name": name}})
+    return {"traceEvents": trace, "displayTimeUnit": "ms"}
