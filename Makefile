@@ -1,0 +1,32 @@
+# Two commands do all the set-up (README "Quick start"):
+#   make run    run the bundled example as rank 4097 of 8192 and print the report
+#   make test   run the test suite
+# Both create .venv and install the pinned dependencies on first use; later
+# calls find the stamp up to date and start at once.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.prism-debug-installed
+
+.PHONY: run test bench clean
+
+run: $(STAMP)
+	$(BIN)/prism-debug run --report prism-report.json
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python tools/bench_overhead.py
+
+# torch==2.13.0 is pinned exactly: pip takes the CPU wheel from the local disk
+# (a looser pin would pull gigabytes of CUDA wheels).
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0" "setuptools>=68"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test]"
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) prism-report.json .pytest_cache .hypothesis

@@ -1,0 +1,104 @@
+import math
+
+import pytest
+
+from prism_debug.cost import CostModel, Placement, bus_factor, load_profile
+from prism_debug.errors import HardwareProfileError
+
+GiB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def h100():
+    return CostModel(load_profile("h100-ib400"))
+
+
+def test_single_node_all_reduce_uses_nvls_and_matches_published_busbw(h100):
+    # nccl-tests on 8x H100 SXM: ~466 GB/s at 1 GiB, ~479 GB/s at 8 GiB (Azure ND H100 v5).
+    one = h100.estimate("all_reduce", GiB, Placement(8, 1, 8))
+    eight = h100.estimate("all_reduce", 8 * GiB, Placement(8, 1, 8))
+    assert one.algorithm == "nvls"
+    assert one.busbw_gbs == pytest.approx(477.0, abs=0.5)
+    assert eight.busbw_gbs == pytest.approx(479.6, abs=0.5)
+
+
+def test_ring_collectives_inside_a_node_reach_the_nvlink_ring_bandwidth(h100):
+    estimate = h100.estimate("all_gather", GiB, Placement(8, 1, 8))
+    assert (estimate.algorithm, estimate.protocol) == ("ring", "Simple")
+    expected_s = 8.4e-6 + 7 * 3.4e-6 + GiB * 7 / 8 / 370e9
+    assert estimate.time_s == pytest.approx(expected_s, rel=1e-12)
+
+
+def test_small_all_reduce_takes_ring_ll_latency(h100):
+    # tuning.cc: baseLat 6.6 us + 14 steps x 0.6 us for ring/LL on 8 GPUs.
+    estimate = h100.estimate("all_reduce", 8, Placement(8, 1, 8))
+    assert (estimate.algorithm, estimate.protocol) == ("ring", "LL")
+    assert estimate.time_s == pytest.approx(15.0e-6 + 8 * 1.75 / (370e9 * 0.5), rel=1e-9)
+
+
+def test_tree_wins_small_messages_at_scale(h100):
+    estimate = h100.estimate("all_reduce", 8, Placement(8192, 1024, 8))
+    assert estimate.algorithm == "tree"
+    # 6.8 + 2 * (7 * 0.6 + log2(1024) * 5.0) us
+    assert estimate.time_s * 1e6 == pytest.approx(6.8 + 2 * (7 * 0.6 + 10 * 5.0), abs=0.01)
+
+
+def test_one_rank_per_node_is_limited_by_one_nic(h100):
+    estimate = h100.estimate("all_reduce", GiB, Placement(256, 256, 1))
+    assert estimate.busbw_gbs < 47.0
+    assert estimate.busbw_gbs > 40.0
+
+
+def test_point_to_point_inside_a_node_is_faster_than_across(h100):
+    inside = h100.time_s("send", 1 << 20, Placement.pair(0, 1, 8))
+    across = h100.time_s("send", 1 << 20, Placement.pair(0, 8, 8))
+    assert inside < across
+
+
+def test_single_rank_groups_and_zero_profile_cost_nothing(h100):
+    assert h100.time_s("all_reduce", GiB, Placement(1, 1, 1)) == 0.0
+    free = CostModel(load_profile("zero"))
+    assert free.is_free
+    assert free.time_s("all_reduce", GiB, Placement(65536, 8192, 8)) == 0.0
+
+
+def test_placement_counts_nodes_and_the_fullest_node():
+    assert Placement.of(range(16), 8) == Placement(16, 2, 8)
+    assert Placement.of([0, 8, 16, 17], 8) == Placement(4, 3, 2)
+
+
+@pytest.mark.parametrize("op,n,factor", [
+    ("all_reduce", 8, 1.75), ("all_gather", 8, 0.875), ("reduce_scatter", 4, 0.75),
+    ("all_to_all", 2, 0.5), ("broadcast", 8, 1.0), ("send", 2, 1.0),
+])
+def test_bus_factors_follow_nccl_tests(op, n, factor):
+    assert bus_factor(op, n) == factor
+
+
+def test_unknown_op_and_negative_size_are_rejected(h100):
+    with pytest.raises(ValueError, match="unknown collective 'allreduce'"):
+        h100.estimate("allreduce", 8, Placement(8, 1, 8))
+    with pytest.raises(ValueError, match="nbytes must be >= 0"):
+        h100.estimate("all_reduce", -1, Placement(8, 1, 8))
+
+
+def test_unknown_profile_names_the_bundled_ones():
+    with pytest.raises(HardwareProfileError) as info:
+        load_profile("a100-roce")
+    assert str(info.value) == (
+        "unknown hardware profile 'a100-roce': give a TOML file or one of h100-ib400, zero")
+
+
+def test_profile_with_a_missing_key_says_which(tmp_path):
+    path = tmp_path / "broken.toml"
+    path.write_text('name = "broken"\ngpus_per_node = 8\n[bandwidth_gbs]\nnvlink = 1.0\n')
+    with pytest.raises(HardwareProfileError, match=r"broken.toml: missing \[bandwidth_gbs\] nvls"):
+        load_profile(str(path))
+
+
+def test_profile_round_trips_through_a_dict():
+    from prism_debug.cost import HardwareProfile
+
+    profile = load_profile("h100-ib400")
+    assert HardwareProfile.from_dict(profile.to_dict()) == profile
+    assert math.isinf(load_profile("zero").nic_bw)
