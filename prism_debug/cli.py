@@ -75,7 +75,7 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
     """
     import dataclasses
 
-    from prism_debug.runner.launch import RunOptions, python_command
+    from prism_debug.runner.launch import RunOptions
     from prism_debug.runner.launch import run as run_rank
 
     profile = load_profile(hardware)

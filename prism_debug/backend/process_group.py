@@ -37,6 +37,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         self._stream = runtime.engine.group(global_ranks, ref)
         self._peer_streams: dict[int, object] = {}
         self._coalesced_done: float | None = None  # set between _start/_end_coalescing
+        self._group_name = ""
+        self._group_desc = "undefined"
 
     def __repr__(self) -> str:
         return (f"PrismProcessGroup({self.ref.family}[{self.ref.index}], "
@@ -46,6 +48,21 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     def getBackendName(self) -> str:
         return "prism"
+
+    # A Python group keeps no C++ backend to hold its name: torch's setters
+    # and getters (which DeviceMesh, DTensor and functional collectives use)
+    # must land here.
+    def setGroupName(self, name: str) -> None:
+        self._group_name = name
+
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
 
     def new_group(self, ranks, timeout=None, pg_options=None, group_name=None, group_desc=None):
         """Called by torch for every ``new_group`` on the default group, by
@@ -216,7 +233,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         t0 = _perf_counter()
         rt = self._rt
         arrival = t0 - rt.clock.excluded_s
-        if opts.rootRank != self._me:
+        # Mirrored, the root holds what the real rank holds: nothing to change.
+        if opts.rootRank != self._me and rt.values.policy != "mirror":
             key = self._key()
             for i, tensor in enumerate(tensors):
                 rt.values.peer_copy(tensor, tensor, (*key, i))
@@ -328,11 +346,9 @@ def _chunk(tensor: torch.Tensor, n: int, index: int) -> torch.Tensor:
 
 
 def _split(tensor: torch.Tensor, sizes, n: int) -> list[torch.Tensor]:
-    if not sizes:
-        return list(tensor.chunk(n)) if tensor.shape[0] % n == 0 else _uneven(tensor, n)
-    return list(tensor.split(list(sizes)))
-
-
-def _uneven(tensor: torch.Tensor, n: int) -> list[torch.Tensor]:
-    raise ValueError(f"all_to_all_single: dim 0 of size {tensor.shape[0]} is not divisible by "
-                     f"the group size {n}; pass split sizes")
+    if sizes:
+        return list(tensor.split(list(sizes)))
+    if tensor.shape[0] % n:
+        raise ValueError(f"all_to_all_single: dim 0 of size {tensor.shape[0]} is not divisible "
+                         f"by the group size {n}; pass split sizes")
+    return list(tensor.chunk(n))

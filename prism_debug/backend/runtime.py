@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
+import time
 
 import torch
+
+_perf_counter = time.perf_counter
 
 from prism_debug.agent.tracker import IterationTracker
 from prism_debug.backend.values import Values
@@ -38,9 +43,12 @@ class Runtime:
             self.stop_check()
 
     def wait_until(self, done: float) -> None:
-        start = self.clock.now()
-        waited = self.clock.wait_until(done)
-        self.tracker.waited(start, waited)
+        """Block the caller until the emulated clock reads ``done``."""
+        clock = self.clock
+        start = _perf_counter() - clock.excluded_s
+        if start >= done:  # the common case for cheap ops: nothing to wait for
+            return
+        self.tracker.waited(start, clock.wait_until(done))
 
     def _future_completed(self, done: float, main_thread_blocked: bool) -> None:
         # A future awaited inside C++ (DDP's reducer) blocks the main thread
@@ -58,10 +66,25 @@ class Runtime:
             return
         update = self.tracker.hasher.update
         for tensor in tensors:
-            update(tensor_bytes(tensor))
+            if tensor.is_cpu and tensor.is_contiguous():
+                nbytes = tensor.nbytes
+                if nbytes:
+                    update(_buffer_type(nbytes).from_address(tensor.data_ptr()))
+            else:
+                update(tensor_bytes(tensor))
+
+
+@functools.lru_cache(maxsize=1024)
+def _buffer_type(nbytes: int):
+    return ctypes.c_ubyte * nbytes
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """A tensor's values as bytes: the slow path, for device and strided tensors.
+
+    (Contiguous CPU tensors are hashed in place, through a ctypes view of their
+    memory: 3-4x cheaper than the chain of torch calls below.)
+    """
     flat = tensor.detach().reshape(-1)
     if flat.device.type != "cpu":
         flat = flat.cpu()
@@ -70,4 +93,3 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(-1)
     return memoryview(flat.view(torch.uint8).numpy())
-

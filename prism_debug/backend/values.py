@@ -59,7 +59,7 @@ class Values:
     def reduce_peers(self, tensor: torch.Tensor, op, n: int, key: tuple) -> None:
         """In place: ``tensor`` becomes the reduction of the real rank's
         ``tensor`` with the n-1 peers' contributions."""
-        kind = op.op if isinstance(op, dist.ReduceOp) else op
+        kind = op if isinstance(op, _R) else op.op
         factor = op.factor if kind == _R.PREMUL_SUM else None
         if self.policy == "mirror":
             _reduce_mirror(tensor, kind, n, factor)

@@ -17,12 +17,15 @@ from prism_debug.graph import GroupRef
 class Stream:
     """One communicator's in-order stream: when its last op completes."""
 
-    __slots__ = ("placement", "ref", "busy_until")
+    __slots__ = ("placement", "ref", "busy_until", "costs")
 
     def __init__(self, placement: Placement, ref: GroupRef) -> None:
         self.placement = placement
         self.ref = ref
         self.busy_until = 0.0
+        # (op, nbytes) -> seconds: a training loop repeats a handful of these,
+        # and this spares the hot path hashing the placement every time.
+        self.costs: dict[tuple[str, int], float] = {}
 
 
 class LockstepEngine:
@@ -40,7 +43,10 @@ class LockstepEngine:
 
     def collective(self, stream: Stream, op: str, nbytes: int, arrival: float) -> float:
         """Emulated completion time of ``op`` entered by the real rank at ``arrival``."""
+        cost = stream.costs.get((op, nbytes))
+        if cost is None:
+            cost = stream.costs[op, nbytes] = self.cost.time_s(op, nbytes, stream.placement)
         start = arrival if arrival > stream.busy_until else stream.busy_until
-        done = start + self.cost.time_s(op, nbytes, stream.placement)
+        done = start + cost
         stream.busy_until = done
         return done

@@ -144,7 +144,7 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
             raise LaunchError(f"cannot start {options.command[0]}: {exc}") from exc
     follower = _Follower(log_path, events_path, options.rank, message)
     exit_code = _wait(child, follower)
-    follower.poll()
+    follower.poll(final=True)
     events = reporting.read_events(events_path)
 
     report = reporting.build_report(
@@ -197,8 +197,8 @@ class _Follower:
         self._message = message
         self._header_shown = False
 
-    def poll(self) -> None:
-        for line in self._log.lines():
+    def poll(self, final: bool = False) -> None:
+        for line in self._log.lines(final):
             self._message(self._prefix + line)
         for line in self._events.lines():
             try:
@@ -220,7 +220,8 @@ class _Tail:
         self._offset = 0
         self._partial = b""
 
-    def lines(self) -> list[str]:
+    def lines(self, final: bool = False) -> list[str]:
+        """``final``: the writer has exited, so an unterminated last line is complete."""
         try:
             with open(self._path, "rb") as f:
                 f.seek(self._offset)
@@ -230,6 +231,9 @@ class _Tail:
         self._offset += len(data)
         data = self._partial + data
         *complete, self._partial = data.split(b"\n")
+        if final and self._partial:
+            complete.append(self._partial)
+            self._partial = b""
         return [line.decode("utf-8", "replace") for line in complete]
 
 
