@@ -74,6 +74,7 @@ def install(runtime: Runtime, on_init: Callable[[str], None]) -> None:
         on_init(requested)
 
     _patch("init_process_group", init_process_group)
+    _patch("split_group", _split_group)
     for name in ("broadcast_object_list", "all_gather_object", "gather_object",
                  "scatter_object_list", "send_object_list", "recv_object_list"):
         _patch(name, getattr(_ObjectCollectives(state), name))
@@ -81,6 +82,23 @@ def install(runtime: Runtime, on_init: Callable[[str], None]) -> None:
     # new_group on an "nccl" default group asks for NCCL's default timeout,
     # which warns on CPU builds; the group is a prism group whatever it says.
     warnings.filterwarnings("ignore", message="Attempted to get default timeout for nccl backend")
+
+
+def _split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None,
+                 group_desc=None, backend=None):
+    """``split_group`` as one ``new_group`` per split, so every split is
+    recorded in its family (a Python group has no communicator to split)."""
+    if not split_ranks:
+        raise ValueError("split_ranks cannot be None or empty")
+    parent = parent_pg or c10d._get_default_group()
+    parent_ranks = dist.get_process_group_ranks(parent)
+    mine = None
+    for ranks in split_ranks:
+        global_ranks = [parent_ranks[r] for r in ranks]
+        group = dist.new_group(global_ranks, timeout=timeout, group_desc=group_desc)
+        if dist.get_rank() in global_ranks:
+            mine = group
+    return mine
 
 
 def _give_cpu_builds_an_nccl_version() -> None:

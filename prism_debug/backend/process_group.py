@@ -79,6 +79,12 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     # -- the common path --------------------------------------------------------
 
+    def _arrive(self) -> tuple[float, float]:
+        """The real rank enters an op: the wall time (to exclude the harness's
+        bookkeeping from) and its arrival on the emulated clock."""
+        t0 = _perf_counter()
+        return t0, t0 - self._rt.clock.excluded_s
+
     def _complete(self, op: str, nbytes: int, t0: float, arrival: float, result: list,
                   stream=None) -> PrismWork:
         rt = self._rt
@@ -97,9 +103,8 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- reductions -------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         rt.digest(tensors)
         key = self._key()
@@ -112,9 +117,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self.allreduce(tensors, opts)
 
     def reduce(self, tensors, opts):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         rt.digest(tensors)
         if opts.rootRank == self._me:
             key = self._key()
@@ -124,9 +128,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self._complete("reduce", _nbytes(tensors), t0, arrival, tensors)
 
     def reduce_scatter(self, output_tensors, input_lists, opts):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         key = self._key()
         for i, (out, inputs) in enumerate(zip(output_tensors, input_lists)):
             rt.digest(inputs)
@@ -140,9 +143,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self.reduce_scatter_single_coalesced([output], [input], opts)
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         rt.digest(inputs)
         key = self._key()
         for i, (out, inp) in enumerate(zip(outputs, inputs)):
@@ -156,18 +158,12 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- gathers ----------------------------------------------------------------
 
     def allgather(self, output_lists, input_tensors, opts=None):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         rt.digest(input_tensors)
         key = self._key()
         for i, (outs, inp) in enumerate(zip(output_lists, input_tensors)):
-            for peer, out in enumerate(outs):
-                if peer == self._me:
-                    out.copy_(inp)
-                else:
-                    rt.values.peer_copy(out, inp, (*key, i, peer))
-            rt.digest(outs)
+            self._gather_into(outs, inp, (*key, i))
         nbytes = _nbytes(input_tensors) * self._n
         return self._complete("all_gather", nbytes, t0, arrival, output_lists)
 
@@ -178,9 +174,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self.all_gather_single_coalesced([output], [input], opts)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         rt.digest(inputs)
         key = self._key()
         for i, (out, inp) in enumerate(zip(outputs, inputs)):
@@ -196,27 +191,29 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
+    def _gather_into(self, outs: list, mine: torch.Tensor, key: tuple) -> None:
+        """``outs[peer]`` gets what ``peer`` holds where the real rank holds ``mine``."""
+        for peer, out in enumerate(outs):
+            if peer == self._me:
+                out.copy_(mine)
+            else:
+                self._rt.values.peer_copy(out, mine, (*key, peer))
+        self._rt.digest(outs)
+
     def gather(self, output_lists, input_tensors, opts):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         rt.digest(input_tensors)
         if opts.rootRank == self._me:
             key = self._key()
             for i, (outs, inp) in enumerate(zip(output_lists, input_tensors)):
-                for peer, out in enumerate(outs):
-                    if peer == self._me:
-                        out.copy_(inp)
-                    else:
-                        rt.values.peer_copy(out, inp, (*key, i, peer))
-                rt.digest(outs)
+                self._gather_into(outs, inp, (*key, i))
         nbytes = _nbytes(input_tensors) * self._n
         return self._complete("gather", nbytes, t0, arrival, output_lists)
 
     def scatter(self, output_tensors, input_lists, opts):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         key = self._key()
         for i, out in enumerate(output_tensors):
             if opts.rootRank == self._me:
@@ -230,9 +227,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self._complete("scatter", nbytes, t0, arrival, output_tensors)
 
     def broadcast(self, tensors, opts):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         # Mirrored, the root holds what the real rank holds: nothing to change.
         if opts.rootRank != self._me and rt.values.policy != "mirror":
             key = self._key()
@@ -244,9 +240,8 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- all-to-all -------------------------------------------------------------
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         rt.digest(input_tensors)
         key = self._key()
         mine = input_tensors[self._me]
@@ -256,9 +251,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self._complete("all_to_all", _nbytes(input_tensors), t0, arrival, output_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         rt.digest([input])
         key = self._key()
         ins = _split(input, input_split_sizes, self._n)
@@ -281,22 +275,20 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- synchronisation ----------------------------------------------------------
 
     def barrier(self, opts=None):
-        t0 = _perf_counter()
-        return self._complete("barrier", 0, t0, t0 - self._rt.clock.excluded_s, [])
+        t0, arrival = self._arrive()
+        return self._complete("barrier", 0, t0, arrival, [])
 
     # -- point to point -----------------------------------------------------------
 
     def send(self, tensors, dst, tag=0):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         rt.digest(tensors)
         return self._complete("send", _nbytes(tensors), t0, arrival, tensors, self._peer(dst))
 
     def recv(self, tensors, src, tag=0):
-        t0 = _perf_counter()
+        t0, arrival = self._arrive()
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
         key = self._key()
         for i, tensor in enumerate(tensors):
             rt.values.fill_seeded(tensor, (*key, i))

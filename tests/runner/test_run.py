@@ -72,7 +72,9 @@ def test_every_op_has_mirror_values_and_nccl_stays_nccl(tmp_path, world):
     assert r["broadcast_object_list"] == [{"config": "a"}]
     assert r["all_gather_object"] == [{"rank": 4097}] * 8
     assert r["recv_object_list"] == ["meta", 3]
-    assert families(report) == {"world": (1, world), "tp": (world // 8, 8)}
+    assert r["split_group"] == [world // 2, 4097 - world // 2 if world == 8192 else 4097]
+    assert families(report) == {"world": (1, world), "tp": (world // 8, 8),
+                                "half": (2, world // 2)}
     assert report["backend"] == "nccl"
 
 
@@ -114,14 +116,45 @@ def test_bundled_example(tmp_path, world):
                      re.MULTILINE)
 
 
-def test_digests_are_stable_with_a_seed_and_change_with_another(tmp_path):
-    _, a = run_script(tmp_path, "ddp.py", "--seed", "1")
-    _, b = run_script(tmp_path, "ddp.py", "--seed", "1")
-    _, c = run_script(tmp_path, "ddp.py", "--seed", "2")
-    assert len(digests(a)) == 4
+@pytest.mark.parametrize("script,rank", [
+    (None, 4097), ("ddp.py", 4097), ("fsdp2.py", 1), ("fsdp2_tp.py", 3),
+    ("pipeline_1f1b.py", 4097),
+], ids=["bundled", "ddp", "fsdp2", "fsdp2_tp", "pipeline"])
+def test_digests_are_stable_with_a_seed_and_change_with_another(tmp_path, script, rank):
+    def run(seed):
+        if script is not None:
+            return run_script(tmp_path, script, "--seed", seed, rank=rank)[1]
+        path = tmp_path / f"bundled{seed}-{len(list(tmp_path.iterdir()))}.json"
+        prism("run", "--seed", seed, "--iterations", "3", "--report", str(path),
+              tmp_path=tmp_path)
+        return json.loads(path.read_text())
+
+    a, b, c = run("1"), run("1"), run("2")
+    assert len(digests(a)) >= 3
     assert digests(a) == digests(b)
     assert all(x != y for x, y in zip(digests(a), digests(c)))
-    assert len(set(digests(a))) == 4  # training changes the values every step
+    assert len(set(digests(a))) == len(digests(a))  # training changes values every step
+
+
+def test_ddp_under_mirror_values_trains_exactly_like_one_process(tmp_path):
+    """Mirrored peers hold the same gradients, so DDP's averaged all-reduce
+    leaves them unchanged: rank 4097 of 8192 must follow plain local training."""
+    import torch
+
+    proc, _ = run_script(tmp_path, "ddp.py", "--seed", "5")
+    emulated = re.findall(r"step \d loss ([\d.]+)", proc.stdout)
+    torch.manual_seed(5)  # what the agent does before the script runs
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    local = []
+    for _ in range(4):
+        inputs, targets = torch.randn(16, 32), torch.randn(16, 1)
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        local.append(f"{loss.item():.6f}")
+    assert emulated == local
 
 
 @pytest.mark.parametrize("world", WORLDS)

@@ -75,5 +75,8 @@ dist.send_object_list([("meta", 3)], dst=(rank + 1) % world)
 echoed = [None]
 dist.recv_object_list(echoed, src=(rank - 1) % world)
 results["recv_object_list"] = list(echoed[0])
+halves = dist.split_group(split_ranks=[list(range(world // 2)), list(range(world // 2, world))],
+                          group_desc="half")
+results["split_group"] = [dist.get_world_size(halves), dist.get_rank(halves)]
 print("RESULT " + json.dumps(results), flush=True)
 dist.destroy_process_group()
