@@ -190,6 +190,19 @@ def test_fsdp2_with_tensor_parallel_on_a_2d_mesh(tmp_path, world):
 
 
 @pytest.mark.parametrize("world", WORLDS)
+def test_hsdp_reduces_within_shard_groups_and_all_reduces_across_replicas(tmp_path, world):
+    trace = tmp_path / "trace.json"
+    proc, report = run_script(tmp_path, "hsdp.py", "--trace", str(trace), world=world)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert families(report) == {"world": (1, world), "replicate": (8, world // 8),
+                                "shard": (world // 8, 8)}
+    spans = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    per_step = {(e["name"], e["args"]["family"]) for e in spans if "family" in e.get("args", {})}
+    assert per_step == {("all_gather", "shard"), ("reduce_scatter", "shard"),
+                        ("all_reduce", "replicate")}
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_pipelining_schedule_1f1b(tmp_path, world):
     proc, report = run_script(tmp_path, "pipeline_1f1b.py", world=world)
     assert proc.returncode == 0, proc.stdout + proc.stderr
