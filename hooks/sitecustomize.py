@@ -12,25 +12,38 @@ import sys
 
 def _install_torch_import_hook():
     import importlib.abc
-    import importlib.machinery
 
     class _AfterTorchImport(importlib.abc.MetaPathFinder):
+        """Wraps the loader of the module ``torch`` so that the agent loads right
+        after torch does.  It stays in place until torch is really imported:
+        a mere lookup (``importlib.util.find_spec("torch")``, as libraries do
+        to test for torch) must not use it up."""
+
         def find_spec(self, name, path=None, target=None):
             if name != "torch":
                 return None
-            sys.meta_path.remove(self)
-            spec = importlib.machinery.PathFinder.find_spec(name, path)
-            if spec is None or spec.loader is None:
-                return spec
-            exec_module = spec.loader.exec_module
+            spec = None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+            loader = getattr(spec, "loader", None)
+            if loader is None or not hasattr(loader, "exec_module"):
+                return spec  # torch absent, or a loader we cannot wrap: leave it be
+            exec_module = loader.exec_module
+            finder = self
 
             def exec_then_bootstrap(module):
                 exec_module(module)
+                if finder in sys.meta_path:
+                    sys.meta_path.remove(finder)
                 from prism_debug.agent.agent import bootstrap
 
                 bootstrap()
 
-            spec.loader.exec_module = exec_then_bootstrap
+            loader.exec_module = exec_then_bootstrap
             return spec
 
     sys.meta_path.insert(0, _AfterTorchImport())

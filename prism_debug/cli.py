@@ -17,8 +17,6 @@ import click
 from prism_debug.cost import COLLECTIVES, DEFAULT_PROFILE, CostModel, Placement, load_profile
 from prism_debug.errors import ConfigError, PrismError
 
-EXIT_OK = 0
-
 BUNDLED_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_gpt.py"
 EXAMPLE_TP, EXAMPLE_PP, EXAMPLE_ITERATIONS = 8, 4, 4
 
@@ -132,10 +130,14 @@ def parse_bytes(text: str) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def cost(hardware, op, size, ranks, gpus_per_node, as_json) -> None:
     """Predict one collective's time and bus bandwidth."""
+    import dataclasses
+
     profile = load_profile(hardware)
-    gpn = gpus_per_node or profile.gpus_per_node
-    if ranks < 1 or gpn < 1:
-        raise ConfigError("--ranks and --gpus-per-node must be at least 1")
+    if gpus_per_node is not None:
+        profile = dataclasses.replace(profile, gpus_per_node=gpus_per_node)
+    gpn = profile.gpus_per_node
+    if ranks < 1:
+        raise ConfigError(f"--ranks must be at least 1, got {ranks}")
     nbytes = parse_bytes(size)
     placement = Placement.of(range(ranks), gpn)
     estimate = CostModel(profile).estimate(op, nbytes, placement)

@@ -13,8 +13,10 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import random
 import resource
+import sys
 import threading
 
 import torch
@@ -23,7 +25,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from prism_debug.agent.config import AgentConfig
+from prism_debug.agent.config import ENV_VAR, AgentConfig
 from prism_debug.agent.tracker import IterationTracker
 from prism_debug.backend.install import install
 from prism_debug.backend.runtime import Runtime
@@ -53,9 +55,8 @@ class Agent:
             rank=config.rank, world_size=config.world_size, clock=self.clock,
             engine=LockstepEngine(CostModel(profile), profile.gpus_per_node),
             values=Values(config.values, config.seed), tracker=self.tracker,
-            families=self.families, digests=config.digests,
+            families=self.families, digests=config.digests, stop_check=self._maybe_stop,
         )
-        self.runtime.stop_check = self._maybe_stop
         self.initialised = False
         self.marker_mode = False  # the script marks iterations itself
         self._lead_optimizer: int | None = None
@@ -74,6 +75,7 @@ class Agent:
         except ImportError:
             pass
         install(self.runtime, self._on_init)
+        self._emit({"kind": "loaded", "pid": os.getpid()})
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
         atexit.register(self._on_exit)
@@ -156,7 +158,14 @@ def _peak_rss() -> int:
 
 def bootstrap() -> None:
     """Called once torch has been imported in a process started by prism-debug."""
-    config = AgentConfig.from_environment()
-    if config is None or _active is not None:
+    if _active is not None:
         return
-    Agent(config).install()
+    try:
+        config = AgentConfig.from_environment()
+    except (OSError, ValueError, TypeError) as exc:
+        # Running on without the agent would make the script attempt a real
+        # rendezvous with thousands of ranks and hang; stop with the reason.
+        sys.exit(f"prism-debug: error: cannot load the agent configuration "
+                 f"${ENV_VAR}={os.environ.get(ENV_VAR)}: {exc}")
+    if config is not None:
+        Agent(config).install()

@@ -58,8 +58,11 @@ def install(runtime: Runtime, on_init: Callable[[str], None]) -> None:
         requested = str(backend) if backend else "undefined"
         _check_identity("rank", rank, runtime.rank)
         _check_identity("world_size", world_size, runtime.world_size)
+        _warn_ignored(init_method=None if init_method in (None, "env://") else init_method,
+                      store=store, pg_options=pg_options)
         if timeout is None:
-            timeout = NCCL_DEFAULT_TIMEOUT if "nccl" in requested.lower() else OTHER_DEFAULT_TIMEOUT
+            # As torch: NCCL's own default only for a plain "nccl" group.
+            timeout = NCCL_DEFAULT_TIMEOUT if requested == "nccl" else OTHER_DEFAULT_TIMEOUT
         state.requested = requested
         # The script's init_method, store and device binding all describe a real
         # rendezvous of world_size processes; the emulated rank needs none of
@@ -90,6 +93,9 @@ def _split_group(parent_pg=None, split_ranks=None, timeout=None, pg_options=None
     recorded in its family (a Python group has no communicator to split)."""
     if not split_ranks:
         raise ValueError("split_ranks cannot be None or empty")
+    if pg_options is not None or backend is not None:
+        warnings.warn("prism-debug: split_group's pg_options and backend are ignored: "
+                      "every split is a prism group", stacklevel=2)
     parent = parent_pg or c10d._get_default_group()
     parent_ranks = dist.get_process_group_ranks(parent)
     mine = None
@@ -120,6 +126,13 @@ class _State:
 def _patch(name: str, function) -> None:
     setattr(c10d, name, function)
     setattr(dist, name, function)
+
+
+def _warn_ignored(**options) -> None:
+    for name, value in options.items():
+        if value is not None:
+            warnings.warn(f"prism-debug: init_process_group({name}={value!r}) is ignored: "
+                          "the emulated rank needs no rendezvous", stacklevel=3)
 
 
 def _check_identity(what: str, given: int, emulated: int) -> None:

@@ -168,7 +168,10 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self._complete("all_gather", nbytes, t0, arrival, output_lists)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
-        return self.allgather(output_lists, input_list, opts)
+        # Here the outer list is by rank and the inner by input, the other way
+        # round from allgather's.
+        by_input = [[per_rank[i] for per_rank in output_lists] for i in range(len(input_list))]
+        return self.allgather(by_input, input_list, opts)
 
     def all_gather_single(self, output, input, opts=None):
         return self.all_gather_single_coalesced([output], [input], opts)
@@ -293,7 +296,9 @@ class PrismProcessGroup(dist.ProcessGroup):
         for i, tensor in enumerate(tensors):
             rt.values.fill_seeded(tensor, (*key, i))
         rt.digest(tensors)
-        return self._complete("recv", _nbytes(tensors), t0, arrival, tensors, self._peer(src))
+        work = self._complete("recv", _nbytes(tensors), t0, arrival, tensors, self._peer(src))
+        work.source_rank = src
+        return work
 
     def recv_anysource(self, tensors, tag=0):
         # In lockstep every peer is ready at once; the lowest other rank wins.

@@ -6,16 +6,17 @@ import ctypes
 import dataclasses
 import functools
 import time
+from typing import Callable
 
 import torch
-
-_perf_counter = time.perf_counter
 
 from prism_debug.agent.tracker import IterationTracker
 from prism_debug.backend.values import Values
 from prism_debug.backend.work import FutureCompleter
 from prism_debug.engine import EmulatedClock, Engine
 from prism_debug.graph import FamilyRecorder
+
+_perf_counter = time.perf_counter
 
 
 @dataclasses.dataclass(eq=False)
@@ -28,13 +29,15 @@ class Runtime:
     tracker: IterationTracker
     families: FamilyRecorder
     digests: bool = True
+    # Called at the next harness entry once ``stop_requested`` is set: the
+    # agent stops the script there when --iterations are done.
+    stop_check: Callable[[], None] = lambda: None
+    stop_requested: bool = dataclasses.field(default=False, init=False)
     completer: FutureCompleter = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self.completer = FutureCompleter(self.clock, self._future_completed)
         self._last_activity = self.clock.now()
-        self.stop_requested = False  # set once --iterations are done
-        self.stop_check = lambda: None
 
     def mark_activity(self, now: float) -> None:
         """The script just entered the harness at ``now``."""

@@ -23,6 +23,8 @@ import math
 import torch
 import torch.distributed as dist
 
+from prism_debug.errors import ConfigError
+
 _R = dist.ReduceOp.RedOpType
 POLICIES = ("mirror", "zeros", "random")
 
@@ -30,7 +32,7 @@ POLICIES = ("mirror", "zeros", "random")
 class Values:
     def __init__(self, policy: str, seed: int) -> None:
         if policy not in POLICIES:
-            raise ValueError(f"unknown value policy {policy!r}; expected one of {', '.join(POLICIES)}")
+            raise ConfigError(f"unknown value policy {policy!r}; expected one of {', '.join(POLICIES)}")
         self.policy = policy
         self.seed = seed
 
@@ -78,21 +80,25 @@ class Values:
             self.fill_seeded(out, key)
 
     def _reduce_random(self, tensor, kind, n, factor, key) -> None:
-        if n <= 1:
+        if n <= 1 or not tensor.is_floating_point():
+            _reduce_mirror(tensor, kind, n, factor)
             return
+        generator = self.generator(key)
         if kind in (_R.SUM, _R.AVG, _R.PREMUL_SUM):
-            if not tensor.is_floating_point():
-                tensor.mul_(n)
-                return
-            noise = torch.randn(tensor.shape, generator=self.generator(key), dtype=tensor.dtype)
+            noise = torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
             tensor.add_(noise.mul_(math.sqrt(n - 1)))
             if kind == _R.AVG:
                 tensor.div_(n)
             elif kind == _R.PREMUL_SUM:
                 tensor.mul_(_premul_factor(factor))
-        elif kind in (_R.MAX, _R.MIN) and tensor.is_floating_point():
-            other = torch.randn(tensor.shape, generator=self.generator(key), dtype=tensor.dtype)
-            torch.maximum(tensor, other, out=tensor) if kind == _R.MAX else torch.minimum(tensor, other, out=tensor)
+        elif kind in (_R.MAX, _R.MIN):
+            # The largest of n-1 standard normals is Φ⁻¹(U^(1/(n-1))): one draw.
+            uniform = torch.rand(tensor.shape, generator=generator, dtype=torch.float64)
+            extreme = torch.special.ndtri(uniform.pow_(1.0 / (n - 1))).to(tensor.dtype)
+            if kind == _R.MAX:
+                torch.maximum(tensor, extreme, out=tensor)
+            else:
+                torch.minimum(tensor, extreme.neg_(), out=tensor)
         else:
             _reduce_mirror(tensor, kind, n, factor)
 

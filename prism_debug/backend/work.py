@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 
 import torch.distributed as dist
 from torch.futures import Future
+
+log = logging.getLogger(__name__)
 
 
 class PrismWork(dist._Work):
@@ -20,8 +23,17 @@ class PrismWork(dist._Work):
         self._done = done
         self._result = result
         self._future: Future | None = None
+        self.source_rank: int | None = None  # group rank a recv came from
+
+    def _source_rank(self) -> int:
+        # torch asks for it after a recv without ``src``.
+        if self.source_rank is None:
+            raise RuntimeError("source rank is only known for receives")
+        return self.source_rank
 
     def wait(self, timeout=None) -> bool:
+        # ``timeout`` cannot expire: lockstep peers always arrive.  Peers that
+        # never do, and timeouts, come with fault injection.
         self._runtime.wait_until(self._done)
         return True
 
@@ -85,17 +97,20 @@ class FutureCompleter:
                     self._cond.wait(remaining)
                     continue
                 _, _, future, value = heapq.heappop(self._heap)
-            self._on_blocked_wait(done, self._main_thread_blocked())
-            future.set_result(value)
+            try:
+                self._on_blocked_wait(done, self._main_thread_waits_on_a_future())
+                future.set_result(value)
+            except Exception:  # this thread completes every future: it must live on
+                log.exception("prism-debug: completing a collective's future failed")
 
-    def _main_thread_blocked(self) -> bool:
-        """Whether the script's main thread sleeps (waiting on a future in C++,
-        as DDP's reducer does) rather than computing.  Linux only; elsewhere
-        such waits go uncounted in ``comm_wait_s``."""
+    def _main_thread_waits_on_a_future(self) -> bool:
+        """Whether the script's main thread is blocked on a futex — waiting on
+        a future in C++, as DDP's reducer does — rather than computing,
+        sleeping or reading files.  Linux only (``/proc``); elsewhere such
+        waits go uncounted in ``comm_wait_s``."""
         try:
-            with open(f"/proc/self/task/{self._main_tid}/stat", "rb") as stat:
-                state = stat.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
+            with open(f"/proc/self/task/{self._main_tid}/wchan", "rb") as wchan:
+                return wchan.read().startswith(b"futex")
+        except OSError:
             return False
-        return state in (b"S", b"D")
 

@@ -20,6 +20,7 @@ import dataclasses
 import math
 
 from prism_debug.cost.profile import LL, LL128, SIMPLE, HardwareProfile
+from prism_debug.errors import ConfigError
 
 COLLECTIVES = (
     "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
@@ -36,6 +37,11 @@ class Placement:
     num_ranks: int
     num_nodes: int
     ranks_per_node: int  # the most ranks the group has on any one node
+    fewest_per_node: int = 0  # the fewest on any of its nodes (0: as many as the most)
+
+    def __post_init__(self) -> None:
+        if not self.fewest_per_node:
+            object.__setattr__(self, "fewest_per_node", self.ranks_per_node)
 
     @classmethod
     def of(cls, global_ranks, gpus_per_node: int) -> "Placement":
@@ -43,7 +49,9 @@ class Placement:
         for rank in global_ranks:
             node = rank // gpus_per_node
             per_node[node] = per_node.get(node, 0) + 1
-        return cls(len(global_ranks), len(per_node), max(per_node.values(), default=0))
+        counts = per_node.values()
+        return cls(len(global_ranks), len(per_node), max(counts, default=0),
+                   min(counts, default=0))
 
     @classmethod
     def pair(cls, rank_a: int, rank_b: int, gpus_per_node: int) -> "Placement":
@@ -78,25 +86,17 @@ class CostModel:
     def __init__(self, profile: HardwareProfile) -> None:
         self.profile = profile
         self.is_free = profile.is_free
-        self._cache: dict[tuple[str, int, Placement], float] = {}
 
     def time_s(self, op: str, nbytes: int, placement: Placement) -> float:
         """Seconds one ``op`` of ``nbytes`` takes on a group with ``placement``.
-
-        The hot path of every emulated collective: memoised, since a training
-        loop repeats the same few (op, size, group) triples.
-        """
-        key = (op, nbytes, placement)
-        cached = self._cache.get(key)
-        if cached is None:
-            cached = self._cache[key] = self.estimate(op, nbytes, placement).time_s
-        return cached
+        (Engines memoise this per group: a training loop repeats a few sizes.)"""
+        return self.estimate(op, nbytes, placement).time_s
 
     def estimate(self, op: str, nbytes: int, placement: Placement) -> Estimate:
         if op not in COLLECTIVES:
-            raise ValueError(f"unknown collective {op!r}; expected one of {', '.join(COLLECTIVES)}")
+            raise ConfigError(f"unknown collective {op!r}; expected one of {', '.join(COLLECTIVES)}")
         if nbytes < 0:
-            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+            raise ConfigError(f"nbytes must be >= 0, got {nbytes}")
         n = placement.num_ranks
         if n <= 1 or self.is_free:
             return Estimate(op, nbytes, placement, 0.0, math.inf, "local", "-")
@@ -116,14 +116,17 @@ class CostModel:
         p = self.profile
         n, k, m = pl.num_ranks, pl.num_nodes, pl.ranks_per_node
         factor = bus_factor(op, n)
-        ring_bw = p.nvlink_bw if k == 1 else min(p.nvlink_bw, m * p.nic_bw)
+        # Across nodes a ring is as fast as the node with the fewest NICs in it.
+        ring_bw = p.nvlink_bw if k == 1 else min(p.nvlink_bw, pl.fewest_per_node * p.nic_bw)
+        ll_cap = p.ll_max_bw[min(k, 3) - 1]
 
         if op in ("send", "recv"):
             bw = p.nvlink_bw if k == 1 else p.nic_bw
             hop = p.nvlink_ring if k == 1 else p.net_ring
             for proto in _PROTOCOLS:
                 lat = p.base_ring[proto] + hop[proto]
-                yield self._time(lat, nbytes, 1.0, bw, proto), "p2p", _PROTOCOL_NAMES[proto]
+                yield (self._time(lat, nbytes, 1.0, bw, proto, ll_cap), "p2p",
+                       _PROTOCOL_NAMES[proto])
             return
 
         if op == "all_to_all":
@@ -137,6 +140,16 @@ class CostModel:
             yield lat + xfer, "p2p", "Simple"
             return
 
+        if op in ("broadcast", "reduce"):
+            # A pipelined chain on the ring's channels: tuning.cc charges one
+            # hop of latency, not one per rank.
+            hop = p.nvlink_ring if k == 1 else p.net_ring
+            for proto in _PROTOCOLS:
+                lat = p.base_ring[proto] + hop[proto]
+                yield (self._time(lat, nbytes, factor, ring_bw, proto, ll_cap), "ring",
+                       _PROTOCOL_NAMES[proto])
+            return
+
         # Ring: nsteps sequential hops; those crossing a node boundary pay the
         # network hop latency (tuning.cc: nInterSteps).
         if op == "all_reduce":
@@ -146,7 +159,8 @@ class CostModel:
         for proto in _PROTOCOLS:
             lat = (p.base_ring[proto] + (steps - inter_steps) * p.nvlink_ring[proto]
                    + inter_steps * p.net_ring[proto])
-            yield self._time(lat, nbytes, factor, ring_bw, proto), "ring", _PROTOCOL_NAMES[proto]
+            yield (self._time(lat, nbytes, factor, ring_bw, proto, ll_cap), "ring",
+                   _PROTOCOL_NAMES[proto])
 
         if op != "all_reduce":
             return
@@ -158,8 +172,9 @@ class CostModel:
                     (m - 1) * p.nvlink_tree[proto] + depth * p.net_tree[proto]
                 )
                 bw = ring_bw * p.tree_factor
-                yield self._time(lat, nbytes, factor, bw, proto), "tree", _PROTOCOL_NAMES[proto]
-        if m == p.gpus_per_node and m > 1:
+                yield (self._time(lat, nbytes, factor, bw, proto, ll_cap), "tree",
+                       _PROTOCOL_NAMES[proto])
+        if pl.fewest_per_node == p.gpus_per_node and m > 1:
             # NVLink SHARP: the switch reduces, inside a node (NVLS) or as the
             # intra-node half of NVLS-tree across nodes.
             if k == 1:
@@ -167,7 +182,11 @@ class CostModel:
             else:
                 lat = p.nvls_lat + 2 * math.log2(k) * p.nvls_tree_net_lat
                 bw, name = min(p.nvls_bw, m * p.nic_bw), "nvls_tree"
-            yield self._time(lat, nbytes, factor, bw, SIMPLE), name, "Simple"
+            yield self._time(lat, nbytes, factor, bw, SIMPLE, ll_cap), name, "Simple"
 
-    def _time(self, lat: float, nbytes: int, factor: float, bw: float, proto: int) -> float:
-        return lat + nbytes * factor / (bw * self.profile.protocol_efficiency[proto])
+    def _time(self, lat: float, nbytes: int, factor: float, bw: float, proto: int,
+              ll_cap: float) -> float:
+        bw *= self.profile.protocol_efficiency[proto]
+        if proto == LL:
+            bw = min(bw, ll_cap)  # tuning.cc's llMaxBws: LL stops scaling early
+        return lat + nbytes * factor / bw

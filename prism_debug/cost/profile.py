@@ -42,6 +42,7 @@ class HardwareProfile:
     nvls_lat: float
     nvls_tree_net_lat: float
     protocol_efficiency: tuple[float, float, float]
+    ll_max_bw: tuple[float, float, float]  # LL's busbw cap on 1, 2 and 3+ nodes
     path: str = ""
 
     def __post_init__(self) -> None:
@@ -104,11 +105,19 @@ def _parse(raw: dict, path: Path) -> HardwareProfile:
                 f"hardware profile {path}: missing {where}{key}"
             ) from None
 
+    def number(table: str, key: str, kind=float):
+        value = get(table, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise HardwareProfileError(
+                f"hardware profile {path}: [{table}] {key} must be a number, got {value!r}")
+        return kind(value)
+
     def micros(key: str) -> tuple[float, float, float]:
         value = get("latency_us", key)
-        if not (isinstance(value, list) and len(value) == 3):
+        if not (isinstance(value, list) and len(value) == 3
+                and all(isinstance(v, (int, float)) for v in value)):
             raise HardwareProfileError(
-                f"hardware profile {path}: [latency_us] {key} must be [LL, LL128, Simple]"
+                f"hardware profile {path}: [latency_us] {key} must be [LL, LL128, Simple] in µs"
             )
         return tuple(float(v) * 1e-6 for v in value)  # type: ignore[return-value]
 
@@ -116,22 +125,24 @@ def _parse(raw: dict, path: Path) -> HardwareProfile:
     return HardwareProfile(
         name=str(get("", "name")),
         description=str(raw.get("description", "")),
-        gpus_per_node=int(get("", "gpus_per_node")),
+        gpus_per_node=number("", "gpus_per_node", int),
         sources=tuple(raw.get("sources", ())),
-        nvlink_bw=float(get("bandwidth_gbs", "nvlink")) * gbs,
-        nvls_bw=float(get("bandwidth_gbs", "nvls")) * gbs,
-        nic_bw=float(get("bandwidth_gbs", "nic")) * gbs,
-        tree_factor=float(get("bandwidth_gbs", "tree_factor")),
+        nvlink_bw=number("bandwidth_gbs", "nvlink") * gbs,
+        nvls_bw=number("bandwidth_gbs", "nvls") * gbs,
+        nic_bw=number("bandwidth_gbs", "nic") * gbs,
+        tree_factor=number("bandwidth_gbs", "tree_factor"),
         base_ring=micros("base_ring"),
         base_tree=micros("base_tree"),
         nvlink_ring=micros("nvlink_ring"),
         nvlink_tree=micros("nvlink_tree"),
         net_ring=micros("net_ring"),
         net_tree=micros("net_tree"),
-        nvls_lat=float(get("latency_us", "nvls")) * 1e-6,
-        nvls_tree_net_lat=float(get("latency_us", "nvls_tree_net")) * 1e-6,
+        nvls_lat=number("latency_us", "nvls") * 1e-6,
+        nvls_tree_net_lat=number("latency_us", "nvls_tree_net") * 1e-6,
         protocol_efficiency=tuple(
-            float(get("protocol_efficiency", p)) for p in PROTOCOLS
+            number("protocol_efficiency", p) for p in PROTOCOLS
         ),  # type: ignore[arg-type]
+        ll_max_bw=tuple(number("bandwidth_gbs", f"ll_max_{nodes}") * gbs
+                        for nodes in ("1node", "2nodes", "3nodes")),  # type: ignore[arg-type]
         path=str(path),
     )

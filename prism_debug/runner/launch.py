@@ -58,6 +58,9 @@ class RunOptions:
             raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
         if not self.command:
             raise ConfigError("no command to run")
+        for option, path in (("--report", self.report_path), ("--trace", self.trace_path)):
+            if path is not None and not path.resolve().parent.is_dir():
+                raise ConfigError(f"{option} {path}: directory {path.resolve().parent} does not exist")
 
 
 @dataclasses.dataclass
@@ -159,6 +162,11 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
     if options.trace_path:
         options.trace_path.write_text(json.dumps(reporting.chrome_trace(events, options.rank)))
         message(f"trace: {options.trace_path} (open in https://ui.perfetto.dev)")
+    if not any(e["kind"] in ("loaded", "init") for e in events):
+        raise LaunchError(
+            f"the prism-debug agent never loaded in the script's process (exit code "
+            f"{exit_code}): run the script with a Python that imports torch and honours "
+            f"PYTHONPATH (not python -I or -E); its output is in {log_path}")
     if not any(e["kind"] == "init" for e in events):
         raise LaunchError(
             f"the script never called torch.distributed.init_process_group (exit code "
@@ -168,22 +176,42 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
 
 
 def _wait(child: subprocess.Popen, follower: "_Follower") -> int:
-    """Wait for the rank, relaying as it goes; Ctrl-C is passed on to it."""
+    """Wait for the rank, relaying as it goes.
+
+    The rank runs in its own session (CRIU needs that), so signals aimed at
+    the controller do not reach it by themselves: Ctrl-C, SIGTERM and SIGHUP
+    are passed on (a second Ctrl-C kills), and if the controller itself fails
+    the rank goes down with it rather than running on orphaned.
+    """
+    def forward(signum, frame):
+        _signal_group(child, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
     interrupted = 0
-    while True:
-        try:
-            code = child.poll()
-            follower.poll()
-            if code is not None:
-                return code if code >= 0 else 128 - code
-            time.sleep(_POLL_S)
-        except KeyboardInterrupt:
-            interrupted += 1
-            sig = signal.SIGINT if interrupted == 1 else signal.SIGKILL
+    try:
+        while True:
             try:
-                os.killpg(child.pid, sig)
-            except ProcessLookupError:
-                pass
+                code = child.poll()
+                follower.poll()
+                if code is not None:
+                    return code if code >= 0 else 128 - code
+                time.sleep(_POLL_S)
+            except KeyboardInterrupt:
+                interrupted += 1
+                _signal_group(child, signal.SIGINT if interrupted == 1 else signal.SIGKILL)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if child.poll() is None:
+            _signal_group(child, signal.SIGKILL)
+            child.wait()
+
+
+def _signal_group(child: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(child.pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 class _Follower:

@@ -1,4 +1,5 @@
 import math
+from pathlib import Path
 
 import pytest
 
@@ -33,7 +34,8 @@ def test_small_all_reduce_takes_ring_ll_latency(h100):
     # tuning.cc: baseLat 6.6 us + 14 steps x 0.6 us for ring/LL on 8 GPUs.
     estimate = h100.estimate("all_reduce", 8, Placement(8, 1, 8))
     assert (estimate.algorithm, estimate.protocol) == ("ring", "LL")
-    assert estimate.time_s == pytest.approx(15.0e-6 + 8 * 1.75 / (370e9 * 0.5), rel=1e-9)
+    # LL delivers half the link bandwidth, capped at tuning.cc's 141 GB/s on one node
+    assert estimate.time_s == pytest.approx(15.0e-6 + 8 * 1.75 / 141e9, rel=1e-9)
 
 
 def test_tree_wins_small_messages_at_scale(h100):
@@ -64,7 +66,21 @@ def test_single_rank_groups_and_zero_profile_cost_nothing(h100):
 
 def test_placement_counts_nodes_and_the_fullest_node():
     assert Placement.of(range(16), 8) == Placement(16, 2, 8)
-    assert Placement.of([0, 8, 16, 17], 8) == Placement(4, 3, 2)
+    assert Placement.of([0, 8, 16, 17], 8) == Placement(4, 3, 2, 1)
+    assert Placement(8, 1, 8).fewest_per_node == 8
+
+
+def test_a_ring_across_uneven_nodes_runs_at_the_thinnest_node(h100):
+    even = h100.estimate("all_gather", GiB, Placement(16, 2, 8))
+    uneven = h100.estimate("all_gather", GiB, Placement(9, 2, 8, 1))
+    assert even.busbw_gbs == pytest.approx(360.7, abs=0.5)
+    assert uneven.busbw_gbs < 47.0
+
+
+def test_broadcast_latency_is_one_hop_not_one_per_rank(h100):
+    # tuning.cc: a pipelined chain charges baseLat + one hop (LL: 6.6 + 5.0 us across nodes)
+    small = h100.estimate("broadcast", 8, Placement(8192, 1024, 8))
+    assert small.time_s * 1e6 == pytest.approx(6.6 + 2.7, abs=0.01)
 
 
 @pytest.mark.parametrize("op,n,factor", [
@@ -102,3 +118,13 @@ def test_profile_round_trips_through_a_dict():
     profile = load_profile("h100-ib400")
     assert HardwareProfile.from_dict(profile.to_dict()) == profile
     assert math.isinf(load_profile("zero").nic_bw)
+
+
+def test_a_profile_value_that_is_not_a_number_is_named(tmp_path):
+    text = (Path(__file__).resolve().parents[2] / "prism_debug/cost/profiles/h100-ib400.toml"
+            ).read_text().replace("nvlink = 370.0", 'nvlink = "fast"')
+    path = tmp_path / "typo.toml"
+    path.write_text(text)
+    with pytest.raises(HardwareProfileError,
+                       match=r"typo.toml: \[bandwidth_gbs\] nvlink must be a number, got 'fast'"):
+        load_profile(str(path))

@@ -30,4 +30,32 @@ def test_a_shadowed_sitecustomize_still_runs(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[rank 4097] user sitecustomize: yes" in proc.stdout
     events = [json.loads(l) for l in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
-    assert events[0]["kind"] == "init" and events[0]["backend"] == "nccl"
+    assert [e["kind"] for e in events[:2]] == ["loaded", "init"]
+    assert events[1]["backend"] == "nccl"
+
+
+def test_looking_torch_up_before_importing_it_still_loads_the_agent(tmp_path):
+    script = tmp_path / "lookup.py"
+    script.write_text(
+        "import importlib.util\n"
+        "assert importlib.util.find_spec('torch') is not None  # as libraries probe for torch\n"
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('nccl')\n"
+        "print('backend', dist.get_backend(), flush=True)\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "prism_debug.cli", "run", "--run-dir", str(tmp_path / "run"),
+         "--", sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[rank 4097] backend nccl" in proc.stdout
+
+
+def test_an_unreadable_agent_configuration_stops_the_process_with_the_reason(tmp_path):
+    hooks = Path(__file__).resolve().parents[2] / "hooks"
+    proc = subprocess.run(
+        [sys.executable, "-c", "import torch"], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(hooks),
+             "PRISM_DEBUG_CONFIG": str(tmp_path / "missing.json")})
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(
+        f"prism-debug: error: cannot load the agent configuration "
+        f"$PRISM_DEBUG_CONFIG={tmp_path / 'missing.json'}: [Errno 2] No such file or directory")

@@ -72,6 +72,8 @@ def test_every_op_has_mirror_values_and_nccl_stays_nccl(tmp_path, world):
     assert r["broadcast_object_list"] == [{"config": "a"}]
     assert r["all_gather_object"] == [{"rank": 4097}] * 8
     assert r["recv_object_list"] == ["meta", 3]
+    assert r["recv_any_source"] == 0  # every lockstep peer is ready; the lowest wins
+    assert r["all_gather_coalesced"] == [[[7.0], [1.0, 2.0, 3.0]]] * 8
     assert r["split_group"] == [world // 2, 4097 - world // 2 if world == 8192 else 4097]
     assert families(report) == {"world": (1, world), "tp": (world // 8, 8),
                                 "half": (2, world // 2)}
@@ -266,6 +268,48 @@ def test_bad_input_gets_one_clear_error(tmp_path, args, message):
     proc = prism("run", *args, tmp_path=tmp_path)
     assert proc.returncode == 2
     assert proc.stderr == f"prism-debug: error: {message}\n"
+
+
+def test_a_report_path_in_a_missing_directory_is_refused_before_running(tmp_path):
+    proc = prism("run", "--report", str(tmp_path / "nope" / "r.json"), tmp_path=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"prism-debug: error: --report {tmp_path / 'nope' / 'r.json'}: "
+                           f"directory {tmp_path / 'nope'} does not exist\n")
+
+
+def test_future_waits_count_only_while_the_script_blocks_on_them(tmp_path):
+    proc, report = run_script(tmp_path, "future_wait.py")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sleeping, blocking = report["iterations"]
+    cost = float(re.search(r"cost_s=([\d.e-]+)", proc.stdout).group(1))
+    assert sleeping["comm_wait_s"] < 0.05 * cost  # asleep in time.sleep: not a wait
+    assert blocking["comm_wait_s"] == pytest.approx(cost, rel=0.2)
+
+
+def test_terminating_the_controller_takes_the_rank_down(tmp_path):
+    import os
+    import signal
+    import time
+
+    controller = subprocess.Popen(
+        [sys.executable, "-m", "prism_debug.cli", "run", "--run-dir", str(tmp_path / "run"),
+         "--", sys.executable, str(SCRIPTS / "sleep_forever.py")],
+        stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    for line in controller.stdout:
+        if "pid=" in line:
+            rank_pid = int(line.rsplit("pid=", 1)[1])
+            break
+    controller.send_signal(signal.SIGTERM)
+    assert controller.wait(timeout=30) == 128 + signal.SIGTERM
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(rank_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"rank {rank_pid} outlived its controller")
 
 
 def test_a_crashing_script_keeps_its_exit_code_and_its_report(tmp_path):

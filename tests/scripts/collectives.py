@@ -55,6 +55,12 @@ ops = [dist.P2POp(dist.isend, torch.ones(2), (rank + 1) % world),
        dist.P2POp(dist.irecv, torch.empty(2), (rank - 1) % world)]
 for work in dist.batch_isend_irecv(ops):
     work.wait()
+from_anyone = torch.empty(2)
+results["recv_any_source"] = dist.recv(from_anyone)
+coalesced_out = [[torch.empty(1), torch.empty(3)] for _ in range(8)]
+dist.all_gather_coalesced(coalesced_out, [torch.tensor([7.0]), torch.tensor([1.0, 2.0, 3.0])],
+                          group=tp)
+results["all_gather_coalesced"] = [[t.tolist() for t in per_rank] for per_rank in coalesced_out]
 dist.barrier()
 work = dist.all_reduce(ones(), group=tp, async_op=True)
 work.wait()
