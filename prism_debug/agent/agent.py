@@ -93,6 +93,7 @@ class Agent:
                     "world_size": self.config.world_size, "time_s": now})
 
     def _on_exit(self) -> None:
+        self.runtime.completer.close()
         if self.initialised:
             self._emit({"kind": "exit", "families": self._families(),
                         "peak_rss_bytes": _peak_rss(),

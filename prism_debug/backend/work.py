@@ -73,6 +73,7 @@ class FutureCompleter:
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._closing = False
         self._main_tid = threading.main_thread().native_id
 
     def complete_at(self, future: Future, done: float, value) -> None:
@@ -86,11 +87,26 @@ class FutureCompleter:
                 self._thread.start()
             self._cond.notify()
 
+    def close(self) -> None:
+        """Stop the thread and wait for it, before the interpreter finalises.
+
+        A daemon thread still running at finalisation is torn down wherever it
+        is; inside torch's C++ (``set_result`` runs DDP's callbacks) that is a
+        ``std::terminate`` and the rank dies of SIGABRT after a clean exit.
+        """
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._heap:
+                while not self._heap and not self._closing:
                     self._cond.wait()
+                if self._closing:
+                    return
                 done = self._heap[0][0]
                 remaining = done - self._clock.now()
                 if remaining > 0:
