@@ -1,13 +1,16 @@
 """Timing of the virtual peers (pure core: no torch, CRIU or ZeroMQ).
 
 :class:`Engine` is the seam the torch backend depends on; the lockstep engine
-serves it now, the graph replay engine later.
+serves it now; the replay engine (:mod:`prism_debug.engine.replay`) replays
+every virtual peer from an execution graph and will serve it behind the same
+seam once ``prism-debug run --graph`` lands.
 """
 
 from typing import Any, Protocol
 
 from prism_debug.engine.clock import EmulatedClock
 from prism_debug.engine.lockstep import LockstepEngine, Stream
+from prism_debug.engine.replay import OpRecord, ReplayEngine
 
 
 class Engine(Protocol):
@@ -21,4 +24,4 @@ class Engine(Protocol):
         """Completion time (emulated clock) of an op the real rank entered at ``arrival``."""
 
 
-__all__ = ["EmulatedClock", "Engine", "LockstepEngine", "Stream"]
+__all__ = ["EmulatedClock", "Engine", "LockstepEngine", "OpRecord", "ReplayEngine", "Stream"]

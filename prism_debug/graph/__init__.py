@@ -1,5 +1,13 @@
-"""The job's structure: group families now, the slicing-built execution graph later (pure core)."""
+"""The job's structure: group families and the execution graph (pure core)."""
 
+from prism_debug.graph.execution import (
+    ClassProgram,
+    Event,
+    ExecutionGraph,
+    GraphError,
+    Mesh,
+    OpSpec,
+)
 from prism_debug.graph.families import (
     WORLD_FAMILY,
     FamilyRecorder,
@@ -7,4 +15,7 @@ from prism_debug.graph.families import (
     GroupRef,
 )
 
-__all__ = ["WORLD_FAMILY", "FamilyRecorder", "FamilySummary", "GroupRef"]
+__all__ = [
+    "WORLD_FAMILY", "ClassProgram", "Event", "ExecutionGraph", "FamilyRecorder", "FamilySummary",
+    "GraphError", "GroupRef", "Mesh", "OpSpec",
+]

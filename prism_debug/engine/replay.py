@@ -1,0 +1,441 @@
+"""The replay engine: every virtual peer of the world, replayed from the graph.
+
+Pure core (numpy; no torch).  Ranks of one class run one program, so a class
+advances event by event as a unit while its ranks' *times* may differ: a
+class's time is a scalar while all its ranks agree (the fast path: an
+unperturbed class costs the same at 65,536 ranks as at 8) and an array shaped
+like the class's slice of the mesh once anything sets them apart.  A group op
+then completes at the max of its members' arrivals over the family's mesh
+axes, plus the cost model's time; point-to-point ops complete at
+max(send, recv) + cost.  Ops whose groups span classes (pipeline p2p, a
+world all-reduce) wait until every class involved has issued its matching op.
+
+The real rank, when there is one, is an element of its class's arrays whose
+arrivals come from the real process (:meth:`real_issue`): its class is held
+at the real rank's position, so a late real rank delays its groups and
+everything downstream, as in the full-size job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import numpy as np
+
+from prism_debug.cost import Placement
+from prism_debug.graph.execution import Event, ExecutionGraph, GraphError, OpSpec
+
+Time = float | np.ndarray
+CostFn = Callable[[OpSpec, Placement], float]
+
+
+@dataclasses.dataclass
+class _Perturbation:
+    kind: str  # "slow", "delay", "fail"
+    mask: np.ndarray  # mesh-shaped bool: the ranks it applies to
+    value: float  # factor (slow) or seconds (delay)
+    first_iteration: int = 1
+    last_iteration: float = math.inf
+    family: str | None = None  # delay: only ops on this family
+
+
+@dataclasses.dataclass
+class _LinkPerturbation:
+    nodes: frozenset[int]
+    bandwidth_factor: float  # cost is divided by it
+    added_latency_s: float
+
+
+@dataclasses.dataclass
+class OpRecord:
+    """One op of one class in one iteration, for traces and tests."""
+
+    class_id: int
+    iteration: int
+    op: int
+    arrival: Time
+    done: Time
+
+
+class _ClassState:
+    def __init__(self, program, index: tuple) -> None:
+        self.program = program
+        self.index = index  # selects the class's slice of a mesh-shaped array
+        self.t: Time = 0.0
+        self.pc = 0
+        self.iteration = 1
+        self.gap_applied = False
+        self.arrivals: dict[int, Time] = {}
+        self.done: dict[int, Time] = {}
+        self.sequence: dict[tuple, int] = {}  # rendezvous counters, per iteration
+        self.iteration_starts: list[Time] = [0.0]
+
+    def next_sequence(self, key: tuple) -> int:
+        n = self.sequence.get(key, 0)
+        self.sequence[key] = n + 1
+        return n
+
+
+class ReplayEngine:
+    def __init__(self, graph: ExecutionGraph, cost: CostFn, *, real_rank: int | None = None,
+                 record: bool = False) -> None:
+        self.graph = graph
+        self.mesh = graph.mesh
+        self._cost = cost
+        self.record = record
+        self.records: list[OpRecord] = []
+        self._class_axis = self.mesh.axis(graph.class_axis) if graph.class_axis else None
+        self._states = [_ClassState(p, self._class_index(p.class_id)) for p in graph.programs]
+        self._perturbations: list[_Perturbation] = []
+        self._links: list[_LinkPerturbation] = []
+        self._rendezvous: dict[tuple, dict[int, tuple[int, Time]]] = {}
+        self._placements: dict[tuple, Placement] = {}
+        self._costs: dict[tuple, Time] = {}
+        self.real_rank = real_rank
+        self._real_class: int | None = None
+        self._real_index: tuple | None = None
+        self._real_allowed = -1  # the real class may run up to this event index
+        self._real_pending: tuple[int, float] | None = None
+        if real_rank is not None:
+            if not 0 <= real_rank < self.mesh.world_size:
+                raise GraphError(f"rank {real_rank} is outside the graph's world of "
+                                 f"{self.mesh.world_size}")
+            self._real_class = graph.class_of(real_rank)
+            coords = list(self.mesh.coordinates(real_rank))
+            if self._class_axis is not None:
+                del coords[self._class_axis]
+            self._real_index = tuple(coords)
+
+    # -- set-up ------------------------------------------------------------------
+
+    def _class_index(self, class_id: int) -> tuple:
+        if self._class_axis is None:
+            return ()
+        return (slice(None),) * self._class_axis + (class_id,)
+
+    @property
+    def class_shape(self) -> tuple[int, ...]:
+        shape = list(self.mesh.shape)
+        if self._class_axis is not None:
+            del shape[self._class_axis]
+        return tuple(shape)
+
+    def _local_axes(self, family: str) -> tuple[int, ...]:
+        """The family's axes as axes of a class array (the class axis removed)."""
+        axes = self.graph.family_axes(family)
+        if self._class_axis is None:
+            return axes
+        return tuple(a - (a > self._class_axis) for a in axes if a != self._class_axis)
+
+    def _spans_classes(self, family: str) -> bool:
+        return self._class_axis is not None and self._class_axis in self.graph.family_axes(family)
+
+    def _mask(self, ranks) -> np.ndarray:
+        mask = np.zeros(self.mesh.world_size, dtype=bool)
+        mask[np.asarray(list(ranks), dtype=np.int64)] = True
+        return mask.reshape(self.mesh.shape)
+
+    # -- the perturbation interface (driven by fault injection) -----------------------
+
+    def slow(self, ranks, factor: float, *, first_iteration: int = 1,
+             iterations: float = math.inf) -> None:
+        """Multiply the compute of ``ranks`` by ``factor`` (stragglers, a hot node)."""
+        if factor <= 0:
+            raise ValueError(f"a compute factor must be positive, got {factor}")
+        self._perturbations.append(_Perturbation(
+            "slow", self._mask(ranks), factor, first_iteration, first_iteration + iterations - 1))
+
+    def delay(self, ranks, seconds: float, *, family: str | None = None,
+              first_iteration: int = 1, iterations: float = math.inf) -> None:
+        """Delay the arrival of ``ranks`` at every op (of ``family``) by ``seconds``."""
+        self._perturbations.append(_Perturbation(
+            "delay", self._mask(ranks), seconds, first_iteration,
+            first_iteration + iterations - 1, family))
+
+    def fail(self, ranks, *, at_iteration: int = 1) -> None:
+        """Fail-stop ``ranks`` from ``at_iteration`` on: they never arrive again."""
+        self._perturbations.append(_Perturbation("fail", self._mask(ranks), math.inf,
+                                                 at_iteration))
+
+    def link(self, nodes, *, bandwidth_factor: float = 1.0, added_latency_s: float = 0.0) -> None:
+        """Degrade collectives whose groups span any of ``nodes``."""
+        if bandwidth_factor <= 0:
+            raise ValueError(f"a bandwidth factor must be positive, got {bandwidth_factor}")
+        self._links.append(_LinkPerturbation(frozenset(nodes), bandwidth_factor, added_latency_s))
+        self._costs.clear()
+
+    def _active(self, kind: str, state: _ClassState, family: str | None = None):
+        for p in self._perturbations:
+            if (p.kind == kind and p.first_iteration <= state.iteration <= p.last_iteration
+                    and (p.family is None or p.family == family)):
+                part = p.mask[state.index] if state.index else p.mask
+                if part.any():
+                    yield p, part
+
+    # -- the real rank ---------------------------------------------------------------
+
+    def real_issue(self, spec: OpSpec, arrival: float) -> tuple[int, int]:
+        """The real rank issues its next op at ``arrival``; returns a handle for
+        :meth:`real_completion`.  The op must be the next one its class
+        program issues, or :class:`GraphError` names the first mismatch."""
+        state = self._states[self._real_class]
+        events = state.program.events(state.iteration)
+        index = next((i for i in range(max(state.pc, self._real_allowed + 1), len(events))
+                      if events[i].action == "issue"), None)
+        expected = state.program.ops[events[index].op] if index is not None else None
+        if expected is None or (expected.kind, expected.family, expected.nbytes) != (
+                spec.kind, spec.family, spec.nbytes):
+            want = "the end of the iteration" if expected is None else (
+                f"{expected.kind} of {expected.nbytes} bytes on {expected.family}")
+            raise GraphError(
+                f"the script does not follow the graph: in iteration {state.iteration} rank "
+                f"{self.real_rank} issued {spec.kind} of {spec.nbytes} bytes on {spec.family} "
+                f"where the graph has {want}")
+        self._real_allowed = index
+        self._real_pending = (index, arrival)
+        self._advance()
+        return state.iteration, events[index].op
+
+    def real_completion(self, handle: tuple[int, int]) -> float:
+        """When the real rank's op completes (inf while it cannot: a failed peer)."""
+        iteration, op = handle
+        state = self._states[self._real_class]
+        self._advance()
+        if state.iteration != iteration or op not in state.done:
+            return math.inf
+        done = state.done[op]
+        return float(done[self._real_index] if isinstance(done, np.ndarray) else done)
+
+    def real_iteration_end(self) -> None:
+        """The real rank finished an iteration: its class may run to the end."""
+        state = self._states[self._real_class]
+        events = state.program.events(state.iteration)
+        self._real_allowed = len(events) - 1
+        self._advance()
+        self._real_allowed = -1
+
+    # -- pure replay -------------------------------------------------------------------
+
+    def run(self, iterations: int) -> None:
+        """Replay until every class has finished ``iterations`` iterations."""
+        if self.real_rank is not None:
+            raise GraphError("run() replays the whole world; this engine follows a real rank")
+        self._target = iterations
+        self._advance()
+        stuck = [s.program.class_id for s in self._states if s.iteration <= iterations]
+        if stuck:
+            raise GraphError(f"the replay cannot progress: classes {stuck} wait on ops no "
+                             f"other class issues (the programs do not match)")
+
+    def iteration_times(self, rank: int) -> list[float]:
+        """Durations of the finished iterations of ``rank``."""
+        state = self._states[self.graph.class_of(rank)]
+        coords = list(self.mesh.coordinates(rank))
+        if self._class_axis is not None:
+            del coords[self._class_axis]
+        starts = [float(s[tuple(coords)]) if isinstance(s, np.ndarray) else float(s)
+                  for s in state.iteration_starts]
+        return [b - a for a, b in zip(starts, starts[1:])]
+
+    # -- the event loop --------------------------------------------------------------------
+
+    _target = math.inf
+
+    def _advance(self) -> None:
+        progress = True
+        while progress:
+            progress = False
+            for state in self._states:
+                while self._step(state):
+                    progress = True
+
+    def _step(self, state: _ClassState) -> bool:
+        if state.iteration > self._target:
+            return False
+        events = state.program.events(state.iteration)
+        is_real = state.program.class_id == self._real_class
+        if is_real and state.pc > self._real_allowed:
+            return False
+        event = events[state.pc]
+        if not state.gap_applied:
+            state.t = state.t + self._gap(state, event)
+            state.gap_applied = True
+        if event.action == "wait":
+            done = state.done.get(event.op)
+            if done is None:
+                return False
+            # back to the scalar fast path once the class's ranks agree again
+            state.t = _squeeze(_maximum(state.t, done))
+        elif event.action == "issue":
+            self._issue(state, event, is_real)
+        state.gap_applied = False
+        state.pc += 1
+        if event.action == "end" or state.pc == len(events):
+            self._end_iteration(state)
+        return True
+
+    def _gap(self, state: _ClassState, event: Event) -> Time:
+        gap: Time = event.gap_s
+        for p, part in self._active("slow", state):
+            factor = np.where(part, p.value, 1.0)
+            gap = gap * factor
+        return gap
+
+    def _end_iteration(self, state: _ClassState) -> None:
+        state.iteration += 1
+        state.pc = 0
+        state.arrivals.clear()
+        state.done.clear()
+        state.sequence.clear()
+        state.iteration_starts.append(state.t)
+        if state.program.class_id == self._real_class:
+            self._real_allowed = -1
+
+    # -- ops ---------------------------------------------------------------------------------
+
+    def _issue(self, state: _ClassState, event: Event, is_real: bool) -> None:
+        op = state.program.ops[event.op]
+        arrival = state.t
+        for p, part in self._active("delay", state, op.family):
+            arrival = arrival + np.where(part, p.value, 0.0)
+        for p, part in self._active("fail", state):
+            arrival = np.where(part, math.inf, arrival)
+        if is_real and self._real_pending is not None:
+            index, real_arrival = self._real_pending
+            if index == state.pc:
+                arrival = np.array(np.broadcast_to(arrival, self.class_shape), dtype=float)
+                arrival[self._real_index] = real_arrival
+                self._real_pending = None
+        state.arrivals[event.op] = arrival
+        if op.is_p2p:
+            self._issue_p2p(state, event.op, op)
+        elif self._spans_classes(op.family):
+            self._issue_across_classes(state, event.op, op)
+        else:
+            self._complete(state, event.op, self._group_max(arrival, op.family)
+                           + self._op_cost(op, state))
+
+    def _group_max(self, arrival: Time, family: str) -> Time:
+        if not isinstance(arrival, np.ndarray):
+            return arrival
+        return np.broadcast_to(arrival.max(axis=self._local_axes(family), keepdims=True),
+                               arrival.shape)
+
+    def _issue_across_classes(self, state: _ClassState, op_index: int, op: OpSpec) -> None:
+        seq = state.next_sequence(("coll", op.family))
+        key = ("coll", op.family, state.iteration, seq)
+        waiting = self._rendezvous.setdefault(key, {})
+        waiting[state.program.class_id] = (op_index, state.arrivals[op_index])
+        if len(waiting) < len(self._states):
+            return
+        del self._rendezvous[key]
+        full = np.empty(self.mesh.shape)
+        for class_id, (_, arrival) in waiting.items():
+            full[self._states[class_id].index] = arrival
+        done = np.broadcast_to(full.max(axis=self.graph.family_axes(op.family), keepdims=True),
+                               full.shape) + self._op_cost(op, state)
+        for class_id, (index, _) in waiting.items():
+            other = self._states[class_id]
+            self._complete(other, index, np.array(done[other.index]))
+
+    def _issue_p2p(self, state: _ClassState, op_index: int, op: OpSpec) -> None:
+        # The n-th send from one class to another, in one direction, pairs with
+        # the n-th matching recv there (NCCL matches p2p ops in order).
+        step = op.peer if op.kind == "send" else -op.peer  # the sender's offset
+        me = state.program.class_id
+        if self._spans_classes(op.family):
+            peer = me + (op.peer)
+            if not 0 <= peer < len(self._states):
+                raise GraphError(f"class {me} has a {op.kind} to class {peer}, which does "
+                                 "not exist")
+        else:
+            peer = me
+        source, target = (me, peer) if op.kind == "send" else (peer, me)
+        seq = state.next_sequence(("p2p", source, target, step, op.kind))
+        key = ("p2p", source, target, step, state.iteration, seq)
+        waiting = self._rendezvous.setdefault(key, {})
+        waiting[op.kind] = (state.program.class_id, op_index)
+        if len(waiting) < 2:
+            return
+        del self._rendezvous[key]
+        sender, send_op = self._states[waiting["send"][0]], waiting["send"][1]
+        receiver, recv_op = self._states[waiting["recv"][0]], waiting["recv"][1]
+        spec = sender.program.ops[send_op]
+        # Across classes the ranks pair element by element (same coordinates off
+        # the class axis); inside a class, rank x sends to x + step on the axis.
+        axis = None if sender is not receiver else self._local_axes(spec.family)[0]
+        sent = _roll(sender.arrivals[send_op], step, axis)
+        done = _maximum(sent, receiver.arrivals[recv_op]) + self._op_cost(spec, sender)
+        self._complete(receiver, recv_op, done)
+        self._complete(sender, send_op, _roll(done, -step, axis))
+
+    def _complete(self, state: _ClassState, op_index: int, done: Time) -> None:
+        done = _squeeze(done)
+        state.done[op_index] = done
+        if self.record:
+            self.records.append(OpRecord(state.program.class_id, state.iteration, op_index,
+                                         state.arrivals.get(op_index), done))
+
+    # -- costs ---------------------------------------------------------------------------------
+
+    def _placement(self, op: OpSpec) -> Placement:
+        key = (op.family, op.peer if op.is_p2p else 0)
+        placement = self._placements.get(key)
+        if placement is None:
+            gpn = self.graph.gpus_per_node
+            if op.is_p2p:
+                axis = self.graph.family_axes(op.family)[0]
+                other = self.mesh.strides[axis] * abs(op.peer)
+                placement = Placement.pair(0, other, gpn)
+            else:
+                ranks = self.mesh.group_ranks(self.graph.family_axes(op.family), 0)
+                placement = Placement.of(ranks, gpn)
+            self._placements[key] = placement
+        return placement
+
+    def _op_cost(self, op: OpSpec, state: _ClassState) -> Time:
+        key = (op, state.program.class_id)
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = self._costs[key] = self._cost_with_links(op, state)
+        return cost
+
+    def _cost_with_links(self, op: OpSpec, state: _ClassState) -> Time:
+        base = self._cost(op, self._placement(op))
+        if not self._links:
+            return base
+        nodes = np.arange(self.mesh.world_size).reshape(self.mesh.shape) // self.graph.gpus_per_node
+        cost: Time = base
+        for link in self._links:
+            touched = np.isin(nodes, list(link.nodes))
+            axes = self.graph.family_axes(op.family)
+            spans = touched.any(axis=axes, keepdims=True) & ~touched.all(axis=axes, keepdims=True) \
+                if not op.is_p2p else touched
+            spans = np.broadcast_to(spans, self.mesh.shape)[state.index] if state.index else \
+                np.broadcast_to(spans, self.mesh.shape)
+            slower = base / link.bandwidth_factor + link.added_latency_s
+            cost = np.where(spans, slower, cost)
+        return cost
+
+
+def _maximum(a: Time, b: Time) -> Time:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return a if a > b else b
+
+
+def _squeeze(times: Time) -> Time:
+    """A per-rank array whose ranks all agree, as a scalar (the fast path)."""
+    if isinstance(times, np.ndarray):
+        first = times.flat[0]
+        if (times == first).all():
+            return float(first)
+    return times
+
+
+def _roll(times: Time, step: int, axis: int | None) -> Time:
+    if axis is None or not isinstance(times, np.ndarray):
+        return times
+    return np.roll(times, step, axis=axis)

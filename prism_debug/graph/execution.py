@@ -1,0 +1,221 @@
+"""The execution graph: what every rank of the world does in one iteration.
+
+Size O(classes × ops), never O(ranks × ops) (DESIGN.md §4).  The world is a
+*mesh*: ranks numbered row-major over named axes (``pp × dp × tp`` for the
+bundled example), and every group family is a set of axes — a tensor-parallel
+group varies ``tp`` and fixes the rest.  Ranks whose coordinate on the *class
+axis* is the same run the same program (one class per pipeline stage); a
+graph without a class axis has one class.
+
+A class program is a list of events, each after ``gap_s`` seconds of compute
+since the previous event of the same rank: *issue* an op (a collective on a
+family, or a point-to-point op with the rank ``peer`` steps away on a
+family's axis), *wait* for an issued op, or *end* the iteration.  Programs
+have a ``warmup`` part (the first iteration, which builds buckets and
+handshakes) and a ``steady`` part that repeats.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+import math
+from pathlib import Path
+
+from prism_debug.errors import PrismError
+
+GRAPH_VERSION = 1
+P2P_KINDS = ("send", "recv")
+
+
+class GraphError(PrismError):
+    """Raised for a graph file that is malformed, of another version, or does
+    not describe the job it is used with; the message names the first
+    mismatch."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+    """The world as a row-major grid: rank = Σ coordinate[i] × stride[i]."""
+
+    shape: tuple[int, ...]
+    names: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != len(self.names) or len(set(self.names)) != len(self.names):
+            raise GraphError(f"mesh names {self.names} do not match its shape {self.shape}")
+        if any(size < 1 for size in self.shape):
+            raise GraphError(f"mesh sizes must be positive, got {self.shape}")
+
+    @property
+    def world_size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        strides, step = [], 1
+        for size in reversed(self.shape):
+            strides.append(step)
+            step *= size
+        return tuple(reversed(strides))
+
+    def axis(self, name: str) -> int:
+        try:
+            return self.names.index(name)
+        except ValueError:
+            raise GraphError(f"the mesh has no axis {name!r} (axes: {', '.join(self.names)})") from None
+
+    def coordinates(self, rank: int) -> tuple[int, ...]:
+        return tuple((rank // stride) % size for stride, size in zip(self.strides, self.shape))
+
+    def rank(self, coordinates) -> int:
+        return sum(c * s for c, s in zip(coordinates, self.strides))
+
+    def group_ranks(self, axes: tuple[int, ...], rank: int) -> list[int]:
+        """The ranks of ``rank``'s group in a family that varies ``axes``."""
+        coords = list(self.coordinates(rank))
+        ranks = []
+        for index in range(math.prod(self.shape[a] for a in axes)):
+            for a in reversed(axes):
+                coords[a] = index % self.shape[a]
+                index //= self.shape[a]
+            ranks.append(self.rank(coords))
+        return sorted(ranks)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """One communication op of a class program."""
+
+    kind: str  # all_reduce, all_gather, …, send, recv
+    family: str
+    nbytes: int
+    dtype: str = "float32"
+    peer: int = 0  # for send/recv: steps along the family's axis (+1 = next stage)
+
+    @property
+    def is_p2p(self) -> bool:
+        return self.kind in P2P_KINDS
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    action: str  # "issue", "wait" or "end"
+    gap_s: float  # compute since the rank's previous event
+    op: int = -1  # index into the program's ops (issue, wait)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassProgram:
+    class_id: int
+    ops: tuple[OpSpec, ...]
+    warmup: tuple[Event, ...]
+    steady: tuple[Event, ...]
+
+    def events(self, iteration: int) -> tuple[Event, ...]:
+        return self.warmup if iteration == 1 and self.warmup else self.steady
+
+    def iteration_bytes(self) -> dict[str, int]:
+        """Bytes issued per steady iteration, by family."""
+        totals: dict[str, int] = {}
+        for event in self.steady:
+            if event.action == "issue":
+                op = self.ops[event.op]
+                totals[op.family] = totals.get(op.family, 0) + op.nbytes
+        return totals
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecutionGraph:
+    mesh: Mesh
+    families: dict[str, tuple[str, ...]]  # family name -> the mesh axes its groups vary
+    class_axis: str | None  # ranks with one coordinate here run one program
+    programs: tuple[ClassProgram, ...]
+    gpus_per_node: int
+    command: tuple[str, ...] = ()
+    version: int = GRAPH_VERSION
+
+    def __post_init__(self) -> None:
+        for name, axes in self.families.items():
+            for axis in axes:
+                self.mesh.axis(axis)
+        expected = self.mesh.shape[self.mesh.axis(self.class_axis)] if self.class_axis else 1
+        if len(self.programs) != expected:
+            raise GraphError(f"the graph has {len(self.programs)} class programs; its class "
+                             f"axis {self.class_axis!r} needs {expected}")
+        for program in self.programs:
+            for op in program.ops:
+                if op.family not in self.families:
+                    raise GraphError(f"class {program.class_id} uses family {op.family!r}, "
+                                     f"which the graph does not define")
+
+    @property
+    def world_size(self) -> int:
+        return self.mesh.world_size
+
+    def family_axes(self, name: str) -> tuple[int, ...]:
+        return tuple(self.mesh.axis(a) for a in self.families[name])
+
+    def class_of(self, rank: int) -> int:
+        if self.class_axis is None:
+            return 0
+        return self.mesh.coordinates(rank)[self.mesh.axis(self.class_axis)]
+
+    # -- the file ------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return {
+            "version": self.version,
+            "mesh": {"shape": list(self.mesh.shape), "names": list(self.mesh.names)},
+            "families": {k: list(v) for k, v in self.families.items()},
+            "class_axis": self.class_axis,
+            "gpus_per_node": self.gpus_per_node,
+            "command": list(self.command),
+            "programs": [{
+                "class_id": p.class_id,
+                "ops": [[o.kind, o.family, o.nbytes, o.dtype, o.peer] for o in p.ops],
+                "warmup": [[e.action, e.gap_s, e.op] for e in p.warmup],
+                "steady": [[e.action, e.gap_s, e.op] for e in p.steady],
+            } for p in self.programs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ExecutionGraph":
+        version = data.get("version")
+        if version != GRAPH_VERSION:
+            raise GraphError(f"graph format version {version!r}; this prism-debug reads "
+                             f"version {GRAPH_VERSION}: profile the job again")
+        try:
+            return cls(
+                mesh=Mesh(tuple(data["mesh"]["shape"]), tuple(data["mesh"]["names"])),
+                families={k: tuple(v) for k, v in data["families"].items()},
+                class_axis=data["class_axis"],
+                gpus_per_node=int(data["gpus_per_node"]),
+                command=tuple(data.get("command", ())),
+                programs=tuple(ClassProgram(
+                    class_id=p["class_id"],
+                    ops=tuple(OpSpec(*o) for o in p["ops"]),
+                    warmup=tuple(Event(*e) for e in p["warmup"]),
+                    steady=tuple(Event(*e) for e in p["steady"]),
+                ) for p in data["programs"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GraphError(f"malformed graph: {exc!r}") from exc
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        with gzip.open(tmp, "wt", encoding="utf-8") as f:
+            json.dump(self.to_dict(), f, separators=(",", ":"))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "ExecutionGraph":
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            raise GraphError(f"no graph file at {path}: make one with prism-debug profile") from None
+        except (OSError, EOFError, json.JSONDecodeError) as exc:
+            raise GraphError(f"{path} is not a prism-debug graph file: {exc}") from exc
+        return cls.from_dict(data)

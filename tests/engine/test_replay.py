@@ -1,0 +1,221 @@
+"""The replay engine against timelines worked out by hand.
+
+Every op costs COST; gaps are in seconds.  Rank numbering is row-major over
+the mesh: in a (dp=2, tp=2) mesh, rank = 2·dp + tp.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prism_debug.engine.replay import ReplayEngine
+from prism_debug.graph.execution import (
+    ClassProgram,
+    Event,
+    ExecutionGraph,
+    GraphError,
+    Mesh,
+    OpSpec,
+)
+
+COST = 0.1
+
+
+def constant_cost(op, placement):
+    return COST
+
+
+def issue(op, gap=0.0):
+    return Event("issue", gap, op)
+
+
+def wait(op, gap=0.0):
+    return Event("wait", gap, op)
+
+
+def end(gap=0.0):
+    return Event("end", gap)
+
+
+def tp_then_dp_graph(gpus_per_node=4):
+    """One class on (dp=2, tp=2): 1 s compute, TP all-reduce, 1 s, DP all-reduce, 0.5 s."""
+    ops = (OpSpec("all_reduce", "tp", 64), OpSpec("all_reduce", "dp", 64))
+    events = (issue(0, 1.0), wait(0), issue(1, 1.0), wait(1), end(0.5))
+    return ExecutionGraph(
+        mesh=Mesh((2, 2), ("dp", "tp")), families={"tp": ("tp",), "dp": ("dp",)},
+        class_axis=None, programs=(ClassProgram(0, ops, (), events),),
+        gpus_per_node=gpus_per_node)
+
+
+def pipeline_graph():
+    """Two stages on (pp=2, tp=2).  Stage 0: 1 s, TP all-reduce, send to stage 1.
+    Stage 1: receive from stage 0, 1 s, TP all-reduce."""
+    stage0 = ClassProgram(0, (OpSpec("all_reduce", "tp", 64), OpSpec("send", "pp", 64, peer=1)),
+                          (), (issue(0, 1.0), wait(0), issue(1), wait(1), end()))
+    stage1 = ClassProgram(1, (OpSpec("recv", "pp", 64, peer=-1), OpSpec("all_reduce", "tp", 64)),
+                          (), (issue(0), wait(0), issue(1, 1.0), wait(1), end()))
+    return ExecutionGraph(mesh=Mesh((2, 2), ("pp", "tp")), families={"tp": ("tp",), "pp": ("pp",)},
+                          class_axis="pp", programs=(stage0, stage1), gpus_per_node=8)
+
+
+def test_an_unperturbed_class_stays_on_the_scalar_fast_path():
+    engine = ReplayEngine(tp_then_dp_graph(), constant_cost)
+    engine.run(3)
+    assert engine.iteration_times(3) == pytest.approx([2.7, 2.7, 2.7])
+    assert isinstance(engine._states[0].t, float)
+
+
+def test_a_straggler_delays_its_tp_group_then_its_dp_groups():
+    engine = ReplayEngine(tp_then_dp_graph(), constant_cost)
+    engine.slow([0], 2.0)
+    engine.run(1)
+    # rank 0 computes 2 s: TP {0,1} done 2.1, TP {2,3} 1.1.  Then rank 0 4.1,
+    # rank 1 3.1, ranks 2/3 2.1: DP {0,2} done 4.2, DP {1,3} done 3.2.  Then 0.5 s
+    # (1 s for rank 0).
+    assert [engine.iteration_times(r)[0] for r in range(4)] == pytest.approx([5.2, 3.7, 4.7, 3.7])
+
+
+def test_a_straggler_in_another_pipeline_stage_delays_by_the_chain():
+    engine = ReplayEngine(pipeline_graph(), constant_cost)
+    engine.run(1)
+    base = [engine.iteration_times(r)[0] for r in range(4)]
+    assert base == pytest.approx([1.2, 1.2, 2.3, 2.3])
+    slowed = ReplayEngine(pipeline_graph(), constant_cost)
+    slowed.slow([0], 3.0)  # stage 0, tp rank 0: 2 s late into its TP all-reduce
+    slowed.run(1)
+    times = [slowed.iteration_times(r)[0] for r in range(4)]
+    # stage 0 sends at 3.1 (after TP), stage 1 receives at 3.2, computes, TP: 4.3
+    assert times == pytest.approx([3.2, 3.2, 4.3, 4.3])
+    assert times[3] - base[3] == pytest.approx(2.0)  # rank 3 shares no group with rank 0
+
+
+def test_a_late_real_rank_delays_its_groups_and_everything_downstream():
+    graph = tp_then_dp_graph()
+    engine = ReplayEngine(graph, constant_cost, real_rank=3, record=True)
+    tp_op, dp_op = graph.programs[0].ops
+    handle = engine.real_issue(tp_op, arrival=1.5)  # virtual peers arrive at 1.0
+    assert engine.real_completion(handle) == pytest.approx(1.6)
+    handle = engine.real_issue(dp_op, arrival=2.6)
+    assert engine.real_completion(handle) == pytest.approx(2.7)
+    engine.real_iteration_end()
+    # rank 0 never shares a group with rank 3 in TP, but its DP group waits for
+    # rank 2, whom rank 3 held up: 2.7 + 0.5
+    assert engine.iteration_times(0) == pytest.approx([3.2])
+
+
+def test_the_real_rank_must_follow_the_graph():
+    graph = tp_then_dp_graph()
+    engine = ReplayEngine(graph, constant_cost, real_rank=1)
+    with pytest.raises(GraphError) as info:
+        engine.real_issue(OpSpec("all_gather", "tp", 64), arrival=1.0)
+    assert str(info.value) == (
+        "the script does not follow the graph: in iteration 1 rank 1 issued all_gather of 64 "
+        "bytes on tp where the graph has all_reduce of 64 bytes on tp")
+
+
+def test_a_failed_peer_never_lets_its_groups_complete():
+    graph = tp_then_dp_graph()
+    engine = ReplayEngine(graph, constant_cost, real_rank=3)
+    engine.fail([2], at_iteration=1)
+    handle = engine.real_issue(graph.programs[0].ops[0], arrival=1.0)
+    assert engine.real_completion(handle) == math.inf
+
+
+def test_a_degraded_link_slows_only_groups_that_cross_it():
+    # two GPUs per node: TP groups stay inside a node, DP groups cross nodes 0-1
+    engine = ReplayEngine(tp_then_dp_graph(gpus_per_node=2), constant_cost)
+    engine.link([1], bandwidth_factor=0.5)
+    engine.run(1)
+    assert engine.iteration_times(0) == pytest.approx([1 + COST + 1 + 2 * COST + 0.5])
+
+
+def test_a_delay_on_one_family_holds_only_its_ops():
+    engine = ReplayEngine(tp_then_dp_graph(), constant_cost)
+    engine.delay([1], 0.25, family="dp")
+    engine.run(1)
+    assert [engine.iteration_times(r)[0] for r in range(4)] == pytest.approx(
+        [2.7, 2.95, 2.7, 2.95])
+
+
+def test_a_world_collective_across_classes_waits_for_every_stage():
+    stage0 = ClassProgram(0, (OpSpec("all_reduce", "world", 8),), (),
+                          (issue(0, 1.0), wait(0), end()))
+    stage1 = ClassProgram(1, (OpSpec("all_reduce", "world", 8),), (),
+                          (issue(0, 3.0), wait(0), end()))
+    graph = ExecutionGraph(mesh=Mesh((2, 2), ("pp", "dp")),
+                           families={"world": ("pp", "dp")}, class_axis="pp",
+                           programs=(stage0, stage1), gpus_per_node=8)
+    engine = ReplayEngine(graph, constant_cost)
+    engine.run(2)
+    assert engine.iteration_times(0) == pytest.approx([3.1, 3.1])
+
+
+def test_p2p_inside_a_class_pairs_each_rank_with_its_neighbour():
+    ops = (OpSpec("send", "tp", 8, peer=1), OpSpec("recv", "tp", 8, peer=-1))
+    program = ClassProgram(0, ops, (), (issue(0, 1.0), issue(1), wait(0), wait(1), end()))
+    graph = ExecutionGraph(mesh=Mesh((4,), ("tp",)), families={"tp": ("tp",)},
+                           class_axis=None, programs=(program,), gpus_per_node=8)
+    engine = ReplayEngine(graph, constant_cost)
+    engine.slow([1], 2.0)
+    engine.run(1)
+    # rank 1 sends at 2.0 to rank 2 (done 2.1) and receives from rank 0 at
+    # max(1, 2) + 0.1 = 2.1; rank 0's send to 1 also completes at 2.1
+    assert [engine.iteration_times(r)[0] for r in range(4)] == pytest.approx([2.1, 2.1, 2.1, 1.1])
+
+
+def test_graph_round_trips_through_its_file_and_rejects_other_versions(tmp_path):
+    graph = pipeline_graph()
+    path = tmp_path / "g.prism"
+    graph.save(path)
+    assert ExecutionGraph.load(path) == graph
+    data = graph.to_dict() | {"version": 99}
+    with pytest.raises(GraphError, match="graph format version 99; this prism-debug reads "
+                                         "version 1: profile the job again"):
+        ExecutionGraph.from_dict(data)
+    (tmp_path / "junk").write_text("not gzip")
+    with pytest.raises(GraphError, match="is not a prism-debug graph file"):
+        ExecutionGraph.load(tmp_path / "junk")
+
+
+@st.composite
+def one_class_jobs(draw):
+    dp, tp = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2, 4]))
+    num_ops = draw(st.integers(1, 6))
+    ops = tuple(OpSpec("all_reduce", draw(st.sampled_from(["tp", "dp", "world"])), 64)
+                for _ in range(num_ops))
+    events = []
+    for i in range(num_ops):
+        events += [issue(i, draw(st.floats(0, 2))), wait(i, draw(st.floats(0, 1)))]
+    events.append(end(draw(st.floats(0, 1))))
+    graph = ExecutionGraph(mesh=Mesh((dp, tp), ("dp", "tp")),
+                           families={"tp": ("tp",), "dp": ("dp",), "world": ("dp", "tp")},
+                           class_axis=None, programs=(ClassProgram(0, ops, (), tuple(events)),),
+                           gpus_per_node=2)
+    slow = draw(st.lists(st.tuples(st.integers(0, dp * tp - 1), st.floats(1, 4)), max_size=3))
+    return graph, slow
+
+
+@settings(max_examples=60, deadline=None)
+@given(one_class_jobs())
+def test_no_collective_completes_before_its_last_member_and_replays_repeat(job):
+    graph, slow = job
+
+    def replay():
+        engine = ReplayEngine(graph, constant_cost, record=True)
+        for rank, factor in slow:
+            engine.slow([rank], factor)
+        engine.run(2)
+        return engine
+
+    first, second = replay(), replay()
+    for record in first.records:
+        op = graph.programs[0].ops[record.op]
+        arrival = np.broadcast_to(record.arrival, graph.mesh.shape)
+        axes = graph.family_axes(op.family)
+        last = np.broadcast_to(arrival.max(axis=axes, keepdims=True), graph.mesh.shape)
+        assert np.all(np.broadcast_to(record.done, graph.mesh.shape) >= last + COST - 1e-9)
+    assert [(r.op, r.iteration, np.array(r.done).tolist()) for r in first.records] == [
+        (r.op, r.iteration, np.array(r.done).tolist()) for r in second.records]
