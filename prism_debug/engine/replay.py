@@ -39,6 +39,7 @@ class _Perturbation:
     first_iteration: int = 1
     last_iteration: float = math.inf
     family: str | None = None  # delay: only ops on this family
+    parts: dict = dataclasses.field(default_factory=dict)  # class id -> its mask, internal order
 
 
 @dataclasses.dataclass
@@ -59,11 +60,30 @@ class OpRecord:
     done: Time
 
 
+@dataclasses.dataclass(frozen=True)
+class _OpInfo:
+    """What the event loop needs of one op, worked out once."""
+
+    spec: OpSpec
+    axes: tuple[int, ...]  # the family's axes in a class array
+    spans_classes: bool
+    local: bool  # a collective inside the class: the fast path applies
+
+
 class _ClassState:
     def __init__(self, program, index: tuple) -> None:
         self.program = program
+        self.ops: tuple[_OpInfo, ...] = ()
         self.index = index  # selects the class's slice of a mesh-shaped array
+        # A class's times are ``t + pending × factor``: compute since the last
+        # time ``t`` was brought up to date stays a scalar, because the
+        # factor is fixed within an iteration.  ``t`` keeps the class's mesh
+        # dimensions, with size 1 along every axis its ranks agree on.
         self.t: Time = 0.0
+        self.pending = 0.0
+        self.gap_clock = 0.0  # all compute this iteration, to tell if any ran since an issue
+        self.epoch = 0  # bumped whenever ``t`` changes
+        self.issued_at: dict[int, tuple[int, float]] = {}
         self.pc = 0
         self.iteration = 1
         self.gap_applied = False
@@ -71,6 +91,8 @@ class _ClassState:
         self.done: dict[int, Time] = {}
         self.sequence: dict[tuple, int] = {}  # rendezvous counters, per iteration
         self.iteration_starts: list[Time] = [0.0]
+        self.factor: Time | None = None  # compute factor this iteration (None: not computed)
+        self.factor_max: dict[str, Time] = {}  # its max over each family's axes
 
     def next_sequence(self, key: tuple) -> int:
         n = self.sequence.get(key, 0)
@@ -87,8 +109,15 @@ class ReplayEngine:
         self.record = record
         self.records: list[OpRecord] = []
         self._class_axis = self.mesh.axis(graph.class_axis) if graph.class_axis else None
+        # class-array axes (mesh axes off the class axis), smallest first
+        self._order = sorted((a for a in range(len(self.mesh.shape)) if a != self._class_axis),
+                             key=lambda a: (self.mesh.shape[a], a))
         self._states = [_ClassState(p, self._class_index(p.class_id)) for p in graph.programs]
+        for state in self._states:
+            state.ops = tuple(self._op_info(op) for op in state.program.ops)
         self._perturbations: list[_Perturbation] = []
+        self._kinds: set[str] = set()  # kinds present, so the common case skips the scan
+        self._arrivals_perturbed = False  # a delay or fail exists: form per-rank arrivals
         self._links: list[_LinkPerturbation] = []
         self._rendezvous: dict[tuple, dict[int, tuple[int, Time]]] = {}
         self._placements: dict[tuple, Placement] = {}
@@ -103,31 +132,56 @@ class ReplayEngine:
                 raise GraphError(f"rank {real_rank} is outside the graph's world of "
                                  f"{self.mesh.world_size}")
             self._real_class = graph.class_of(real_rank)
-            coords = list(self.mesh.coordinates(real_rank))
-            if self._class_axis is not None:
-                del coords[self._class_axis]
-            self._real_index = tuple(coords)
+            self._real_index = self._internal_coordinates(real_rank)
 
     # -- set-up ------------------------------------------------------------------
 
     def _class_index(self, class_id: int) -> tuple:
+        """Selects a class's slice of a mesh-shaped array."""
         if self._class_axis is None:
             return ()
         return (slice(None),) * self._class_axis + (class_id,)
 
+    def _class_local_axes(self) -> list[int]:
+        return [a for a in range(len(self.mesh.shape)) if a != self._class_axis]
+
     @property
     def class_shape(self) -> tuple[int, ...]:
-        shape = list(self.mesh.shape)
-        if self._class_axis is not None:
-            del shape[self._class_axis]
-        return tuple(shape)
+        """Shape of a class's time arrays, in the engine's internal axis order."""
+        return tuple(self.mesh.shape[a] for a in self._order)
+
+    def _internal(self, sliced: np.ndarray) -> np.ndarray:
+        """A class's slice of a mesh-shaped array, in the internal axis order.
+
+        Class arrays keep their axes sorted by size, the largest last: numpy
+        reduces over a short *leading* axis ~20x faster than over a short
+        trailing one, and group ops reduce over short axes (tp) most often.
+        """
+        local = self._class_local_axes()
+        if not sliced.ndim:
+            return sliced
+        # contiguous, or every array computed from it keeps the old memory order
+        return np.ascontiguousarray(sliced.transpose([local.index(a) for a in self._order]))
+
+    def _external(self, times: Time) -> Time:
+        """Internal-order times back in mesh order (for records)."""
+        if not isinstance(times, np.ndarray) or not times.ndim:
+            return times
+        local = self._class_local_axes()
+        return times.transpose([self._order.index(a) for a in local])
 
     def _local_axes(self, family: str) -> tuple[int, ...]:
         """The family's axes as axes of a class array (the class axis removed)."""
-        axes = self.graph.family_axes(family)
-        if self._class_axis is None:
-            return axes
-        return tuple(a - (a > self._class_axis) for a in axes if a != self._class_axis)
+        return tuple(sorted(self._order.index(a) for a in self.graph.family_axes(family)
+                            if a != self._class_axis))
+
+    def _internal_coordinates(self, rank: int) -> tuple[int, ...]:
+        coords = self.mesh.coordinates(rank)
+        return tuple(coords[a] for a in self._order)
+
+    def _op_info(self, op: OpSpec) -> _OpInfo:
+        spans = self._spans_classes(op.family)
+        return _OpInfo(op, self._local_axes(op.family), spans, not op.is_p2p and not spans)
 
     def _spans_classes(self, family: str) -> bool:
         return self._class_axis is not None and self._class_axis in self.graph.family_axes(family)
@@ -144,18 +198,25 @@ class ReplayEngine:
         """Multiply the compute of ``ranks`` by ``factor`` (stragglers, a hot node)."""
         if factor <= 0:
             raise ValueError(f"a compute factor must be positive, got {factor}")
+        self._kinds.add("slow")
+        for state in self._states:
+            state.factor = None  # recomputed with this perturbation at the next event
         self._perturbations.append(_Perturbation(
             "slow", self._mask(ranks), factor, first_iteration, first_iteration + iterations - 1))
 
     def delay(self, ranks, seconds: float, *, family: str | None = None,
               first_iteration: int = 1, iterations: float = math.inf) -> None:
         """Delay the arrival of ``ranks`` at every op (of ``family``) by ``seconds``."""
+        self._kinds.add("delay")
+        self._arrivals_perturbed = True
         self._perturbations.append(_Perturbation(
             "delay", self._mask(ranks), seconds, first_iteration,
             first_iteration + iterations - 1, family))
 
     def fail(self, ranks, *, at_iteration: int = 1) -> None:
         """Fail-stop ``ranks`` from ``at_iteration`` on: they never arrive again."""
+        self._kinds.add("fail")
+        self._arrivals_perturbed = True
         self._perturbations.append(_Perturbation("fail", self._mask(ranks), math.inf,
                                                  at_iteration))
 
@@ -167,10 +228,15 @@ class ReplayEngine:
         self._costs.clear()
 
     def _active(self, kind: str, state: _ClassState, family: str | None = None):
+        if kind not in self._kinds:
+            return
         for p in self._perturbations:
             if (p.kind == kind and p.first_iteration <= state.iteration <= p.last_iteration
                     and (p.family is None or p.family == family)):
-                part = p.mask[state.index] if state.index else p.mask
+                part = p.parts.get(state.program.class_id)
+                if part is None:
+                    part = p.parts[state.program.class_id] = self._internal(
+                        p.mask[state.index] if state.index else p.mask)
                 if part.any():
                     yield p, part
 
@@ -205,8 +271,7 @@ class ReplayEngine:
         self._advance()
         if state.iteration != iteration or op not in state.done:
             return math.inf
-        done = state.done[op]
-        return float(done[self._real_index] if isinstance(done, np.ndarray) else done)
+        return _at(state.done[op], self._real_index, self.class_shape)
 
     def real_iteration_end(self) -> None:
         """The real rank finished an iteration: its class may run to the end."""
@@ -232,11 +297,8 @@ class ReplayEngine:
     def iteration_times(self, rank: int) -> list[float]:
         """Durations of the finished iterations of ``rank``."""
         state = self._states[self.graph.class_of(rank)]
-        coords = list(self.mesh.coordinates(rank))
-        if self._class_axis is not None:
-            del coords[self._class_axis]
-        starts = [float(s[tuple(coords)]) if isinstance(s, np.ndarray) else float(s)
-                  for s in state.iteration_starts]
+        coords = self._internal_coordinates(rank)
+        starts = [_at(s, coords, self.class_shape) for s in state.iteration_starts]
         return [b - a for a, b in zip(starts, starts[1:])]
 
     # -- the event loop --------------------------------------------------------------------
@@ -260,14 +322,21 @@ class ReplayEngine:
             return False
         event = events[state.pc]
         if not state.gap_applied:
-            state.t = state.t + self._gap(state, event)
+            state.pending += event.gap_s
+            state.gap_clock += event.gap_s
             state.gap_applied = True
         if event.action == "wait":
             done = state.done.get(event.op)
             if done is None:
                 return False
-            # back to the scalar fast path once the class's ranks agree again
-            state.t = _squeeze(_maximum(state.t, done))
+            if state.issued_at[event.op] == (state.epoch, state.gap_clock):
+                # Nothing ran since the issue: the ranks are where they arrived,
+                # and an op never completes before its own members arrive.
+                state.t = done
+            else:
+                state.t = _maximum(self._now(state), done)
+            state.pending = 0.0
+            state.epoch += 1
         elif event.action == "issue":
             self._issue(state, event, is_real)
         state.gap_applied = False
@@ -276,19 +345,33 @@ class ReplayEngine:
             self._end_iteration(state)
         return True
 
-    def _gap(self, state: _ClassState, event: Event) -> Time:
-        gap: Time = event.gap_s
-        for p, part in self._active("slow", state):
-            factor = np.where(part, p.value, 1.0)
-            gap = gap * factor
-        return gap
+    def _factor(self, state: _ClassState) -> Time:
+        if state.factor is None:  # once per class and iteration, not per event
+            factor: Time = 1.0
+            for p, part in self._active("slow", state):
+                factor = factor * np.where(part, p.value, 1.0)
+            state.factor = factor
+        return state.factor
+
+    def _now(self, state: _ClassState) -> Time:
+        """The class's times now (full per-rank detail where ranks differ)."""
+        if not state.pending:
+            return state.t
+        return state.t + state.pending * self._factor(state)
 
     def _end_iteration(self, state: _ClassState) -> None:
+        state.t = _squeeze(self._now(state))  # back to the fast path once ranks agree
+        state.pending = 0.0
+        state.gap_clock = 0.0
+        state.epoch += 1
         state.iteration += 1
         state.pc = 0
         state.arrivals.clear()
         state.done.clear()
+        state.issued_at.clear()
         state.sequence.clear()
+        state.factor = None
+        state.factor_max.clear()
         state.iteration_starts.append(state.t)
         if state.program.class_id == self._real_class:
             self._real_allowed = -1
@@ -296,32 +379,51 @@ class ReplayEngine:
     # -- ops ---------------------------------------------------------------------------------
 
     def _issue(self, state: _ClassState, event: Event, is_real: bool) -> None:
-        op = state.program.ops[event.op]
-        arrival = state.t
+        info = state.ops[event.op]
+        op = info.spec
+        state.issued_at[event.op] = (state.epoch, state.gap_clock)
+        real_here = is_real and self._real_pending is not None \
+            and self._real_pending[0] == state.pc
+        if info.local and not (self.record or real_here or self._arrivals_perturbed):
+            # The fast path: no one needs the per-rank arrivals, only the groups' last.
+            self._complete(state, event.op,
+                           self._group_last(state, op.family, info.axes)
+                           + self._op_cost(op, state))
+            return
+        arrival = self._now(state)
         for p, part in self._active("delay", state, op.family):
             arrival = arrival + np.where(part, p.value, 0.0)
         for p, part in self._active("fail", state):
             arrival = np.where(part, math.inf, arrival)
-        if is_real and self._real_pending is not None:
-            index, real_arrival = self._real_pending
-            if index == state.pc:
-                arrival = np.array(np.broadcast_to(arrival, self.class_shape), dtype=float)
-                arrival[self._real_index] = real_arrival
-                self._real_pending = None
+        if real_here:
+            arrival = np.array(np.broadcast_to(arrival, self.class_shape), dtype=float)
+            arrival[self._real_index] = self._real_pending[1]
+            self._real_pending = None
         state.arrivals[event.op] = arrival
         if op.is_p2p:
             self._issue_p2p(state, event.op, op)
-        elif self._spans_classes(op.family):
+        elif info.spans_classes:
             self._issue_across_classes(state, event.op, op)
         else:
-            self._complete(state, event.op, self._group_max(arrival, op.family)
+            self._complete(state, event.op, _max_over(arrival, info.axes)
                            + self._op_cost(op, state))
 
-    def _group_max(self, arrival: Time, family: str) -> Time:
-        if not isinstance(arrival, np.ndarray):
-            return arrival
-        return np.broadcast_to(arrival.max(axis=self._local_axes(family), keepdims=True),
-                               arrival.shape)
+    def _group_last(self, state: _ClassState, family: str, axes: tuple[int, ...]) -> Time:
+        """When the last member of each group arrives, without forming per-rank
+        arrivals when the class's times already agree within groups."""
+        t = state.t
+        if not state.pending:
+            return _max_over(t, axes)
+        factor = self._factor(state)
+        if not isinstance(factor, np.ndarray):
+            return _max_over(t + state.pending * factor, axes)
+        if isinstance(t, np.ndarray) and any(t.shape[a] != 1 for a in axes):
+            return _max_over(t + state.pending * factor, axes)
+        # t is constant over the group: max(t + g·f) = t + g·max(f)
+        factor_max = state.factor_max.get(family)
+        if factor_max is None:
+            factor_max = state.factor_max[family] = factor.max(axis=axes, keepdims=True)
+        return t + state.pending * factor_max
 
     def _issue_across_classes(self, state: _ClassState, op_index: int, op: OpSpec) -> None:
         seq = state.next_sequence(("coll", op.family))
@@ -331,14 +433,14 @@ class ReplayEngine:
         if len(waiting) < len(self._states):
             return
         del self._rendezvous[key]
-        full = np.empty(self.mesh.shape)
+        full = np.empty((len(self._states), *self.class_shape))
         for class_id, (_, arrival) in waiting.items():
-            full[self._states[class_id].index] = arrival
-        done = np.broadcast_to(full.max(axis=self.graph.family_axes(op.family), keepdims=True),
-                               full.shape) + self._op_cost(op, state)
+            full[class_id] = arrival
+        axes = (0, *(1 + a for a in self._local_axes(op.family)))
+        done = full.max(axis=axes, keepdims=True)[0]  # size 1 along the class axis
         for class_id, (index, _) in waiting.items():
             other = self._states[class_id]
-            self._complete(other, index, np.array(done[other.index]))
+            self._complete(other, index, done + self._op_cost(other.program.ops[index], other))
 
     def _issue_p2p(self, state: _ClassState, op_index: int, op: OpSpec) -> None:
         # The n-th send from one class to another, in one direction, pairs with
@@ -372,11 +474,11 @@ class ReplayEngine:
         self._complete(sender, send_op, _roll(done, -step, axis))
 
     def _complete(self, state: _ClassState, op_index: int, done: Time) -> None:
-        done = _squeeze(done)
         state.done[op_index] = done
         if self.record:
             self.records.append(OpRecord(state.program.class_id, state.iteration, op_index,
-                                         state.arrivals.get(op_index), done))
+                                         self._external(state.arrivals.get(op_index)),
+                                         self._external(done)))
 
     # -- costs ---------------------------------------------------------------------------------
 
@@ -413,11 +515,18 @@ class ReplayEngine:
             axes = self.graph.family_axes(op.family)
             spans = touched.any(axis=axes, keepdims=True) & ~touched.all(axis=axes, keepdims=True) \
                 if not op.is_p2p else touched
-            spans = np.broadcast_to(spans, self.mesh.shape)[state.index] if state.index else \
-                np.broadcast_to(spans, self.mesh.shape)
+            spans = np.broadcast_to(spans, self.mesh.shape)
+            spans = self._internal(spans[state.index] if state.index else spans)
             slower = base / link.bandwidth_factor + link.added_latency_s
             cost = np.where(spans, slower, cost)
         return cost
+
+
+def _max_over(times: Time, axes: tuple[int, ...]) -> Time:
+    """Each group's latest time: the max over the family's axes, kept as size-1 dims."""
+    if not isinstance(times, np.ndarray):
+        return times
+    return times.max(axis=axes, keepdims=True)
 
 
 def _maximum(a: Time, b: Time) -> Time:
@@ -433,6 +542,12 @@ def _squeeze(times: Time) -> Time:
         if (times == first).all():
             return float(first)
     return times
+
+
+def _at(times: Time, index: tuple, shape: tuple) -> float:
+    if isinstance(times, np.ndarray):
+        return float(np.broadcast_to(times, shape)[index])
+    return float(times)
 
 
 def _roll(times: Time, step: int, axis: int | None) -> Time:

@@ -219,3 +219,17 @@ def test_no_collective_completes_before_its_last_member_and_replays_repeat(job):
         assert np.all(np.broadcast_to(record.done, graph.mesh.shape) >= last + COST - 1e-9)
     assert [(r.op, r.iteration, np.array(r.done).tolist()) for r in first.records] == [
         (r.op, r.iteration, np.array(r.done).tolist()) for r in second.records]
+
+
+@settings(max_examples=60, deadline=None)
+@given(one_class_jobs())
+def test_the_lazy_fast_path_gives_the_timeline_of_full_per_rank_arrivals(job):
+    graph, slow = job
+    times = []
+    for record in (True, False):  # recording forms every per-rank arrival
+        engine = ReplayEngine(graph, constant_cost, record=record)
+        for rank, factor in slow:
+            engine.slow([rank], factor)
+        engine.run(3)
+        times.append([t for r in range(graph.world_size) for t in engine.iteration_times(r)])
+    assert times[0] == pytest.approx(times[1], rel=1e-12)
