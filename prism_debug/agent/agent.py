@@ -26,6 +26,7 @@ from torch.optim.optimizer import (
 )
 
 from prism_debug.agent.config import ENV_VAR, AgentConfig
+from prism_debug.agent.program import ProgramRecorder
 from prism_debug.agent.tracker import IterationTracker
 from prism_debug.backend.install import install
 from prism_debug.backend.runtime import Runtime
@@ -57,6 +58,8 @@ class Agent:
             values=Values(config.values, config.seed), tracker=self.tracker,
             families=self.families, digests=config.digests, stop_check=self._maybe_stop,
         )
+        if config.record_program:
+            self.runtime.recorder = ProgramRecorder(self.clock.now())
         self.initialised = False
         self.marker_mode = False  # the script marks iterations itself
         self._lead_optimizer: int | None = None
@@ -89,6 +92,8 @@ class Agent:
         self.initialised = True
         now = self.clock.now()
         self.tracker.start = now
+        if self.runtime.recorder is not None:
+            self.runtime.recorder = ProgramRecorder(now)
         self._emit({"kind": "init", "backend": requested_backend, "rank": self.config.rank,
                     "world_size": self.config.world_size, "time_s": now})
 
@@ -113,6 +118,8 @@ class Agent:
 
     def _before_step(self, optimizer, args, kwargs) -> None:
         self._maybe_stop()
+        if self.runtime.recorder is not None and self.initialised:
+            self.runtime.recorder.step(self.clock.now())
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         if self.marker_mode or not self.initialised:
@@ -129,6 +136,8 @@ class Agent:
             return
         t0 = self.clock.now()
         extra = {"peak_rss_bytes": _peak_rss()}
+        if self.runtime.recorder is not None:
+            extra["program"] = self.runtime.recorder.end(t0)
         if self.families.version != self._families_version:
             self._families_version = self.families.version
             extra["families"] = self._families()

@@ -23,6 +23,7 @@ class AgentConfig:
     iterations: int | None = None  # stop cleanly after this many iterations
     record_ops: bool = False  # per-op records for --trace
     digests: bool = True
+    record_program: bool = False  # profiling a slice: record the rank's program
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:

@@ -86,15 +86,20 @@ class PrismProcessGroup(dist.ProcessGroup):
         return t0, t0 - self._rt.clock.excluded_s
 
     def _complete(self, op: str, nbytes: int, t0: float, arrival: float, result: list,
-                  stream=None) -> PrismWork:
+                  stream=None, peer: int | None = None) -> PrismWork:
         rt = self._rt
         done = rt.engine.collective(stream or self._stream, op, nbytes, arrival)
         if self._coalesced_done is not None:
             self._coalesced_done = max(self._coalesced_done, done)
         rt.tracker.collective(op, self.ref, nbytes, arrival, done)
         rt.mark_activity(arrival)
+        work = PrismWork(rt, done, result)
+        if rt.recorder is not None:
+            delta = 0 if peer is None else self.global_ranks[peer] - rt.rank
+            work.recorded = rt.recorder.issue(arrival, op, self.ref.family, nbytes,
+                                              _dtype(result), delta)
         rt.clock.exclude_since(t0)
-        return PrismWork(rt, done, result)
+        return work
 
     def _key(self) -> tuple:
         tracker = self._rt.tracker
@@ -287,7 +292,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         t0, arrival = self._arrive()
         rt = self._rt
         rt.digest(tensors)
-        return self._complete("send", _nbytes(tensors), t0, arrival, tensors, self._peer(dst))
+        return self._complete("send", _nbytes(tensors), t0, arrival, tensors, self._peer(dst), dst)
 
     def recv(self, tensors, src, tag=0):
         t0, arrival = self._arrive()
@@ -296,7 +301,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         for i, tensor in enumerate(tensors):
             rt.values.fill_seeded(tensor, (*key, i))
         rt.digest(tensors)
-        work = self._complete("recv", _nbytes(tensors), t0, arrival, tensors, self._peer(src))
+        work = self._complete("recv", _nbytes(tensors), t0, arrival, tensors, self._peer(src), src)
         work.source_rank = src
         return work
 
@@ -332,6 +337,12 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     def shutdown(self):
         pass
+
+
+def _dtype(result: list) -> str:
+    while isinstance(result, (list, tuple)) and result:
+        result = result[0]
+    return str(result.dtype).removeprefix("torch.") if isinstance(result, torch.Tensor) else ""
 
 
 def _nbytes(tensors) -> int:

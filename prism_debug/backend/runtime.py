@@ -33,6 +33,8 @@ class Runtime:
     # agent stops the script there when --iterations are done.
     stop_check: Callable[[], None] = lambda: None
     stop_requested: bool = dataclasses.field(default=False, init=False)
+    # set while profiling a slice: records the rank's program (agent/program.py)
+    recorder: object | None = None
     completer: FutureCompleter = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:

@@ -24,6 +24,7 @@ class PrismWork(dist._Work):
         self._result = result
         self._future: Future | None = None
         self.source_rank: int | None = None  # group rank a recv came from
+        self.recorded: int | None = None  # its issue in the program being profiled
 
     def _source_rank(self) -> int:
         # torch asks for it after a recv without ``src``.
@@ -34,7 +35,11 @@ class PrismWork(dist._Work):
     def wait(self, timeout=None) -> bool:
         # ``timeout`` cannot expire: lockstep peers always arrive.  Peers that
         # never do, and timeouts, come with fault injection.
-        self._runtime.wait_until(self._done)
+        runtime = self._runtime
+        runtime.wait_until(self._done)
+        if self.recorded is not None:
+            runtime.recorder.wait(runtime.clock.now(), self.recorded)
+            self.recorded = None  # a second wait on the same work waits for nothing
         return True
 
     def is_completed(self) -> bool:
@@ -57,6 +62,9 @@ class PrismWork(dist._Work):
         # can make the rank wait; so the future itself completes only when the
         # emulated op does, set by the completer thread.
         if self._future is None:
+            if self.recorded is not None:
+                self._runtime.recorder.future_requested(self.recorded)
+                self.recorded = None
             self._future = Future()
             self._runtime.completer.complete_at(self._future, self._done, self._result)
         return self._future

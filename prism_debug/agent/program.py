@@ -1,0 +1,58 @@
+"""Records the real rank's program while profiling a slice (pure: no torch).
+
+Every op issued, every wait and every iteration end becomes an event with
+the compute gap since the rank's previous event, on the emulated clock.
+Collectives complete at once while profiling (the ``zero`` hardware), so the
+gaps are the rank's own compute.  Futures awaited inside C++ (DDP's reducer)
+leave no wait to see: they are taken as awaited at the next optimizer step,
+which is where DDP's backward ends.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from prism_debug.graph.build import RecordedEnd, RecordedEvent, RecordedIssue, RecordedWait
+
+
+class ProgramRecorder:
+    def __init__(self, start: float) -> None:
+        self._last = start
+        self._events: list[RecordedEvent] = []
+        self._issues = 0
+        self._futures: list[int] = []  # issues whose futures are awaited out of sight
+
+    def _gap(self, now: float) -> float:
+        gap, self._last = max(0.0, now - self._last), now
+        return gap
+
+    def issue(self, now: float, kind: str, family: str, nbytes: int, dtype: str,
+              peer_delta: int = 0) -> int:
+        self._events.append(RecordedIssue(self._gap(now), kind, family, nbytes, dtype, peer_delta))
+        self._issues += 1
+        return self._issues - 1
+
+    def wait(self, now: float, issue: int) -> None:
+        self._events.append(RecordedWait(self._gap(now), issue))
+
+    def future_requested(self, issue: int) -> None:
+        self._futures.append(issue)
+
+    def step(self, now: float) -> None:
+        """An optimizer step begins: outstanding futures were awaited by now."""
+        for issue in self._futures:
+            self.wait(now, issue)
+        self._futures.clear()
+
+    def end(self, now: float) -> list[list]:
+        """Close the iteration; its events as JSON-ready lists."""
+        self.step(now)
+        self._events.append(RecordedEnd(self._gap(now)))
+        events = [[type(e).__name__, *dataclasses.astuple(e)] for e in self._events]
+        self._events, self._issues = [], 0
+        return events
+
+
+def events_from_json(rows: list[list]) -> tuple[RecordedEvent, ...]:
+    kinds = {cls.__name__: cls for cls in (RecordedIssue, RecordedWait, RecordedEnd)}
+    return tuple(kinds[row[0]](*row[1:]) for row in rows)

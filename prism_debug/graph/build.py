@@ -1,0 +1,230 @@
+"""Compose the execution graph of the whole world from a few profiled slices.
+
+A *slice* is one representative rank run for a few iterations with
+collectives completing at once; it records, per iteration, the events of its
+program.  From the group families the script defined, the world's mesh is
+inferred (each regular family is an axis, or a run of adjacent axes); the
+family point-to-point ops travel on is the *class axis* (one class per
+pipeline stage), and each class's program comes from its slice: iteration 1
+as the warm-up, the later ones — which must repeat exactly — as the steady
+state, with median compute gaps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+from prism_debug.graph.execution import (
+    P2P_KINDS,
+    ClassProgram,
+    Event,
+    ExecutionGraph,
+    GraphError,
+    Mesh,
+    OpSpec,
+)
+from prism_debug.graph.families import WORLD_FAMILY
+
+MIN_ITERATIONS = 3  # a warm-up and two steady iterations to compare
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedIssue:
+    gap_s: float
+    kind: str
+    family: str
+    nbytes: int
+    dtype: str
+    peer_delta: int = 0  # p2p: the peer's global rank minus the rank's own
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedWait:
+    gap_s: float
+    issue: int  # position of the awaited issue within the iteration
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedEnd:
+    gap_s: float
+
+
+RecordedEvent = RecordedIssue | RecordedWait | RecordedEnd
+
+
+@dataclasses.dataclass(frozen=True)
+class SliceRecord:
+    """What one profiled rank did."""
+
+    rank: int
+    families: tuple[dict, ...]  # FamilySummary.to_dict() of every family the script made
+    iterations: tuple[tuple[RecordedEvent, ...], ...]
+
+
+# -- the mesh ------------------------------------------------------------------------
+
+
+def infer_mesh(world_size: int, families) -> tuple[Mesh, dict[str, tuple[str, ...]]]:
+    """The world's mesh and each family's axes, from the families' strides.
+
+    A complete family whose groups are ``base + stride·i`` covers the rank
+    distances from ``stride`` to ``stride × group_size``; every such bound is
+    an axis boundary, and the axes are the spans between consecutive
+    boundaries.  An axis is named after the family that spans exactly it
+    (otherwise ``_axis<k>``); a flattened family spans several axes.
+    """
+    regular = [f for f in families if f["name"] != WORLD_FAMILY and f["group_size"] > 1]
+    for family in regular:
+        if not family["complete"] or family["stride"] is None:
+            raise GraphError(
+                f"family {family['name']!r} ({family['num_groups']} groups of "
+                f"{family['group_size']}) does not tile the world with evenly spaced ranks; "
+                "the execution graph needs mesh-shaped layouts")
+    bounds = {1, world_size}
+    for family in regular:
+        bounds.update((family["stride"], family["stride"] * family["group_size"]))
+    bounds = sorted(bounds)
+    for low, high in zip(bounds, bounds[1:]):
+        if high % low:
+            raise GraphError(f"the families do not nest into a mesh: spans at rank distance "
+                             f"{low} and {high} do not divide (families: "
+                             f"{', '.join(f['name'] for f in regular)})")
+    spans = list(zip(bounds, bounds[1:]))  # fastest axis first
+    exact = {(f["stride"], f["stride"] * f["group_size"]): f["name"] for f in regular}
+    names = [exact.get(span, f"_axis{k}") for k, span in enumerate(spans)]
+    mesh = Mesh(tuple(high // low for low, high in reversed(spans)), tuple(reversed(names)))
+    family_axes = {WORLD_FAMILY: mesh.names}
+    for family in regular:
+        low, high = family["stride"], family["stride"] * family["group_size"]
+        family_axes[family["name"]] = tuple(
+            name for name, (a, b) in zip(reversed(names), reversed(spans)) if low <= a and b <= high)
+    return mesh, family_axes
+
+
+def class_axis(slices: list[SliceRecord], family_axes: dict[str, tuple[str, ...]]) -> str | None:
+    """The axis point-to-point ops travel on (the pipeline), if any."""
+    families = {e.family for s in slices for it in s.iterations for e in it
+                if isinstance(e, RecordedIssue) and e.kind in P2P_KINDS}
+    if not families:
+        return None
+    axes = {family_axes[f] for f in families if f in family_axes}
+    if len(families) > 1 or len(axes) != 1 or len(next(iter(axes))) != 1:
+        raise GraphError(f"point-to-point ops travel on {sorted(families)}; the execution "
+                         "graph supports them on one family that is one mesh axis")
+    return next(iter(axes))[0]
+
+
+def representatives(mesh: Mesh, axis: str | None) -> list[int]:
+    """One rank per class: coordinate c on the class axis, 0 elsewhere."""
+    if axis is None:
+        return [0]
+    return [c * mesh.strides[mesh.axis(axis)] for c in range(mesh.shape[mesh.axis(axis)])]
+
+
+# -- programs --------------------------------------------------------------------------
+
+
+def _signature(event: RecordedEvent) -> tuple:
+    if isinstance(event, RecordedIssue):
+        return ("issue", event.kind, event.family, event.nbytes, event.dtype, event.peer_delta)
+    if isinstance(event, RecordedWait):
+        return ("wait", event.issue)
+    return ("end",)
+
+
+def _describe(event: RecordedEvent | None) -> str:
+    if event is None:
+        return "nothing"
+    if isinstance(event, RecordedIssue):
+        peer = f" with rank {event.peer_delta:+d}" if event.kind in P2P_KINDS else ""
+        return f"{event.kind} of {event.nbytes} bytes on {event.family}{peer}"
+    if isinstance(event, RecordedWait):
+        return f"a wait for its op {event.issue}"
+    return "the end of the iteration"
+
+
+def check_repeats(record: SliceRecord) -> None:
+    """Iterations after the warm-up must issue the same ops in the same order."""
+    if len(record.iterations) < MIN_ITERATIONS:
+        raise GraphError(f"rank {record.rank} finished {len(record.iterations)} iterations; "
+                         f"profiling needs at least {MIN_ITERATIONS}")
+    reference = record.iterations[1]
+    for number, iteration in enumerate(record.iterations[2:], start=3):
+        for position in range(max(len(reference), len(iteration))):
+            a = iteration[position] if position < len(iteration) else None
+            b = reference[position] if position < len(reference) else None
+            if a is None or b is None or _signature(a) != _signature(b):
+                raise GraphError(
+                    f"rank {record.rank}: iteration {number} does not repeat iteration 2: at "
+                    f"event {position} it has {_describe(a)} where iteration 2 has {_describe(b)}")
+
+
+def program(record: SliceRecord, class_id: int, mesh: Mesh,
+            family_axes: dict[str, tuple[str, ...]]) -> ClassProgram:
+    check_repeats(record)
+    ops: list[OpSpec] = []
+    index: dict[tuple, int] = {}
+
+    def events_of(iteration, gaps) -> tuple[Event, ...]:
+        issues: list[int] = []
+        events = []
+        for event, gap in zip(iteration, gaps):
+            if isinstance(event, RecordedIssue):
+                spec = OpSpec(event.kind, event.family, event.nbytes, event.dtype,
+                              _steps(event, mesh, family_axes))
+                key = (spec, len(issues))
+                if key not in index:
+                    index[key] = len(ops)
+                    ops.append(spec)
+                issues.append(index[key])
+                events.append(Event("issue", gap, index[key]))
+            elif isinstance(event, RecordedWait):
+                events.append(Event("wait", gap, issues[event.issue]))
+            else:
+                events.append(Event("end", gap))
+        return tuple(events)
+
+    steady_runs = record.iterations[1:]
+    gaps = [statistics.median(run[i].gap_s for run in steady_runs)
+            for i in range(len(steady_runs[0]))]
+    steady = events_of(steady_runs[0], gaps)
+    first = record.iterations[0]
+    same = [_signature(e) for e in first] == [_signature(e) for e in steady_runs[0]]
+    warmup = () if same else events_of(first, [e.gap_s for e in first])
+    return ClassProgram(class_id, tuple(ops), warmup, steady)
+
+
+def _steps(event: RecordedIssue, mesh: Mesh, family_axes) -> int:
+    if event.kind not in P2P_KINDS:
+        return 0
+    (axis,) = family_axes[event.family]
+    stride = mesh.strides[mesh.axis(axis)]
+    if event.peer_delta % stride:
+        raise GraphError(f"a {event.kind} to rank {event.peer_delta:+d} does not move along "
+                         f"the {event.family} axis (stride {stride})")
+    return event.peer_delta // stride
+
+
+def build_graph(world_size: int, gpus_per_node: int, slices: list[SliceRecord],
+                command=()) -> ExecutionGraph:
+    """The world's graph from one slice per class (any order)."""
+    mesh, family_axes = infer_mesh(world_size, slices[0].families)
+    axis = class_axis(slices, family_axes)
+    by_class: dict[int, SliceRecord] = {}
+    for record in slices:
+        class_id = mesh.coordinates(record.rank)[mesh.axis(axis)] if axis else 0
+        by_class.setdefault(class_id, record)
+    num_classes = mesh.shape[mesh.axis(axis)] if axis else 1
+    missing = [c for c in range(num_classes) if c not in by_class]
+    if missing:
+        raise GraphError(f"no slice for classes {missing} along {axis!r}: profile one rank of "
+                         f"each (e.g. ranks {[representatives(mesh, axis)[c] for c in missing]})")
+    programs = tuple(program(by_class[c], c, mesh, family_axes) for c in range(num_classes))
+    used = {op.family for p in programs for op in p.ops}
+    families = {name: axes for name, axes in family_axes.items()
+                if name in used or name == WORLD_FAMILY or not name.startswith("_")}
+    assert math.prod(mesh.shape) == world_size
+    return ExecutionGraph(mesh=mesh, families=families, class_axis=axis, programs=programs,
+                          gpus_per_node=gpus_per_node, command=tuple(command))

@@ -1,0 +1,88 @@
+import pytest
+
+from prism_debug.graph import FamilyRecorder, GraphError, Mesh
+from prism_debug.graph.build import (
+    RecordedEnd,
+    RecordedIssue,
+    RecordedWait,
+    SliceRecord,
+    build_graph,
+    infer_mesh,
+    representatives,
+)
+from tests.graph.test_families import megatron_groups
+
+
+def families(world, tp, pp):
+    recorder = FamilyRecorder(world)
+    for ranks, desc in megatron_groups(world, tp=tp, pp=pp):
+        recorder.add(ranks, desc)
+    return tuple(f.to_dict() for f in recorder.summaries())
+
+
+def test_the_megatron_layout_is_a_pp_dp_tp_mesh():
+    mesh, axes = infer_mesh(8192, families(8192, tp=8, pp=4))
+    assert mesh == Mesh((4, 256, 8), ("pp", "dp", "tp"))
+    assert axes == {"world": ("pp", "dp", "tp"), "tp": ("tp",), "dp": ("dp",), "pp": ("pp",)}
+    assert representatives(mesh, "pp") == [0, 2048, 4096, 6144]
+
+
+def test_missing_axes_are_filled_in_and_flattened_families_span_axes():
+    fams = [
+        {"name": "world", "num_groups": 1, "group_size": 64, "stride": 1, "complete": True},
+        {"name": "tp", "num_groups": 16, "group_size": 4, "stride": 1, "complete": True},
+        {"name": "tp_dp", "num_groups": 4, "group_size": 16, "stride": 1, "complete": True},
+    ]
+    mesh, axes = infer_mesh(64, fams)
+    assert mesh == Mesh((4, 4, 4), ("_axis2", "_axis1", "tp"))
+    assert axes["tp_dp"] == ("_axis1", "tp")
+
+
+def test_an_irregular_family_is_refused_with_its_name():
+    fams = [{"name": "odd", "num_groups": 1, "group_size": 2, "stride": None, "complete": False}]
+    with pytest.raises(GraphError, match="family 'odd' \\(1 groups of 2\\) does not tile"):
+        infer_mesh(8, fams)
+
+
+def stage_iterations(stage, num_stages, n=4, gap=0.01):
+    """A pipeline stage: receive, TP all-reduce, send, DP all-reduce at the end."""
+    events = []
+    if stage > 0:
+        events += [RecordedIssue(0.0, "recv", "pp", 64, "float32", -16), RecordedWait(0.0, 0)]
+    events += [RecordedIssue(gap, "all_reduce", "tp", 64, "float32"),
+               RecordedWait(0.0, len([e for e in events if isinstance(e, RecordedIssue)]))]
+    if stage < num_stages - 1:
+        issues = len([e for e in events if isinstance(e, RecordedIssue)])
+        events += [RecordedIssue(0.0, "send", "pp", 64, "float32", 16), RecordedWait(0.0, issues)]
+    events += [RecordedEnd(0.002)]
+    return tuple(tuple(events) for _ in range(n))
+
+
+def test_slices_compose_the_world_with_one_class_per_stage():
+    fams = families(64, tp=2, pp=4)  # mesh (pp 4, dp 8, tp 2): stage stride 16
+    slices = [SliceRecord(16 * s, fams, stage_iterations(s, 4)) for s in range(4)]
+    graph = build_graph(64, 8, slices, command=("python", "train.py"))
+    assert graph.class_axis == "pp"
+    assert [len(p.ops) for p in graph.programs] == [2, 3, 3, 2]
+    assert graph.programs[1].ops[0].peer == -1 and graph.programs[1].ops[2].peer == 1
+    assert graph.programs[1].iteration_bytes() == {"pp": 128, "tp": 64}
+    assert graph.programs[0].warmup == ()  # iteration 1 was like the rest
+
+
+def test_a_slice_whose_iterations_differ_names_the_first_divergence():
+    fams = families(64, tp=2, pp=1)
+    iterations = list(stage_iterations(0, 1))
+    iterations[2] = (RecordedIssue(0.01, "all_reduce", "dp", 64, "float32"),) + iterations[2][1:]
+    with pytest.raises(GraphError) as info:
+        build_graph(64, 8, [SliceRecord(0, fams, tuple(iterations))])
+    assert str(info.value) == ("rank 0: iteration 3 does not repeat iteration 2: at event 0 it "
+                               "has all_reduce of 64 bytes on dp where iteration 2 has "
+                               "all_reduce of 64 bytes on tp")
+
+
+def test_a_missing_class_says_which_rank_to_profile():
+    fams = families(64, tp=2, pp=4)
+    slices = [SliceRecord(16 * s, fams, stage_iterations(s, 4)) for s in (0, 1, 3)]
+    with pytest.raises(GraphError, match=r"no slice for classes \[2\] along 'pp': profile one "
+                                         r"rank of each \(e.g. ranks \[32\]\)"):
+        build_graph(64, 8, slices)
