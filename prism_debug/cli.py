@@ -6,6 +6,7 @@ the error's exit code here, in :class:`_Cli`, and nowhere else.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -71,8 +72,6 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
     with tp=8 x pp=4 x data parallelism). The script's exit code is the
     command's exit code.
     """
-    import dataclasses
-
     from prism_debug.runner.launch import RunOptions
     from prism_debug.runner.launch import run as run_rank
 
@@ -107,6 +106,109 @@ def _bundled_example_command(world_size: int) -> list[str]:
         "--iterations", str(EXAMPLE_ITERATIONS)])
 
 
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option("--world-size", default=8192, show_default=True, help="Ranks in the emulated job.")
+@click.option("--gpus-per-node", default=8, show_default=True)
+@click.option("--iterations", default=4, show_default=True,
+              help="Iterations per slice (a warm-up and at least two to compare).")
+@click.option("--slice-ranks", default="", help="Ranks to profile, one per class, e.g. 0,2048.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the graph.")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep each slice's log and events here.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def profile(world_size, gpus_per_node, iterations, slice_ranks, out, run_dir, command) -> None:
+    """Profile one slice per rank class of COMMAND and write the execution graph.
+
+    With no COMMAND, profiles the bundled example.
+    """
+    from prism_debug.runner.profile import ProfileOptions
+    from prism_debug.runner.profile import profile as run_profile
+
+    ranks = tuple(int(r) for r in slice_ranks.split(",") if r.strip()) if slice_ranks else ()
+    options = ProfileOptions(
+        command=list(command) or _bundled_example_command(world_size), world_size=world_size,
+        gpus_per_node=gpus_per_node, iterations=iterations, out=out, slice_ranks=ranks,
+        run_dir=run_dir)
+    run_profile(options, click.echo)
+
+
+@main.group()
+def graph() -> None:
+    """Inspect execution graphs."""
+
+
+@graph.command("show")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--hardware", default=DEFAULT_PROFILE, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def graph_show(path, hardware, as_json) -> None:
+    """Summarise a graph: layout, classes, bytes per family, one replayed iteration."""
+    from prism_debug.engine.analysis import summarize
+    from prism_debug.graph import ExecutionGraph
+
+    g = ExecutionGraph.load(path)
+    summaries = summarize(g, _cost_fn(hardware, g.gpus_per_node))
+    if as_json:
+        click.echo(json.dumps({
+            "world_size": g.world_size,
+            "mesh": dict(zip(g.mesh.names, g.mesh.shape)),
+            "families": {k: list(v) for k, v in g.families.items()},
+            "class_axis": g.class_axis,
+            "classes": [dataclasses.asdict(c) | {"waiting_s": c.waiting_s} for c in summaries],
+        }))
+        return
+    click.echo(f"graph {path}: world {g.world_size} = "
+               + " x ".join(f"{n} {s}" for n, s in zip(g.mesh.names, g.mesh.shape))
+               + f", {len(g.programs)} class(es)"
+               + (f" along {g.class_axis}" if g.class_axis else ""))
+    click.echo("families: " + " · ".join(f"{name} ({' x '.join(axes)})"
+                                         for name, axes in g.families.items()))
+    click.echo(f"{'class':>5} {'rank':>7} {'ops':>5} {'compute ms':>11} {'iteration ms':>13} "
+               f"{'waiting ms':>11}  bytes per iteration by family")
+    for c in summaries:
+        by_family = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in c.bytes_by_family.items())
+        click.echo(f"{c.class_id:>5} {c.representative:>7} {c.num_ops:>5} "
+                   f"{c.compute_s * 1e3:>11.2f} {c.iteration_s * 1e3:>13.2f} "
+                   f"{c.waiting_s * 1e3:>11.2f}  {by_family}")
+    slowest = max(summaries, key=lambda c: c.iteration_s)
+    click.echo(f"slowest class: {slowest.class_id} (rank {slowest.representative}): "
+               f"{slowest.iteration_s * 1e3:.2f} ms per iteration, "
+               f"{slowest.compute_s * 1e3:.2f} ms of it compute")
+
+
+@main.command()
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--iterations", default=3, show_default=True)
+@click.option("--hardware", default=DEFAULT_PROFILE, show_default=True)
+@click.option("--ranks", "rank_list", default="", help="Ranks to report (default: one per class).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def replay(path, iterations, hardware, rank_list, as_json) -> None:
+    """Replay the whole world from a graph, with no real rank."""
+    from prism_debug.engine import ReplayEngine
+    from prism_debug.engine.analysis import _representative
+    from prism_debug.graph import ExecutionGraph
+
+    g = ExecutionGraph.load(path)
+    engine = ReplayEngine(g, _cost_fn(hardware, g.gpus_per_node))
+    engine.run(iterations)
+    ranks = ([int(r) for r in rank_list.split(",") if r.strip()] if rank_list
+             else [_representative(g, p.class_id) for p in g.programs])
+    times = {rank: engine.iteration_times(rank)[:iterations] for rank in ranks}
+    if as_json:
+        click.echo(json.dumps({"iterations": iterations, "times_s": times}))
+        return
+    click.echo(f"{'rank':>7} " + " ".join(f"{'iter ' + str(i + 1) + ' ms':>12}"
+                                          for i in range(iterations)))
+    for rank, values in times.items():
+        click.echo(f"{rank:>7} " + " ".join(f"{v * 1e3:>12.2f}" for v in values))
+
+
+def _cost_fn(hardware: str, gpus_per_node: int):
+    model = CostModel(dataclasses.replace(load_profile(hardware), gpus_per_node=gpus_per_node))
+    return lambda op, placement: model.time_s(op.kind, op.nbytes, placement)
+
+
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 
 
@@ -130,8 +232,6 @@ def parse_bytes(text: str) -> int:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def cost(hardware, op, size, ranks, gpus_per_node, as_json) -> None:
     """Predict one collective's time and bus bandwidth."""
-    import dataclasses
-
     profile = load_profile(hardware)
     if gpus_per_node is not None:
         profile = dataclasses.replace(profile, gpus_per_node=gpus_per_node)

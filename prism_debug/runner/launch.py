@@ -46,6 +46,7 @@ class RunOptions:
     values: str = "mirror"
     run_dir: Path | None = None
     digests: bool = True
+    record_program: bool = False  # profiling a slice
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -121,6 +122,7 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
         hardware=profile.to_dict(), seed=options.seed, values=options.values,
         events_path=str(events_path), iterations=options.iterations,
         record_ops=options.trace_path is not None, digests=options.digests,
+        record_program=options.record_program,
     )
     config_path = run_dir / "agent.json"
     config.write(config_path)
