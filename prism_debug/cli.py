@@ -58,11 +58,14 @@ def main(verbose: int) -> None:
 @click.option("--values", type=click.Choice(["mirror", "zeros", "random"]), default="mirror",
               show_default=True, help="What virtual peers contribute to collectives.")
 @click.option("--no-digest", is_flag=True, help="Skip hashing collective values.")
+@click.option("--graph", "graph_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Replay virtual peers from this execution graph (prism-debug profile) "
+                   "instead of letting them arrive in lockstep.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the run's log and events go [default: ~/.local/state/prism-debug/runs/…].")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path, seed,
-        values, no_digest, run_dir, command) -> None:
+        values, no_digest, graph_path, run_dir, command) -> None:
     """Run COMMAND as one real rank of a WORLD_SIZE job.
 
     \b
@@ -86,7 +89,7 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
     options = RunOptions(
         command=command, rank=rank, world_size=world_size, profile=profile,
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
-        values=values, run_dir=run_dir, digests=not no_digest)
+        values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path)
     result = run_rank(options, click.echo)
     sys.exit(result.exit_code)
 

@@ -18,6 +18,7 @@ import random
 import resource
 import sys
 import threading
+from pathlib import Path
 
 import torch
 from torch.optim.optimizer import (
@@ -32,8 +33,9 @@ from prism_debug.backend.install import install
 from prism_debug.backend.runtime import Runtime
 from prism_debug.backend.values import Values
 from prism_debug.cost import CostModel, HardwareProfile
-from prism_debug.engine import EmulatedClock, LockstepEngine
-from prism_debug.graph import FamilyRecorder
+from prism_debug.engine import EmulatedClock, LockstepEngine, ReplayEngine
+from prism_debug.engine.graph_engine import GraphEngine
+from prism_debug.graph import ExecutionGraph, FamilyRecorder
 
 log = logging.getLogger(__name__)
 
@@ -52,9 +54,18 @@ class Agent:
         profile = HardwareProfile.from_dict(config.hardware)
         self.families = FamilyRecorder(config.world_size)
         self.tracker = IterationTracker(self.clock.now(), self._emit, config.record_ops)
+        self.graph_engine: GraphEngine | None = None
+        if config.graph_path:
+            graph = ExecutionGraph.load(Path(config.graph_path))
+            model = CostModel(profile)
+            replay = ReplayEngine(graph, lambda op, pl: model.time_s(op.kind, op.nbytes, pl),
+                                  real_rank=config.rank)
+            engine = self.graph_engine = GraphEngine(graph, replay, self._fatal)
+        else:
+            engine = LockstepEngine(CostModel(profile), profile.gpus_per_node)
         self.runtime = Runtime(
             rank=config.rank, world_size=config.world_size, clock=self.clock,
-            engine=LockstepEngine(CostModel(profile), profile.gpus_per_node),
+            engine=engine,
             values=Values(config.values, config.seed), tracker=self.tracker,
             families=self.families, digests=config.digests, stop_check=self._maybe_stop,
         )
@@ -105,6 +116,12 @@ class Agent:
                         "harness_excluded_s": self.clock.excluded_s})
         self._events.close()
 
+    def _fatal(self, error: Exception) -> None:
+        """End the rank at once with one error the controller reports."""
+        self._emit({"kind": "error", "message": str(error)})
+        self._events.flush()
+        os._exit(2)
+
     def _families(self) -> list[dict]:
         return [f.to_dict() for f in self.families.summaries()]
 
@@ -142,6 +159,8 @@ class Agent:
             self._families_version = self.families.version
             extra["families"] = self._families()
         record = self.tracker.boundary(t0, extra)
+        if self.graph_engine is not None:
+            self.graph_engine.iteration_end()
         limit = self.config.iterations
         if limit is not None and record["iteration"] >= limit:
             self._stop_pending = True

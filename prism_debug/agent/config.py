@@ -24,6 +24,7 @@ class AgentConfig:
     record_ops: bool = False  # per-op records for --trace
     digests: bool = True
     record_program: bool = False  # profiling a slice: record the rank's program
+    graph_path: str | None = None  # replay virtual peers from this graph (else lockstep)
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:

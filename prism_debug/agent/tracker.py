@@ -31,10 +31,12 @@ class IterationTracker:
 
     # -- the collective path (hot) ---------------------------------------------
 
-    def collective(self, op: str, ref, nbytes: int, arrival: float, done: float) -> None:
+    def collective(self, op: str, ref, nbytes: int, arrival: float, work) -> None:
+        """``work.done``: when the op completes (the graph engine may only know
+        that later; it is read at the iteration's end)."""
         self.num_collectives += 1
         if self.record_ops:
-            self.ops.append((op, ref.family, ref.index, nbytes, arrival, done))
+            self.ops.append((op, ref.family, ref.index, nbytes, arrival, work))
 
     def waited(self, start: float, seconds: float) -> None:
         if seconds <= 0:
@@ -62,7 +64,7 @@ class IterationTracker:
                 **extra,
             }
             if self.record_ops:
-                record["ops"] = self.ops
+                record["ops"] = [(*op[:5], op[5].done) for op in self.ops]
                 record["waits"] = self.waits
             self.iteration += 1
             self._reset(now)

@@ -36,7 +36,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         self._n = len(global_ranks)
         self._stream = runtime.engine.group(global_ranks, ref)
         self._peer_streams: dict[int, object] = {}
-        self._coalesced_done: float | None = None  # set between _start/_end_coalescing
+        self._coalesced: list[PrismWork] | None = None  # between _start/_end_coalescing
         self._group_name = ""
         self._group_desc = "undefined"
 
@@ -89,11 +89,11 @@ class PrismProcessGroup(dist.ProcessGroup):
                   stream=None, peer: int | None = None) -> PrismWork:
         rt = self._rt
         done = rt.engine.collective(stream or self._stream, op, nbytes, arrival)
-        if self._coalesced_done is not None:
-            self._coalesced_done = max(self._coalesced_done, done)
-        rt.tracker.collective(op, self.ref, nbytes, arrival, done)
-        rt.mark_activity(arrival)
         work = PrismWork(rt, done, result)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        rt.tracker.collective(op, self.ref, nbytes, arrival, work)
+        rt.mark_activity(arrival)
         if rt.recorder is not None:
             delta = 0 if peer is None else self.global_ranks[peer] - rt.rank
             work.recorded = rt.recorder.issue(arrival, op, self.ref.family, nbytes,
@@ -321,14 +321,13 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- coalescing -----------------------------------------------------------------
 
     def _start_coalescing(self, device=None):
-        self._coalesced_done = float("-inf")
+        self._coalesced = []
 
     def _end_coalescing(self, device=None):
-        done = self._coalesced_done
-        self._coalesced_done = None
-        if done is None or done == float("-inf"):
-            done = self._rt.clock.now()
-        return PrismWork(self._rt, done, [])
+        works, self._coalesced = self._coalesced or [], None
+        if not works:
+            return PrismWork(self._rt, self._rt.clock.now(), [])
+        return PrismWork(self._rt, lambda: max(w.done for w in works), [])
 
     # -- lifecycle --------------------------------------------------------------------
 

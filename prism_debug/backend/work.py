@@ -17,10 +17,13 @@ class PrismWork(dist._Work):
     """The handle of one emulated op: done when the emulated clock reaches
     ``done``.  ``wait()`` blocks the calling thread until then."""
 
-    def __init__(self, runtime, done: float, result: list) -> None:
+    def __init__(self, runtime, done, result: list) -> None:
         super().__init__()
         self._runtime = runtime
-        self._done = done
+        # a float, or a callable the graph engine answers once the peers' side
+        # is known (resolved at the first wait)
+        self._deferred = done if callable(done) else None
+        self._done = None if callable(done) else done
         self._result = result
         self._future: Future | None = None
         self.source_rank: int | None = None  # group rank a recv came from
@@ -36,14 +39,21 @@ class PrismWork(dist._Work):
         # ``timeout`` cannot expire: lockstep peers always arrive.  Peers that
         # never do, and timeouts, come with fault injection.
         runtime = self._runtime
-        runtime.wait_until(self._done)
+        runtime.wait_until(self.done)
         if self.recorded is not None:
             runtime.recorder.wait(runtime.clock.now(), self.recorded)
             self.recorded = None  # a second wait on the same work waits for nothing
         return True
 
+    @property
+    def done(self) -> float:
+        """When the op completes on the emulated clock."""
+        if self._done is None:
+            self._done = self._deferred()
+        return self._done
+
     def is_completed(self) -> bool:
-        return self._runtime.clock.now() >= self._done
+        return self._runtime.clock.now() >= self.done
 
     def is_success(self) -> bool:
         return True
@@ -66,7 +76,7 @@ class PrismWork(dist._Work):
                 self._runtime.recorder.future_requested(self.recorded)
                 self.recorded = None
             self._future = Future()
-            self._runtime.completer.complete_at(self._future, self._done, self._result)
+            self._runtime.completer.complete_at(self._future, self.done, self._result)
         return self._future
 
 

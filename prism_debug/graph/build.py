@@ -5,9 +5,9 @@ collectives completing at once; it records, per iteration, the events of its
 program.  From the group families the script defined, the world's mesh is
 inferred (each regular family is an axis, or a run of adjacent axes); the
 family point-to-point ops travel on is the *class axis* (one class per
-pipeline stage), and each class's program comes from its slice: iteration 1
-as the warm-up, the later ones — which must repeat exactly — as the steady
-state, with median compute gaps.
+pipeline stage), and each class's program comes from its slice: the longest
+tail of iterations that repeat exactly is the steady state (median compute
+gaps), what precedes it the warm-up (at least the first iteration).
 """
 
 from __future__ import annotations
@@ -145,25 +145,35 @@ def _describe(event: RecordedEvent | None) -> str:
     return "the end of the iteration"
 
 
-def check_repeats(record: SliceRecord) -> None:
-    """Iterations after the warm-up must issue the same ops in the same order."""
+def steady_start(record: SliceRecord) -> int:
+    """How many iterations of warm-up precede the steady state: the longest
+    tail of at least two iterations that issue the same ops in the same order.
+    Without one, the error names where the last two iterations part."""
     if len(record.iterations) < MIN_ITERATIONS:
         raise GraphError(f"rank {record.rank} finished {len(record.iterations)} iterations; "
                          f"profiling needs at least {MIN_ITERATIONS}")
-    reference = record.iterations[1]
-    for number, iteration in enumerate(record.iterations[2:], start=3):
-        for position in range(max(len(reference), len(iteration))):
-            a = iteration[position] if position < len(iteration) else None
-            b = reference[position] if position < len(reference) else None
-            if a is None or b is None or _signature(a) != _signature(b):
-                raise GraphError(
-                    f"rank {record.rank}: iteration {number} does not repeat iteration 2: at "
-                    f"event {position} it has {_describe(a)} where iteration 2 has {_describe(b)}")
+    signatures = [[_signature(e) for e in it] for it in record.iterations]
+    last = len(signatures) - 1
+    start = last
+    while start > 0 and signatures[start - 1] == signatures[last]:
+        start -= 1
+    if last - start + 1 >= 2:
+        return max(start, 1)  # the first iteration is warm-up whatever it looks like
+    before, after = record.iterations[last - 1], record.iterations[last]
+    for position in range(max(len(before), len(after))):
+        a = after[position] if position < len(after) else None
+        b = before[position] if position < len(before) else None
+        if a is None or b is None or _signature(a) != _signature(b):
+            raise GraphError(
+                f"rank {record.rank}: iteration {last + 1} does not repeat iteration {last}: "
+                f"at event {position} it has {_describe(a)} where iteration {last} has "
+                f"{_describe(b)}")
+    raise AssertionError("unreachable: the iterations differ somewhere")
 
 
 def program(record: SliceRecord, class_id: int, mesh: Mesh,
             family_axes: dict[str, tuple[str, ...]]) -> ClassProgram:
-    check_repeats(record)
+    warmup_iterations = steady_start(record)
     ops: list[OpSpec] = []
     index: dict[tuple, int] = {}
 
@@ -186,13 +196,16 @@ def program(record: SliceRecord, class_id: int, mesh: Mesh,
                 events.append(Event("end", gap))
         return tuple(events)
 
-    steady_runs = record.iterations[1:]
+    steady_runs = record.iterations[warmup_iterations:]
     gaps = [statistics.median(run[i].gap_s for run in steady_runs)
             for i in range(len(steady_runs[0]))]
     steady = events_of(steady_runs[0], gaps)
-    first = record.iterations[0]
-    same = [_signature(e) for e in first] == [_signature(e) for e in steady_runs[0]]
-    warmup = () if same else events_of(first, [e.gap_s for e in first])
+    warmup = tuple(events_of(it, [e.gap_s for e in it])
+                   for it in record.iterations[:warmup_iterations])
+    steady_signature = [_signature(e) for e in steady_runs[0]]
+    if all([_signature(e) for e in it] == steady_signature
+           for it in record.iterations[:warmup_iterations]):
+        warmup = ()  # the warm-up issues what the steady state does: replay it as steady
     return ClassProgram(class_id, tuple(ops), warmup, steady)
 
 

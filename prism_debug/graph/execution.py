@@ -11,8 +11,8 @@ A class program is a list of events, each after ``gap_s`` seconds of compute
 since the previous event of the same rank: *issue* an op (a collective on a
 family, or a point-to-point op with the rank ``peer`` steps away on a
 family's axis), *wait* for an issued op, or *end* the iteration.  Programs
-have a ``warmup`` part (the first iteration, which builds buckets and
-handshakes) and a ``steady`` part that repeats.
+have ``warmup`` iterations (DDP builds and then rebuilds its buckets,
+pipelines handshake) and a ``steady`` part that repeats after them.
 """
 
 from __future__ import annotations
@@ -110,11 +110,13 @@ class Event:
 class ClassProgram:
     class_id: int
     ops: tuple[OpSpec, ...]
-    warmup: tuple[Event, ...]
-    steady: tuple[Event, ...]
+    warmup: tuple[tuple[Event, ...], ...]  # the first iterations, each its own program
+    steady: tuple[Event, ...]  # every iteration after them
 
     def events(self, iteration: int) -> tuple[Event, ...]:
-        return self.warmup if iteration == 1 and self.warmup else self.steady
+        if iteration <= len(self.warmup):
+            return self.warmup[iteration - 1]
+        return self.steady
 
     def iteration_bytes(self) -> dict[str, int]:
         """Bytes issued per steady iteration, by family."""
@@ -175,7 +177,7 @@ class ExecutionGraph:
             "programs": [{
                 "class_id": p.class_id,
                 "ops": [[o.kind, o.family, o.nbytes, o.dtype, o.peer] for o in p.ops],
-                "warmup": [[e.action, e.gap_s, e.op] for e in p.warmup],
+                "warmup": [[[e.action, e.gap_s, e.op] for e in it] for it in p.warmup],
                 "steady": [[e.action, e.gap_s, e.op] for e in p.steady],
             } for p in self.programs],
         }
@@ -196,7 +198,7 @@ class ExecutionGraph:
                 programs=tuple(ClassProgram(
                     class_id=p["class_id"],
                     ops=tuple(OpSpec(*o) for o in p["ops"]),
-                    warmup=tuple(Event(*e) for e in p["warmup"]),
+                    warmup=tuple(tuple(Event(*e) for e in it) for it in p["warmup"]),
                     steady=tuple(Event(*e) for e in p["steady"]),
                 ) for p in data["programs"]),
             )

@@ -25,6 +25,7 @@ import prism_debug
 from prism_debug.agent.config import ENV_VAR, AgentConfig
 from prism_debug.cost import HardwareProfile
 from prism_debug.errors import ConfigError, LaunchError
+from prism_debug.graph import ExecutionGraph, GraphError
 from prism_debug.runner import report as reporting
 
 PACKAGE_ROOT = Path(prism_debug.__file__).resolve().parent
@@ -47,6 +48,7 @@ class RunOptions:
     run_dir: Path | None = None
     digests: bool = True
     record_program: bool = False  # profiling a slice
+    graph_path: Path | None = None  # replay virtual peers from this graph
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -59,9 +61,21 @@ class RunOptions:
             raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
         if not self.command:
             raise ConfigError("no command to run")
+        if self.graph_path is not None:
+            self._check_graph()
         for option, path in (("--report", self.report_path), ("--trace", self.trace_path)):
             if path is not None and not path.resolve().parent.is_dir():
                 raise ConfigError(f"{option} {path}: directory {path.resolve().parent} does not exist")
+
+
+    def _check_graph(self) -> None:
+        graph = ExecutionGraph.load(self.graph_path)
+        if graph.world_size != self.world_size:
+            raise GraphError(f"the graph {self.graph_path} is of a world of {graph.world_size} "
+                             f"ranks; this run has --world-size {self.world_size}")
+        if graph.gpus_per_node != self.profile.gpus_per_node:
+            raise GraphError(f"the graph {self.graph_path} places {graph.gpus_per_node} ranks "
+                             f"per node; this run places {self.profile.gpus_per_node}")
 
 
 @dataclasses.dataclass
@@ -123,6 +137,7 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
         events_path=str(events_path), iterations=options.iterations,
         record_ops=options.trace_path is not None, digests=options.digests,
         record_program=options.record_program,
+        graph_path=str(options.graph_path.resolve()) if options.graph_path else None,
     )
     config_path = run_dir / "agent.json"
     config.write(config_path)
@@ -164,6 +179,9 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
     if options.trace_path:
         options.trace_path.write_text(json.dumps(reporting.chrome_trace(events, options.rank)))
         message(f"trace: {options.trace_path} (open in https://ui.perfetto.dev)")
+    error = next((e["message"] for e in events if e["kind"] == "error"), None)
+    if error is not None:
+        raise GraphError(f"{error} (graph {options.graph_path})")
     if not any(e["kind"] in ("loaded", "init") for e in events):
         raise LaunchError(
             f"the prism-debug agent never loaded in the script's process (exit code "

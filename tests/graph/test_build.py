@@ -72,12 +72,30 @@ def test_slices_compose_the_world_with_one_class_per_stage():
 def test_a_slice_whose_iterations_differ_names_the_first_divergence():
     fams = families(64, tp=2, pp=1)
     iterations = list(stage_iterations(0, 1))
-    iterations[2] = (RecordedIssue(0.01, "all_reduce", "dp", 64, "float32"),) + iterations[2][1:]
+    iterations[3] = (RecordedIssue(0.01, "all_reduce", "dp", 64, "float32"),) + iterations[3][1:]
     with pytest.raises(GraphError) as info:
         build_graph(64, 8, [SliceRecord(0, fams, tuple(iterations))])
-    assert str(info.value) == ("rank 0: iteration 3 does not repeat iteration 2: at event 0 it "
-                               "has all_reduce of 64 bytes on dp where iteration 2 has "
+    assert str(info.value) == ("rank 0: iteration 4 does not repeat iteration 3: at event 0 it "
+                               "has all_reduce of 64 bytes on dp where iteration 3 has "
                                "all_reduce of 64 bytes on tp")
+
+
+def test_warmup_iterations_before_the_steady_state_are_kept_in_order():
+    # as DDP: iteration 2 broadcasts the rebuilt bucket order, then it repeats
+    fams = families(64, tp=2, pp=1)
+    steady = stage_iterations(0, 1)[0]
+    rebuild = (RecordedIssue(0.0, "broadcast", "world", 20, "int64"), RecordedWait(0.0, 0))
+    first = (RecordedIssue(0.5, "broadcast", "world", 8, "int64"),) + steady[:1] + (
+        RecordedWait(0.0, 1), RecordedEnd(0.1))
+    iterations = (first, rebuild + tuple(
+        RecordedWait(e.gap_s, e.issue + 1) if isinstance(e, RecordedWait) else e
+        for e in steady), steady, steady)
+    graph = build_graph(64, 8, [SliceRecord(0, fams, iterations)])
+    (program,) = graph.programs
+    assert len(program.warmup) == 2
+    assert [graph.programs[0].ops[e.op].kind for e in program.warmup[1] if e.action == "issue"] \
+        == ["broadcast", "all_reduce"]
+    assert [e.action for e in program.steady] == ["issue", "wait", "end"]
 
 
 def test_a_missing_class_says_which_rank_to_profile():

@@ -1,0 +1,68 @@
+"""The replay engine behind the backend's Engine seam (``run --graph``).
+
+The backend asks, per op, when it completes.  With a graph that answer can
+depend on ops the real rank has not issued yet (a ``batch_isend_irecv``
+issues a receive before the send the other stage needs first), so the
+completion time is a deferred value the Work resolves when the script waits.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from prism_debug.engine.replay import ReplayEngine
+from prism_debug.graph import ExecutionGraph, GraphError, GroupRef, OpSpec
+
+
+class GraphStream:
+    __slots__ = ("family", "peer")
+
+    def __init__(self, family: str, peer: int = 0) -> None:
+        self.family = family
+        self.peer = peer  # p2p: steps along the family's axis
+
+
+class GraphEngine:
+    def __init__(self, graph: ExecutionGraph, replay: ReplayEngine,
+                 on_mismatch: Callable[[GraphError], None] | None = None) -> None:
+        self.graph = graph
+        self.replay = replay
+        # the agent ends the rank with one clear error rather than letting the
+        # exception unwind through the script (and torch's C++ callers)
+        self._on_mismatch = on_mismatch
+
+    def _mismatch(self, error: GraphError):
+        if self._on_mismatch is None:
+            raise error
+        self._on_mismatch(error)
+        raise error
+
+    def group(self, global_ranks, ref: GroupRef) -> GraphStream:
+        axes = self.graph.families.get(ref.family)
+        if axes is None:
+            self._mismatch(GraphError(f"the script creates family {ref.family!r}, which the graph does "
+                             f"not have (graph families: {', '.join(self.graph.families)})"))
+        expected = 1
+        for axis in axes:
+            expected *= self.graph.mesh.shape[self.graph.mesh.axis(axis)]
+        if len(global_ranks) != expected:
+            self._mismatch(GraphError(f"family {ref.family!r} has groups of {len(global_ranks)} "
+                                      f"in the script and of {expected} in the graph"))
+        return GraphStream(ref.family)
+
+    def peer_stream(self, group: GraphStream, my_rank: int, peer_rank: int) -> GraphStream:
+        (axis,) = self.graph.family_axes(group.family)[:1] or (None,)
+        stride = self.graph.mesh.strides[axis] if axis is not None else 1
+        return GraphStream(group.family, (peer_rank - my_rank) // stride)
+
+    def collective(self, stream: GraphStream, op: str, nbytes: int,
+                   arrival: float) -> Callable[[], float]:
+        try:
+            handle = self.replay.real_issue(
+                OpSpec(op, stream.family, nbytes, peer=stream.peer), arrival)
+        except GraphError as error:
+            self._mismatch(error)
+        return lambda: self.replay.real_completion(handle)
+
+    def iteration_end(self) -> None:
+        self.replay.real_iteration_end()

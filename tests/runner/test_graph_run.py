@@ -1,0 +1,106 @@
+"""profile → graph → run --graph, end to end, at 8,192 and 65,536 ranks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from prism_debug.graph import ExecutionGraph, Mesh
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+WORLDS = [8192, 65536]
+ACTIVATION = 2 * 128 * 256 * 4  # the example's micro-batch x sequence x hidden, float32
+pytestmark = pytest.mark.slow
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prism_debug.cli", *args], capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    """Profiles each (script, world) once for the whole module."""
+    made: dict[tuple[str | None, int], Path] = {}
+
+    def get(script: str | None, world: int) -> Path:
+        if (script, world) not in made:
+            out = tmp_path_factory.mktemp("graphs") / f"{script or 'example'}-{world}.prism"
+            command = ["--", sys.executable, str(SCRIPTS / script)] if script else []
+            proc = cli("profile", "--world-size", str(world), "--out", str(out), *command)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            made[script, world] = out
+        return made[script, world]
+
+    return get
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_the_example_graph_has_one_class_per_stage_and_the_bytes_of_its_layers(graphs, world):
+    graph = ExecutionGraph.load(graphs(None, world))
+    assert graph.mesh == Mesh((4, world // 32, 8), ("pp", "dp", "tp"))
+    assert graph.class_axis == "pp"
+    assert set(graph.families) == {"world", "tp", "dp", "pp"}
+    per_block = 100_064  # TP-sharded parameters of one transformer block
+    embeddings, head = 1024 * 256 + 128 * 256, 2 * 256 + 256 * 1024
+    expected_dp = [4 * (2 * per_block + embeddings), 4 * 2 * per_block, 4 * 2 * per_block,
+                   4 * (2 * per_block + head)]
+    for stage, program in enumerate(graph.programs):
+        bytes_ = program.iteration_bytes()
+        # 8 micro-batches x 2 layers x (2 forward + 2 backward) TP all-reduces
+        assert bytes_["tp"] == 8 * 2 * 4 * ACTIVATION
+        # activations and their gradients, to and from each neighbour stage
+        assert bytes_["pp"] == 8 * ACTIVATION * (2 if stage in (0, 3) else 4)
+        assert bytes_["dp"] == expected_dp[stage]
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("script,rank", [
+    (None, 4097), ("ddp.py", 4097), ("fsdp2_tp.py", 3), ("pipeline_1f1b.py", 4097),
+], ids=["example", "ddp", "fsdp2_tp", "pipeline"])
+def test_runs_follow_their_graph(graphs, tmp_path, script, rank, world):
+    graph = graphs(script, world)
+    command = ["--", sys.executable, str(SCRIPTS / script)] if script else []
+    report = tmp_path / "report.json"
+    proc = cli("run", "--world-size", str(world), "--rank", str(rank), "--graph", str(graph),
+               "--report", str(report), "--run-dir", str(tmp_path / "run"), *command)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    iterations = json.loads(report.read_text())["iterations"]
+    assert len(iterations) >= 3
+    assert all(it["time_s"] > 0 and it["num_collectives"] > 0 for it in iterations)
+    replay = cli("replay", str(graph), "--ranks", str(rank), "--json")
+    assert replay.returncode == 0, replay.stderr
+    assert len(json.loads(replay.stdout)["times_s"][str(rank)]) == 3
+
+
+def test_a_graph_of_another_script_is_refused_naming_the_first_mismatch(graphs, tmp_path):
+    graph = graphs(None, 8192)
+    proc = cli("run", "--graph", str(graph), "--run-dir", str(tmp_path),
+               "--", sys.executable, str(SCRIPTS / "ddp.py"))
+    assert proc.returncode == 2
+    # DDP's first op checks parameter shapes across ranks; rank 4097's stage receives first
+    assert proc.stderr == (
+        "prism-debug: error: the script does not follow the graph: in iteration 1 rank 4097 "
+        "issued all_gather of 65536 bytes on world where the graph has recv of 262144 bytes "
+        f"on pp (graph {graph})\n")
+
+
+def test_a_graph_of_another_world_size_is_refused(graphs, tmp_path):
+    graph = graphs(None, 8192)
+    proc = cli("run", "--world-size", "65536", "--graph", str(graph))
+    assert proc.returncode == 2
+    assert proc.stderr == (f"prism-debug: error: the graph {graph} is of a world of 8192 ranks; "
+                           "this run has --world-size 65536\n")
+
+
+def test_graph_show_summarises_classes(graphs):
+    proc = cli("graph", "show", str(graphs(None, 8192)), "--json")
+    summary = json.loads(proc.stdout)
+    assert summary["mesh"] == {"pp": 4, "dp": 256, "tp": 8}
+    assert [c["num_ops"] for c in summary["classes"]] == [81, 97, 97, 81]
+    times = {round(c["iteration_s"], 9) for c in summary["classes"]}
+    assert len(times) == 1  # in steady state every stage runs at the pipeline's pace
