@@ -207,6 +207,56 @@ def replay(path, iterations, hardware, rank_list, as_json) -> None:
         click.echo(f"{rank:>7} " + " ".join(f"{v * 1e3:>12.2f}" for v in values))
 
 
+@main.command()
+@click.option("--nccl-tests", "nccl_tests", multiple=True,
+              help="An nccl-tests output file, as PATH or OP=PATH (repeatable).")
+@click.option("--local", is_flag=True, help="Measure gloo collectives between processes here.")
+@click.option("--processes", default=2, show_default=True, help="Processes for --local.")
+@click.option("--base", default=DEFAULT_PROFILE, show_default=True,
+              help="Profile whose form the nccl-tests fit keeps.")
+@click.option("--name", default=None, help="Name of the fitted profile [default: from --out].")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the profile (TOML, usable as --hardware).")
+def calibrate(nccl_tests, local, processes, base, name, out) -> None:
+    """Fit a hardware profile from nccl-tests results or local gloo runs."""
+    from prism_debug.cost import calibrate as fitting
+
+    if bool(nccl_tests) == local:
+        raise ConfigError("give --nccl-tests FILE (repeatable) or --local, one of the two")
+    if not out.resolve().parent.is_dir():
+        raise ConfigError(f"--out {out}: directory {out.resolve().parent} does not exist")
+    name = name or out.stem
+    if local:
+        from prism_debug.runner.local_bench import measure
+
+        click.echo(f"calibrate: timing gloo all-reduce and send/recv between {processes} "
+                   "processes …")
+        measurements = list(measure(processes))
+        profile = fitting.local_profile(*measurements, name=name)
+    else:
+        measurements = []
+        for item in nccl_tests:
+            op, _, path = item.rpartition("=")
+            try:
+                text = Path(path).read_text()
+            except OSError as exc:
+                raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+            measurements.append(fitting.parse_nccl_tests(
+                text, path, fitting.NCCL_TESTS_OPS.get(op.lower()) if op else None))
+        profile = fitting.fit(load_profile(base), measurements, name)
+    out.write_text(fitting.to_toml(profile))
+    model = CostModel(load_profile(str(out)))
+    click.echo(f"{'op':>14} {'ranks':>6} {'nodes':>6} {'bytes':>10} {'measured us':>12} "
+               f"{'model us':>10} {'error':>7}")
+    for m in measurements:
+        for nbytes, seconds in (min(m.samples), max(m.samples)):
+            predicted = model.estimate(m.op, nbytes, m.placement).time_s
+            click.echo(f"{m.op:>14} {m.num_ranks:>6} {m.num_nodes:>6} {nbytes:>10} "
+                       f"{seconds * 1e6:>12.1f} {predicted * 1e6:>10.1f} "
+                       f"{100 * (predicted - seconds) / seconds:>+6.1f}%")
+    click.echo(f"calibrate: wrote {out} (use it as --hardware {out})")
+
+
 def _cost_fn(hardware: str, gpus_per_node: int):
     model = CostModel(dataclasses.replace(load_profile(hardware), gpus_per_node=gpus_per_node))
     return lambda op, placement: model.time_s(op.kind, op.nbytes, placement)

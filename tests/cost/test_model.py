@@ -128,3 +128,30 @@ def test_a_profile_value_that_is_not_a_number_is_named(tmp_path):
     with pytest.raises(HardwareProfileError,
                        match=r"typo.toml: \[bandwidth_gbs\] nvlink must be a number, got 'fast'"):
         load_profile(str(path))
+
+
+def test_calibrating_from_nccl_tests_reproduces_its_bandwidth_and_latency(tmp_path):
+    from prism_debug.cost.calibrate import fit, parse_nccl_tests, to_toml
+
+    log = Path(__file__).with_name("data") / "all_reduce_perf_8xh100.txt"
+    measured = parse_nccl_tests(log.read_text(), str(log))
+    assert (measured.op, measured.num_ranks, measured.num_nodes) == ("all_reduce", 8, 1)
+    assert measured.samples[0] == (8, pytest.approx(20e-6))
+    profile = fit(load_profile("h100-ib400"), [measured], "fitted")
+    (tmp_path / "fitted.toml").write_text(to_toml(profile))
+    model = CostModel(load_profile(str(tmp_path / "fitted.toml")))
+    small = model.estimate("all_reduce", 8, Placement(8, 1, 8))
+    large = model.estimate("all_reduce", 8 * GiB, Placement(8, 1, 8))
+    assert small.time_s == pytest.approx(20e-6, rel=1e-3)
+    # the measured busbw already includes the latency the model adds back: 0.1 %
+    assert large.busbw_gbs == pytest.approx(8 * GiB * 1.75 / 31390e-6 / 1e9, rel=2e-3)
+
+
+def test_an_nccl_tests_file_without_rank_lines_says_what_is_missing():
+    from prism_debug.cost.calibrate import parse_nccl_tests
+    from prism_debug.errors import ConfigError
+
+    text = ("#       size         count      type   redop    root     time   algbw   busbw\n"
+            "           8             2     float     sum      -1    20.00    0.00    0.00\n")
+    with pytest.raises(ConfigError, match="no '# Rank … on HOST' lines"):
+        parse_nccl_tests(text, "all_gather_perf.log")

@@ -1,0 +1,36 @@
+"""prism-debug calibrate, with real gloo processes on this host."""
+
+import subprocess
+import sys
+
+import pytest
+
+from prism_debug.cost import CostModel, Placement, load_profile
+
+pytestmark = pytest.mark.slow
+
+
+def test_local_calibration_writes_a_profile_that_reproduces_its_measurements(tmp_path):
+    out = tmp_path / "local.toml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "prism_debug.cli", "calibrate", "--local", "--out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    profile = load_profile(str(out))
+    assert (profile.name, profile.gpus_per_node) == ("local", 2)
+    assert 1e6 < profile.nvlink_bw < 1e12  # between 1 MB/s and 1 TB/s of loopback
+    model = CostModel(profile)
+    rows = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["all_reduce"]]
+    largest = max(rows, key=lambda row: int(row[3]))
+    measured_us, model_us = float(largest[4]), float(largest[5])
+    # the bandwidth comes from the largest messages: the model meets them there
+    assert model_us == pytest.approx(measured_us, rel=0.25)
+    assert model.estimate("all_reduce", 8, Placement(2, 1, 2)).algorithm == "ring"
+
+
+def test_calibrate_needs_exactly_one_source(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "prism_debug.cli", "calibrate", "--out",
+                           str(tmp_path / "x.toml")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr == ("prism-debug: error: give --nccl-tests FILE (repeatable) or --local, "
+                           "one of the two\n")
