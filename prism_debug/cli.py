@@ -53,6 +53,8 @@ def main(verbose: int) -> None:
               help="Write the JSON report here.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Chrome trace (open it in Perfetto) here.")
+@click.option("--trace-ranks", default="",
+              help="Virtual ranks to show in the trace, e.g. 0,4096-4103 (needs --graph).")
 @click.option("--seed", default=0, show_default=True,
               help="Seeds torch, random and numpy in the rank, and the seeded peer values.")
 @click.option("--values", type=click.Choice(["mirror", "zeros", "random"]), default="mirror",
@@ -64,8 +66,8 @@ def main(verbose: int) -> None:
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the run's log and events go [default: ~/.local/state/prism-debug/runs/…].")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path, seed,
-        values, no_digest, graph_path, run_dir, command) -> None:
+def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path,
+        trace_ranks, seed, values, no_digest, graph_path, run_dir, command) -> None:
     """Run COMMAND as one real rank of a WORLD_SIZE job.
 
     \b
@@ -89,7 +91,8 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
     options = RunOptions(
         command=command, rank=rank, world_size=world_size, profile=profile,
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
-        values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path)
+        values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
+        trace_ranks=parse_ranks(trace_ranks))
     result = run_rank(options, click.echo)
     sys.exit(result.exit_code)
 
@@ -260,6 +263,19 @@ def calibrate(nccl_tests, local, processes, base, name, out) -> None:
 def _cost_fn(hardware: str, gpus_per_node: int):
     model = CostModel(dataclasses.replace(load_profile(hardware), gpus_per_node=gpus_per_node))
     return lambda op, placement: model.time_s(op.kind, op.nbytes, placement)
+
+
+def parse_ranks(text: str) -> tuple[int, ...]:
+    """``0,4096-4103`` -> (0, 4096, …, 4103)."""
+    ranks: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        low, _, high = part.partition("-")
+        try:
+            ranks.extend(range(int(low), int(high or low) + 1))
+        except ValueError:
+            raise ConfigError(f"{part!r} is not a rank or a range of ranks such as 4096-4103") \
+                from None
+    return tuple(ranks)
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)

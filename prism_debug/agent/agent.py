@@ -18,6 +18,7 @@ import random
 import resource
 import sys
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -59,7 +60,7 @@ class Agent:
             graph = ExecutionGraph.load(Path(config.graph_path))
             model = CostModel(profile)
             replay = ReplayEngine(graph, lambda op, pl: model.time_s(op.kind, op.nbytes, pl),
-                                  real_rank=config.rank)
+                                  real_rank=config.rank, record=bool(config.trace_ranks))
             engine = self.graph_engine = GraphEngine(graph, replay, self._fatal)
         else:
             engine = LockstepEngine(CostModel(profile), profile.gpus_per_node)
@@ -151,6 +152,7 @@ class Agent:
     def _boundary(self) -> None:
         if not self.initialised:
             return
+        started = time.perf_counter()
         t0 = self.clock.now()
         extra = {"peak_rss_bytes": _peak_rss()}
         if self.runtime.recorder is not None:
@@ -158,13 +160,38 @@ class Agent:
         if self.families.version != self._families_version:
             self._families_version = self.families.version
             extra["families"] = self._families()
+        if self.graph_engine is not None:
+            extra.update(self._graph_extras())
         record = self.tracker.boundary(t0, extra)
         if self.graph_engine is not None:
             self.graph_engine.iteration_end()
+        self.clock.exclude_since(started)  # the bookkeeping is not the job's time
         limit = self.config.iterations
         if limit is not None and record["iteration"] >= limit:
             self._stop_pending = True
             self.runtime.stop_requested = True
+
+    def _graph_extras(self) -> dict:
+        """Who the rank waited for longest this iteration, and the traced
+        virtual ranks' ops."""
+        extras: dict = {}
+        longest, self.runtime.longest_wait = self.runtime.longest_wait, None
+        if longest is not None:
+            waited, deferred = longest
+            last = self.graph_engine.last_arrival(deferred)
+            if last is not None:
+                spec = self.graph_engine.op_of(deferred)
+                extras["last_arrival"] = {"rank": last[0], "op": spec.kind,
+                                          "family": spec.family, "wait_s": waited}
+        if self.config.trace_ranks:
+            replay = self.graph_engine.replay
+            iteration = self.tracker.iteration
+            extras["virtual_ops"] = [
+                [rank, spec.kind, spec.family, arrival, done]
+                for rank in self.config.trace_ranks
+                for spec, arrival, done in replay.ops_of(rank, iteration)]
+            replay.forget_records(iteration + 1)
+        return extras
 
     def _maybe_stop(self) -> None:
         """Stop cleanly once ``--iterations`` are done, at the first point where

@@ -25,6 +25,7 @@ class AgentConfig:
     digests: bool = True
     record_program: bool = False  # profiling a slice: record the rank's program
     graph_path: str | None = None  # replay virtual peers from this graph (else lockstep)
+    trace_ranks: tuple[int, ...] = ()  # virtual ranks whose ops go into the trace
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -35,7 +36,9 @@ class AgentConfig:
 
     @classmethod
     def read(cls, path: str | Path) -> "AgentConfig":
-        return cls(**json.loads(Path(path).read_text()))
+        data = json.loads(Path(path).read_text())
+        data["trace_ranks"] = tuple(data.get("trace_ranks", ()))
+        return cls(**data)
 
     @classmethod
     def from_environment(cls) -> "AgentConfig | None":

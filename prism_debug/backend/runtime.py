@@ -35,6 +35,7 @@ class Runtime:
     stop_requested: bool = dataclasses.field(default=False, init=False)
     # set while profiling a slice: records the rank's program (agent/program.py)
     recorder: object | None = None
+    longest_wait: tuple | None = dataclasses.field(default=None, init=False)
     completer: FutureCompleter = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
@@ -47,13 +48,20 @@ class Runtime:
         if self.stop_requested:
             self.stop_check()
 
-    def wait_until(self, done: float) -> None:
-        """Block the caller until the emulated clock reads ``done``."""
+    def wait_until(self, done: float) -> float:
+        """Block the caller until the emulated clock reads ``done``; the time waited."""
         clock = self.clock
         start = _perf_counter() - clock.excluded_s
         if start >= done:  # the common case for cheap ops: nothing to wait for
-            return
-        self.tracker.waited(start, clock.wait_until(done))
+            return 0.0
+        waited = clock.wait_until(done)
+        self.tracker.waited(start, waited)
+        return waited
+
+    def note_wait(self, waited: float, op) -> None:
+        """Keep the iteration's longest wait, to name who it waited for."""
+        if self.longest_wait is None or waited > self.longest_wait[0]:
+            self.longest_wait = (waited, op)
 
     def _future_completed(self, done: float, main_thread_blocked: bool) -> None:
         # A future awaited inside C++ (DDP's reducer) blocks the main thread

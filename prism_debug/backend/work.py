@@ -6,6 +6,7 @@ import heapq
 import itertools
 import logging
 import threading
+import time
 
 import torch.distributed as dist
 from torch.futures import Future
@@ -39,7 +40,9 @@ class PrismWork(dist._Work):
         # ``timeout`` cannot expire: lockstep peers always arrive.  Peers that
         # never do, and timeouts, come with fault injection.
         runtime = self._runtime
-        runtime.wait_until(self.done)
+        waited = runtime.wait_until(self.done)
+        if waited and self._deferred is not None:
+            runtime.note_wait(waited, self._deferred)
         if self.recorded is not None:
             runtime.recorder.wait(runtime.clock.now(), self.recorded)
             self.recorded = None  # a second wait on the same work waits for nothing
@@ -49,7 +52,10 @@ class PrismWork(dist._Work):
     def done(self) -> float:
         """When the op completes on the emulated clock."""
         if self._done is None:
+            # the replay engine's own work is the harness's, not the job's time
+            started = time.perf_counter()
             self._done = self._deferred()
+            self._runtime.clock.exclude_since(started)
         return self._done
 
     def is_completed(self) -> bool:

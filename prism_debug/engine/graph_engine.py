@@ -14,6 +14,19 @@ from prism_debug.engine.replay import ReplayEngine
 from prism_debug.graph import ExecutionGraph, GraphError, GroupRef, OpSpec
 
 
+class Deferred:
+    """A completion time the replay engine gives once it can."""
+
+    __slots__ = ("replay", "handle")
+
+    def __init__(self, replay: ReplayEngine, handle: tuple[int, int]) -> None:
+        self.replay = replay
+        self.handle = handle
+
+    def __call__(self) -> float:
+        return self.replay.real_completion(self.handle)
+
+
 class GraphStream:
     __slots__ = ("family", "peer")
 
@@ -56,13 +69,19 @@ class GraphEngine:
         return GraphStream(group.family, (peer_rank - my_rank) // stride)
 
     def collective(self, stream: GraphStream, op: str, nbytes: int,
-                   arrival: float) -> Callable[[], float]:
+                   arrival: float) -> Deferred:
         try:
             handle = self.replay.real_issue(
                 OpSpec(op, stream.family, nbytes, peer=stream.peer), arrival)
         except GraphError as error:
             self._mismatch(error)
-        return lambda: self.replay.real_completion(handle)
+        return Deferred(self.replay, handle)
+
+    def last_arrival(self, deferred: Deferred) -> tuple[int, float] | None:
+        return self.replay.last_arrival(deferred.handle)
+
+    def op_of(self, deferred: Deferred) -> OpSpec:
+        return self.replay.real_op(deferred.handle)
 
     def iteration_end(self) -> None:
         self.replay.real_iteration_end()

@@ -273,6 +273,61 @@ class ReplayEngine:
             return math.inf
         return _at(state.done[op], self._real_index, self.class_shape)
 
+    def last_arrival(self, handle: tuple[int, int]) -> tuple[int, float] | None:
+        """Who arrived last at one of the real rank's ops, and when (None once
+        its iteration is over).  For p2p it is the peer; for a group op the
+        member of the real rank's group with the latest arrival."""
+        iteration, op_index = handle
+        state = self._states[self._real_class]
+        info = state.ops[op_index]
+        if state.iteration != iteration or op_index not in state.arrivals:
+            return None
+        if info.spec.is_p2p:
+            axis = self.graph.family_axes(info.spec.family)[0]
+            step = info.spec.peer * self.mesh.strides[axis]
+            return self.real_rank + step, math.nan
+        arrival = np.broadcast_to(state.arrivals[op_index], self.class_shape)
+        index = list(self._real_index)
+        for axis in info.axes:
+            index[axis] = slice(None)
+        group = arrival[tuple(index)]
+        offsets = np.unravel_index(int(np.argmax(group)), group.shape)
+        coords = list(self._real_index)
+        for axis, offset in zip(info.axes, offsets):
+            coords[axis] = int(offset)
+        return self._rank_of(state, coords), float(group.max())
+
+    def real_op(self, handle: tuple[int, int]) -> OpSpec:
+        return self._states[self._real_class].program.ops[handle[1]]
+
+    def _rank_of(self, state: _ClassState, internal_coords) -> int:
+        coords = list(self.mesh.coordinates(self.real_rank if self.real_rank is not None else 0))
+        for axis, value in zip(self._order, internal_coords):
+            coords[axis] = value
+        if self._class_axis is not None:
+            coords[self._class_axis] = state.program.class_id
+        return self.mesh.rank(coords)
+
+    def ops_of(self, rank: int, iteration: int) -> list[tuple[OpSpec, float, float]]:
+        """(op, arrival, done) of ``rank`` in ``iteration``, from the records
+        (``record=True``): what the trace shows of a virtual rank."""
+        class_id = self.graph.class_of(rank)
+        coords = list(self.mesh.coordinates(rank))
+        if self._class_axis is not None:
+            del coords[self._class_axis]
+        local_shape = tuple(self.mesh.shape[a] for a in self._class_local_axes())
+        ops = []
+        for record in self.records:
+            if record.class_id == class_id and record.iteration == iteration \
+                    and record.arrival is not None:
+                spec = self._states[class_id].program.ops[record.op]
+                ops.append((spec, _at(record.arrival, tuple(coords), local_shape),
+                            _at(record.done, tuple(coords), local_shape)))
+        return ops
+
+    def forget_records(self, before_iteration: int) -> None:
+        self.records = [r for r in self.records if r.iteration >= before_iteration]
+
     def real_iteration_end(self) -> None:
         """The real rank finished an iteration: its class may run to the end."""
         state = self._states[self._real_class]

@@ -49,6 +49,7 @@ class RunOptions:
     digests: bool = True
     record_program: bool = False  # profiling a slice
     graph_path: Path | None = None  # replay virtual peers from this graph
+    trace_ranks: tuple[int, ...] = ()  # virtual ranks to put in the trace
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -63,6 +64,14 @@ class RunOptions:
             raise ConfigError("no command to run")
         if self.graph_path is not None:
             self._check_graph()
+        if self.trace_ranks:
+            if self.graph_path is None or self.trace_path is None:
+                raise ConfigError("--trace-ranks needs --graph and --trace: without a graph "
+                                  "virtual peers simply do what the real rank does")
+            outside = [r for r in self.trace_ranks if not 0 <= r < self.world_size]
+            if outside:
+                raise ConfigError(f"--trace-ranks {outside[0]} is outside the world of "
+                                  f"{self.world_size}")
         for option, path in (("--report", self.report_path), ("--trace", self.trace_path)):
             if path is not None and not path.resolve().parent.is_dir():
                 raise ConfigError(f"{option} {path}: directory {path.resolve().parent} does not exist")
@@ -138,6 +147,7 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
         record_ops=options.trace_path is not None, digests=options.digests,
         record_program=options.record_program,
         graph_path=str(options.graph_path.resolve()) if options.graph_path else None,
+        trace_ranks=options.trace_ranks,
     )
     config_path = run_dir / "agent.json"
     config.write(config_path)

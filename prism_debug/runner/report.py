@@ -49,7 +49,7 @@ def build_report(*, events: list[dict], world_size: int, rank: int, command: lis
         "families": [{k: f[k] for k in ("name", "num_groups", "group_size")} for f in families],
         "iterations": [
             {k: it[k] for k in ("iteration", "time_s", "compute_s", "comm_wait_s",
-                                "num_collectives", "digest")}
+                                "num_collectives", "digest", "last_arrival") if k in it}
             for it in iterations
         ],
         "peak_rss_bytes": peak_rss,
@@ -61,8 +61,13 @@ def table_header() -> str:
 
 
 def table_row(it: dict) -> str:
-    return (f"{it['iteration']:>5} {it['time_s'] * 1e3:>10.2f} {it['compute_s'] * 1e3:>11.2f} "
-            f"{it['comm_wait_s'] * 1e3:>13.2f} {it['num_collectives']:>6}  {it['digest'][:16]}")
+    row = (f"{it['iteration']:>5} {it['time_s'] * 1e3:>10.2f} {it['compute_s'] * 1e3:>11.2f} "
+           f"{it['comm_wait_s'] * 1e3:>13.2f} {it['num_collectives']:>6}  {it['digest'][:16]}")
+    last = it.get("last_arrival")
+    if last:  # with a graph: who the longest wait was for
+        row += (f"  longest wait {last['wait_s'] * 1e3:.2f} ms: {last['op']} on "
+                f"{last['family']}, last in: rank {last['rank']}")
+    return row
 
 
 def describe_families(families: list[dict]) -> str:
@@ -91,13 +96,15 @@ def summary_lines(report: dict) -> list[str]:
 
 def chrome_trace(events: list[dict], rank: int) -> dict:
     """Chrome trace-event JSON: iterations, each collective on its family's
-    lane (arrival to completion), and the waits that blocked the rank."""
+    lane (arrival to completion), the waits that blocked the rank, and the
+    ops of traced virtual ranks (``--trace-ranks``) as processes of their own."""
     iterations = [e for e in events if e["kind"] == "iteration"]
     origin = iterations[0]["start_s"] if iterations else 0.0
     trace: list[dict] = [
         {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank} (real)"}},
     ]
     lanes: dict[str, int] = {"iterations": 0, "waits": 1}
+    virtual_ranks: set[int] = set()
 
     def lane(name: str) -> int:
         return lanes.setdefault(name, len(lanes))
@@ -114,10 +121,19 @@ def chrome_trace(events: list[dict], rank: int) -> dict:
             trace.append({"name": op, "ph": "X", "pid": rank, "tid": lane(f"comm {family}"),
                           "ts": us(arrival), "dur": round((done - arrival) * 1e6, 3),
                           "args": {"family": family, "group": index, "bytes": nbytes}})
+        for rank_, op, family, arrival, done in it.get("virtual_ops", ()):
+            virtual_ranks.add(rank_)
+            trace.append({"name": op, "ph": "X", "pid": rank_, "tid": lane(f"comm {family}"),
+                          "ts": us(arrival), "dur": round((done - arrival) * 1e6, 3),
+                          "args": {"family": family}})
         for start, end in it.get("waits", ()):
             trace.append({"name": "wait", "ph": "X", "pid": rank, "tid": lane("waits"),
                           "ts": us(start), "dur": round((end - start) * 1e6, 3)})
-    for name, tid in lanes.items():
-        trace.append({"name": "thread_name", "ph": "M", "pid": rank, "tid": tid,
-                      "args": {"name": name}})
+    for pid in (rank, *sorted(virtual_ranks)):
+        if pid != rank:
+            trace.append({"name": "process_name", "ph": "M", "pid": pid,
+                          "args": {"name": f"rank {pid} (virtual)"}})
+        for name, tid in lanes.items():
+            trace.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid,
+                          "args": {"name": name}})
     return {"traceEvents": trace, "displayTimeUnit": "ms"}

@@ -233,3 +233,24 @@ def test_the_lazy_fast_path_gives_the_timeline_of_full_per_rank_arrivals(job):
         engine.run(3)
         times.append([t for r in range(graph.world_size) for t in engine.iteration_times(r)])
     assert times[0] == pytest.approx(times[1], rel=1e-12)
+
+
+def test_the_last_arrival_at_a_real_rank_op_names_the_straggler():
+    graph = tp_then_dp_graph()
+    engine = ReplayEngine(graph, constant_cost, real_rank=3)
+    engine.slow([0], 2.0)
+    tp_op, dp_op = graph.programs[0].ops
+    assert engine.real_completion(engine.real_issue(tp_op, arrival=1.0)) == pytest.approx(1.1)
+    handle = engine.real_issue(dp_op, arrival=2.1)
+    # DP group {1, 3}: rank 1 waited for rank 0 in TP (done 2.1) then computed 1 s
+    assert engine.real_completion(handle) == pytest.approx(3.2)
+    assert engine.last_arrival(handle) == (1, pytest.approx(3.1))
+
+
+def test_recorded_ops_of_a_virtual_rank():
+    engine = ReplayEngine(tp_then_dp_graph(), constant_cost, record=True)
+    engine.slow([0], 2.0)
+    engine.run(1)
+    assert [(spec.family, arrival, done) for spec, arrival, done in engine.ops_of(0, 1)] == [
+        ("tp", pytest.approx(2.0), pytest.approx(2.1)), ("dp", pytest.approx(4.1),
+                                                        pytest.approx(4.2))]

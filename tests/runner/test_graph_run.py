@@ -104,3 +104,30 @@ def test_graph_show_summarises_classes(graphs):
     assert [c["num_ops"] for c in summary["classes"]] == [81, 97, 97, 81]
     times = {round(c["iteration_s"], 9) for c in summary["classes"]}
     assert len(times) == 1  # in steady state every stage runs at the pipeline's pace
+
+
+def test_traced_virtual_ranks_and_who_the_longest_wait_was_for(graphs, tmp_path):
+    trace, report = tmp_path / "trace.json", tmp_path / "report.json"
+    proc = cli("run", "--graph", str(graphs(None, 8192)), "--trace", str(trace),
+               "--trace-ranks", "4096,6144-6145", "--report", str(report),
+               "--run-dir", str(tmp_path / "run"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert names == {4097: "rank 4097 (real)", 4096: "rank 4096 (virtual)",
+                     6144: "rank 6144 (virtual)", 6145: "rank 6145 (virtual)"}
+    spans = [e for e in events if e["ph"] == "X" and e["pid"] == 4096]
+    # rank 4096 is in rank 4097's class: the same 97 ops per iteration
+    assert len(spans) == 97 * 4
+    for it in json.loads(report.read_text())["iterations"]:
+        last = it["last_arrival"]
+        assert set(last) == {"rank", "op", "family", "wait_s"}
+        assert last["wait_s"] > 0 and 0 <= last["rank"] < 8192
+    assert "longest wait" in proc.stdout
+
+
+def test_trace_ranks_need_a_graph():
+    proc = cli("run", "--trace-ranks", "1", "--trace", "/tmp/x.json")
+    assert proc.returncode == 2
+    assert proc.stderr == ("prism-debug: error: --trace-ranks needs --graph and --trace: without "
+                           "a graph virtual peers simply do what the real rank does\n")
