@@ -375,6 +375,11 @@ class ReplayEngine:
         is_real = state.program.class_id == self._real_class
         if is_real and state.pc > self._real_allowed:
             return False
+        if (self._real_class is not None and not is_real
+                and state.iteration > self._states[self._real_class].iteration + 1):
+            # a class that never blocks (an isend nobody waits for) would run on
+            # forever: nothing the real rank does now needs it further ahead
+            return False
         event = events[state.pc]
         if not state.gap_applied:
             state.pending += event.gap_s
@@ -484,18 +489,19 @@ class ReplayEngine:
         seq = state.next_sequence(("coll", op.family))
         key = ("coll", op.family, state.iteration, seq)
         waiting = self._rendezvous.setdefault(key, {})
-        waiting[state.program.class_id] = (op_index, state.arrivals[op_index])
+        waiting[state.program.class_id] = (op_index, state.arrivals[op_index], state.iteration)
         if len(waiting) < len(self._states):
             return
         del self._rendezvous[key]
         full = np.empty((len(self._states), *self.class_shape))
-        for class_id, (_, arrival) in waiting.items():
+        for class_id, (_, arrival, _) in waiting.items():
             full[class_id] = arrival
         axes = (0, *(1 + a for a in self._local_axes(op.family)))
         done = full.max(axis=axes, keepdims=True)[0]  # size 1 along the class axis
-        for class_id, (index, _) in waiting.items():
+        for class_id, (index, _, iteration) in waiting.items():
             other = self._states[class_id]
-            self._complete(other, index, done + self._op_cost(other.program.ops[index], other))
+            self._complete(other, index, done + self._op_cost(other.program.ops[index], other),
+                           iteration)
 
     def _issue_p2p(self, state: _ClassState, op_index: int, op: OpSpec) -> None:
         # The n-th send from one class to another, in one direction, pairs with
@@ -513,22 +519,28 @@ class ReplayEngine:
         seq = state.next_sequence(("p2p", source, target, step, op.kind))
         key = ("p2p", source, target, step, state.iteration, seq)
         waiting = self._rendezvous.setdefault(key, {})
-        waiting[op.kind] = (state.program.class_id, op_index)
+        # the arrival travels with the entry: a sender that never waits may end
+        # its iteration before the receiver posts the matching receive
+        waiting[op.kind] = (state.program.class_id, op_index, state.arrivals[op_index],
+                            state.iteration)
         if len(waiting) < 2:
             return
         del self._rendezvous[key]
-        sender, send_op = self._states[waiting["send"][0]], waiting["send"][1]
-        receiver, recv_op = self._states[waiting["recv"][0]], waiting["recv"][1]
+        send_class, send_op, sent, send_iteration = waiting["send"]
+        recv_class, recv_op, received, recv_iteration = waiting["recv"]
+        sender, receiver = self._states[send_class], self._states[recv_class]
         spec = sender.program.ops[send_op]
         # Across classes the ranks pair element by element (same coordinates off
         # the class axis); inside a class, rank x sends to x + step on the axis.
         axis = None if sender is not receiver else self._local_axes(spec.family)[0]
-        sent = _roll(sender.arrivals[send_op], step, axis)
-        done = _maximum(sent, receiver.arrivals[recv_op]) + self._op_cost(spec, sender)
-        self._complete(receiver, recv_op, done)
-        self._complete(sender, send_op, _roll(done, -step, axis))
+        done = _maximum(_roll(sent, step, axis), received) + self._op_cost(spec, sender)
+        self._complete(receiver, recv_op, done, recv_iteration)
+        self._complete(sender, send_op, _roll(done, -step, axis), send_iteration)
 
-    def _complete(self, state: _ClassState, op_index: int, done: Time) -> None:
+    def _complete(self, state: _ClassState, op_index: int, done: Time,
+                  iteration: int | None = None) -> None:
+        if iteration is not None and iteration != state.iteration:
+            return  # its class has moved on: nobody waits for this op any more
         state.done[op_index] = done
         if self.record:
             self.records.append(OpRecord(state.program.class_id, state.iteration, op_index,

@@ -254,3 +254,27 @@ def test_recorded_ops_of_a_virtual_rank():
     assert [(spec.family, arrival, done) for spec, arrival, done in engine.ops_of(0, 1)] == [
         ("tp", pytest.approx(2.0), pytest.approx(2.1)), ("dp", pytest.approx(4.1),
                                                         pytest.approx(4.2))]
+
+
+def unwaited_isend_graph():
+    """Stage 0 computes 1 s and isends to stage 1 without ever waiting on it."""
+    stage0 = ClassProgram(0, (OpSpec("send", "pp", 64, peer=1),), (), (issue(0, 1.0), end()))
+    stage1 = ClassProgram(1, (OpSpec("recv", "pp", 64, peer=-1),), (),
+                          (issue(0), wait(0), end()))
+    return ExecutionGraph(mesh=Mesh((2,), ("pp",)), families={"pp": ("pp",)},
+                          class_axis="pp", programs=(stage0, stage1), gpus_per_node=8)
+
+
+def test_a_send_nobody_waits_for_still_pairs_after_its_iteration_ended():
+    engine = ReplayEngine(unwaited_isend_graph(), constant_cost)
+    engine.run(3)
+    # stage 1 receives stage 0's k-th send at k·1.0 + 0.1
+    assert engine.iteration_times(1) == pytest.approx([1.1, 1.0, 1.0])
+
+
+def test_a_class_that_never_blocks_does_not_run_away_from_the_real_rank():
+    graph = unwaited_isend_graph()
+    engine = ReplayEngine(graph, constant_cost, real_rank=1)
+    handle = engine.real_issue(graph.programs[1].ops[0], arrival=0.5)
+    assert engine.real_completion(handle) == pytest.approx(1.1)
+    assert engine._states[0].iteration <= 3
