@@ -23,6 +23,8 @@ Run one rank of a huge job under prism-debug, which emulates the other ranks:
 import argparse
 import math
 import os
+import resource
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -48,6 +50,8 @@ def parse_args():
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timing", action="store_true",
+                        help="Every rank prints its iteration times and peak RSS at the end.")
     return parser.parse_args()
 
 
@@ -386,14 +390,22 @@ def main():
     optimizer = torch.optim.AdamW(params, lr=args.lr)
     comm = PipelineComm(layout, (args.micro_batch_size, args.seq_len, args.hidden), device)
 
+    iteration_ends = [time.perf_counter()]
     for iteration in range(args.iterations):
         tokens, targets = synthetic_batch(args, layout, iteration, device)
         optimizer.zero_grad()
         loss = train_step(model, comm, layout, tokens, targets)
         average_gradients(params, layout)
         optimizer.step()
+        iteration_ends.append(time.perf_counter())
         if layout.is_last_stage and layout.tp_rank == 0:
             print(f"iter {iteration} loss {loss:.6f}", flush=True)
+
+    if args.timing:
+        # an iteration ends at its optimizer step, as prism-debug counts them
+        times = [round(b - a, 6) for a, b in zip(iteration_ends, iteration_ends[1:])]
+        peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        print(f"timing rank={rank} iteration_s={times} peak_rss_bytes={peak_rss}", flush=True)
 
     dist.destroy_process_group()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import logging
 import re
 import sys
@@ -131,11 +132,10 @@ def profile(world_size, gpus_per_node, iterations, slice_ranks, out, run_dir, co
     from prism_debug.runner.profile import ProfileOptions
     from prism_debug.runner.profile import profile as run_profile
 
-    ranks = tuple(int(r) for r in slice_ranks.split(",") if r.strip()) if slice_ranks else ()
     options = ProfileOptions(
         command=list(command) or _bundled_example_command(world_size), world_size=world_size,
-        gpus_per_node=gpus_per_node, iterations=iterations, out=out, slice_ranks=ranks,
-        run_dir=run_dir)
+        gpus_per_node=gpus_per_node, iterations=iterations, out=out,
+        slice_ranks=parse_ranks(slice_ranks), run_dir=run_dir)
     run_profile(options, click.echo)
 
 
@@ -150,11 +150,13 @@ def graph() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def graph_show(path, hardware, as_json) -> None:
     """Summarise a graph: layout, classes, bytes per family, one replayed iteration."""
-    from prism_debug.engine.analysis import summarize
+    from prism_debug.engine.analysis import critical_path, summarize
     from prism_debug.graph import ExecutionGraph
 
     g = ExecutionGraph.load(path)
-    summaries = summarize(g, _cost_fn(hardware, g.gpus_per_node))
+    cost_fn = _cost_fn(hardware, g.gpus_per_node)
+    summaries = summarize(g, cost_fn)
+    path_segments = critical_path(g, cost_fn)
     if as_json:
         click.echo(json.dumps({
             "world_size": g.world_size,
@@ -162,13 +164,14 @@ def graph_show(path, hardware, as_json) -> None:
             "families": {k: list(v) for k, v in g.families.items()},
             "class_axis": g.class_axis,
             "classes": [dataclasses.asdict(c) | {"waiting_s": c.waiting_s} for c in summaries],
+            "critical_path": [dataclasses.asdict(s) for s in path_segments],
         }))
         return
     click.echo(f"graph {path}: world {g.world_size} = "
                + " x ".join(f"{n} {s}" for n, s in zip(g.mesh.names, g.mesh.shape))
                + f", {len(g.programs)} class(es)"
                + (f" along {g.class_axis}" if g.class_axis else ""))
-    click.echo("families: " + " · ".join(f"{name} ({' x '.join(axes)})"
+    click.echo("families: " + " · ".join(f"{name} ({' x '.join(axes) or 'single ranks'})"
                                          for name, axes in g.families.items()))
     click.echo(f"{'class':>5} {'rank':>7} {'ops':>5} {'compute ms':>11} {'iteration ms':>13} "
                f"{'waiting ms':>11}  bytes per iteration by family")
@@ -178,9 +181,33 @@ def graph_show(path, hardware, as_json) -> None:
                    f"{c.compute_s * 1e3:>11.2f} {c.iteration_s * 1e3:>13.2f} "
                    f"{c.waiting_s * 1e3:>11.2f}  {by_family}")
     slowest = max(summaries, key=lambda c: c.iteration_s)
-    click.echo(f"slowest class: {slowest.class_id} (rank {slowest.representative}): "
-               f"{slowest.iteration_s * 1e3:.2f} ms per iteration, "
-               f"{slowest.compute_s * 1e3:.2f} ms of it compute")
+    if all(math.isclose(c.iteration_s, slowest.iteration_s, rel_tol=1e-9) for c in summaries):
+        click.echo(f"every class: {slowest.iteration_s * 1e3:.2f} ms per iteration "
+                   "(they move at one pace; the critical path shows whose)")
+    else:
+        click.echo(f"slowest class: {slowest.class_id} (rank {slowest.representative}): "
+                   f"{slowest.iteration_s * 1e3:.2f} ms per iteration, "
+                   f"{slowest.compute_s * 1e3:.2f} ms of it compute")
+    _echo_critical_path(path_segments)
+
+
+def _echo_critical_path(segments) -> None:
+    total = segments[-1].end_s - segments[0].start_s if segments else 0.0
+    click.echo(f"critical path of a steady iteration: {total * 1e3:.2f} ms in "
+               f"{len(segments)} links, from class {segments[0].class_id if segments else '-'} "
+               f"to class {segments[-1].class_id if segments else '-'}")
+    by_class: dict[int, float] = {}
+    by_family: dict[str, float] = {}
+    for s in segments:
+        if s.family is None:
+            by_class[s.class_id] = by_class.get(s.class_id, 0.0) + s.duration_s
+        else:
+            by_family[s.family] = by_family.get(s.family, 0.0) + s.duration_s
+    click.echo("  compute: " + (" · ".join(f"class {c} {t * 1e3:.2f} ms"
+                                           for c, t in sorted(by_class.items())) or "none"))
+    click.echo("  communication: " + (" · ".join(
+        f"{f} {t * 1e3:.2f} ms" for f, t in sorted(by_family.items(), key=lambda kv: -kv[1]))
+        or "none"))
 
 
 @main.command()
@@ -192,14 +219,16 @@ def graph_show(path, hardware, as_json) -> None:
 def replay(path, iterations, hardware, rank_list, as_json) -> None:
     """Replay the whole world from a graph, with no real rank."""
     from prism_debug.engine import ReplayEngine
-    from prism_debug.engine.analysis import _representative
     from prism_debug.graph import ExecutionGraph
+    from prism_debug.graph.build import representatives
 
     g = ExecutionGraph.load(path)
+    ranks = parse_ranks(rank_list) or representatives(g.mesh, g.class_axis)
+    for rank in ranks:
+        if not 0 <= rank < g.world_size:
+            raise ConfigError(f"rank {rank} is outside the graph's world of {g.world_size}")
     engine = ReplayEngine(g, _cost_fn(hardware, g.gpus_per_node))
     engine.run(iterations)
-    ranks = ([int(r) for r in rank_list.split(",") if r.strip()] if rank_list
-             else [_representative(g, p.class_id) for p in g.programs])
     times = {rank: engine.iteration_times(rank)[:iterations] for rank in ranks}
     if as_json:
         click.echo(json.dumps({"iterations": iterations, "times_s": times}))

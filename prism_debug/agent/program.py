@@ -5,7 +5,9 @@ the compute gap since the rank's previous event, on the emulated clock.
 Collectives complete at once while profiling (the ``zero`` hardware), so the
 gaps are the rank's own compute.  Futures awaited inside C++ (DDP's reducer)
 leave no wait to see: they are taken as awaited at the next optimizer step,
-which is where DDP's backward ends.
+which is where DDP's backward ends.  A wait for an op of an earlier
+iteration is not recorded: programs describe one iteration, and the op's
+completion was long settled when the wait came.
 """
 
 from __future__ import annotations
@@ -20,23 +22,27 @@ class ProgramRecorder:
         self._last = start
         self._events: list[RecordedEvent] = []
         self._issues = 0
-        self._futures: list[int] = []  # issues whose futures are awaited out of sight
+        self._iteration = 0
+        self._futures: list[tuple[int, int]] = []  # issues awaited out of sight
 
     def _gap(self, now: float) -> float:
         gap, self._last = max(0.0, now - self._last), now
         return gap
 
     def issue(self, now: float, kind: str, family: str, nbytes: int, dtype: str,
-              peer_delta: int = 0) -> int:
+              peer_delta: int = 0) -> tuple[int, int]:
+        """Record an issue; returns the token :meth:`wait` takes."""
         self._events.append(RecordedIssue(self._gap(now), kind, family, nbytes, dtype, peer_delta))
         self._issues += 1
-        return self._issues - 1
+        return self._iteration, self._issues - 1
 
-    def wait(self, now: float, issue: int) -> None:
-        self._events.append(RecordedWait(self._gap(now), issue))
+    def wait(self, now: float, token: tuple[int, int]) -> None:
+        iteration, issue = token
+        if iteration == self._iteration:
+            self._events.append(RecordedWait(self._gap(now), issue))
 
-    def future_requested(self, issue: int) -> None:
-        self._futures.append(issue)
+    def future_requested(self, token: tuple[int, int]) -> None:
+        self._futures.append(token)
 
     def step(self, now: float) -> None:
         """An optimizer step begins: outstanding futures were awaited by now."""
@@ -50,6 +56,7 @@ class ProgramRecorder:
         self._events.append(RecordedEnd(self._gap(now)))
         events = [[type(e).__name__, *dataclasses.astuple(e)] for e in self._events]
         self._events, self._issues = [], 0
+        self._iteration += 1
         return events
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import threading
 import time
 
@@ -28,7 +29,7 @@ class PrismWork(dist._Work):
         self._result = result
         self._future: Future | None = None
         self.source_rank: int | None = None  # group rank a recv came from
-        self.recorded: int | None = None  # its issue in the program being profiled
+        self.recorded: tuple[int, int] | None = None  # its issue in the program being profiled
 
     def _source_rank(self) -> int:
         # torch asks for it after a recv without ``src``.
@@ -54,8 +55,13 @@ class PrismWork(dist._Work):
         if self._done is None:
             # the replay engine's own work is the harness's, not the job's time
             started = time.perf_counter()
-            self._done = self._deferred()
+            done = self._deferred()
             self._runtime.clock.exclude_since(started)
+            if done == math.inf:
+                # not known yet (the peers' side is still to come) or never (a
+                # failed peer): ask again next time rather than keep it
+                return done
+            self._done = done
         return self._done
 
     def is_completed(self) -> bool:

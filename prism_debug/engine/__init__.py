@@ -1,12 +1,13 @@
 """Timing of the virtual peers (pure core: no torch, CRIU or ZeroMQ).
 
 :class:`Engine` is the seam the torch backend depends on; the lockstep engine
-serves it now; the replay engine (:mod:`prism_debug.engine.replay`) replays
-every virtual peer from an execution graph and will serve it behind the same
-seam once ``prism-debug run --graph`` lands.
+serves it by default, and with ``prism-debug run --graph`` the graph engine
+(:mod:`prism_debug.engine.graph_engine`) serves it from the replay engine
+(:mod:`prism_debug.engine.replay`), which replays every virtual peer from an
+execution graph.
 """
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from prism_debug.engine.clock import EmulatedClock
 from prism_debug.engine.lockstep import LockstepEngine, Stream
@@ -20,8 +21,12 @@ class Engine(Protocol):
     def peer_stream(self, group: Any, my_rank: int, peer_rank: int) -> Any:
         """A handle for point-to-point traffic with one peer of ``group``."""
 
-    def collective(self, stream: Any, op: str, nbytes: int, arrival: float) -> float:
-        """Completion time (emulated clock) of an op the real rank entered at ``arrival``."""
+    def collective(self, stream: Any, op: str, nbytes: int,
+                   arrival: float) -> float | Callable[[], float]:
+        """Completion time (emulated clock) of an op the real rank entered at
+        ``arrival``, or a zero-argument callable that gives it once the script
+        waits (the graph engine's ``Deferred``: it may depend on ops the real
+        rank has not issued yet)."""
 
 
 __all__ = ["EmulatedClock", "Engine", "LockstepEngine", "OpRecord", "ReplayEngine", "Stream"]

@@ -9,6 +9,7 @@ waits the emulation imposes.
 
 from __future__ import annotations
 
+import math
 import time
 
 
@@ -40,6 +41,10 @@ class EmulatedClock:
         remaining = deadline - start
         if remaining <= 0:
             return 0.0
+        while remaining == math.inf:
+            # An op that can never complete (a failed peer): the job hangs, as
+            # the real one would; the process stays alive to be inspected.
+            time.sleep(3600)
         if remaining > _SPIN_S:
             time.sleep(remaining - _SPIN_S)
         while self.now() < deadline:

@@ -55,12 +55,12 @@ class GraphEngine:
         if axes is None:
             self._mismatch(GraphError(f"the script creates family {ref.family!r}, which the graph does "
                              f"not have (graph families: {', '.join(self.graph.families)})"))
-        expected = 1
-        for axis in axes:
-            expected *= self.graph.mesh.shape[self.graph.mesh.axis(axis)]
-        if len(global_ranks) != expected:
-            self._mismatch(GraphError(f"family {ref.family!r} has groups of {len(global_ranks)} "
-                                      f"in the script and of {expected} in the graph"))
+        mesh = self.graph.mesh
+        expected = mesh.group_ranks(self.graph.family_axes(ref.family), self.replay.real_rank)
+        if sorted(global_ranks) != expected:
+            self._mismatch(GraphError(
+                f"family {ref.family!r}: rank {self.replay.real_rank}'s group is "
+                f"{_ranks(global_ranks)} in the script and {_ranks(expected)} in the graph"))
         return GraphStream(ref.family)
 
     def peer_stream(self, group: GraphStream, my_rank: int, peer_rank: int) -> GraphStream:
@@ -84,4 +84,14 @@ class GraphEngine:
         return self.replay.real_op(deferred.handle)
 
     def iteration_end(self) -> None:
-        self.replay.real_iteration_end()
+        try:
+            self.replay.real_iteration_end()
+        except GraphError as error:
+            self._mismatch(error)
+
+
+def _ranks(ranks) -> str:
+    ranks = sorted(ranks)
+    if len(ranks) > 6:
+        return f"[{ranks[0]}, {ranks[1]}, … {ranks[-1]}] ({len(ranks)} ranks)"
+    return str(ranks)

@@ -30,6 +30,9 @@ from prism_debug.graph.execution import Event, ExecutionGraph, GraphError, OpSpe
 Time = float | np.ndarray
 CostFn = Callable[[OpSpec, Placement], float]
 
+# How many ended iterations the real rank's completions are kept for.
+_REAL_DONE_ITERATIONS = 2
+
 
 @dataclasses.dataclass
 class _Perturbation:
@@ -58,6 +61,9 @@ class OpRecord:
     op: int
     arrival: Time
     done: Time
+    # the op whose arrival set ``done``, as (class id, op index): the class's
+    # own op for a group inside the class, else the latest class or p2p side
+    cause: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +133,12 @@ class ReplayEngine:
         self._real_index: tuple | None = None
         self._real_allowed = -1  # the real class may run up to this event index
         self._real_pending: tuple[int, float] | None = None
+        # Completions of the real rank's ops, kept past their iteration's end: an
+        # async op may be waited for after the next optimizer step (DDP futures).
+        self._real_done: dict[tuple[int, int], Time] = {}
+        # Who arrived last at the real rank's ops whose groups span classes
+        # (the arrivals of every class, kept until asked) or pair with a peer.
+        self._real_last: dict[int, tuple] = {}
         if real_rank is not None:
             if not 0 <= real_rank < self.mesh.world_size:
                 raise GraphError(f"rank {real_rank} is outside the graph's world of "
@@ -201,6 +213,7 @@ class ReplayEngine:
         self._kinds.add("slow")
         for state in self._states:
             state.factor = None  # recomputed with this perturbation at the next event
+            state.factor_max.clear()
         self._perturbations.append(_Perturbation(
             "slow", self._mask(ranks), factor, first_iteration, first_iteration + iterations - 1))
 
@@ -251,27 +264,28 @@ class ReplayEngine:
         index = next((i for i in range(max(state.pc, self._real_allowed + 1), len(events))
                       if events[i].action == "issue"), None)
         expected = state.program.ops[events[index].op] if index is not None else None
-        if expected is None or (expected.kind, expected.family, expected.nbytes) != (
-                spec.kind, spec.family, spec.nbytes):
-            want = "the end of the iteration" if expected is None else (
-                f"{expected.kind} of {expected.nbytes} bytes on {expected.family}")
+        if expected is None or (expected.kind, expected.family, expected.nbytes,
+                                expected.peer) != (spec.kind, spec.family, spec.nbytes, spec.peer):
+            want = "the end of the iteration" if expected is None else _describe(expected)
             raise GraphError(
                 f"the script does not follow the graph: in iteration {state.iteration} rank "
-                f"{self.real_rank} issued {spec.kind} of {spec.nbytes} bytes on {spec.family} "
-                f"where the graph has {want}")
+                f"{self.real_rank} issued {_describe(spec)} where the graph has {want}")
         self._real_allowed = index
         self._real_pending = (index, arrival)
         self._advance()
         return state.iteration, events[index].op
 
     def real_completion(self, handle: tuple[int, int]) -> float:
-        """When the real rank's op completes (inf while it cannot: a failed peer)."""
+        """When the real rank's op completes: inf while it cannot yet (its peers
+        have not issued their side, or never will: a failed peer)."""
         iteration, op = handle
         state = self._states[self._real_class]
         self._advance()
-        if state.iteration != iteration or op not in state.done:
+        done = state.done.get(op) if state.iteration == iteration else \
+            self._real_done.get(handle)
+        if done is None:
             return math.inf
-        return _at(state.done[op], self._real_index, self.class_shape)
+        return _at(done, self._real_index, self.class_shape)
 
     def last_arrival(self, handle: tuple[int, int]) -> tuple[int, float] | None:
         """Who arrived last at one of the real rank's ops, and when (None once
@@ -283,9 +297,22 @@ class ReplayEngine:
         if state.iteration != iteration or op_index not in state.arrivals:
             return None
         if info.spec.is_p2p:
-            axis = self.graph.family_axes(info.spec.family)[0]
-            step = info.spec.peer * self.mesh.strides[axis]
-            return self.real_rank + step, math.nan
+            return self._real_last.get(op_index)
+        if info.spans_classes:
+            found = self._real_last.get(op_index)
+            if found is None:
+                return None
+            full, axes = found
+            # the class axis leads ``full``; the group varies it and ``axes``
+            index = [slice(None), *self._real_index]
+            for axis in axes:
+                index[1 + axis] = slice(None)
+            group = np.broadcast_to(full, (len(self._states), *self.class_shape))[tuple(index)]
+            offsets = np.unravel_index(int(np.argmax(group)), group.shape)
+            coords = list(self._real_index)
+            for axis, offset in zip(axes, offsets[1:]):
+                coords[axis] = int(offset)
+            return self._rank_of(self._states[int(offsets[0])], coords), float(group.max())
         arrival = np.broadcast_to(state.arrivals[op_index], self.class_shape)
         index = list(self._real_index)
         for axis in info.axes:
@@ -311,19 +338,23 @@ class ReplayEngine:
     def ops_of(self, rank: int, iteration: int) -> list[tuple[OpSpec, float, float]]:
         """(op, arrival, done) of ``rank`` in ``iteration``, from the records
         (``record=True``): what the trace shows of a virtual rank."""
+        ops = self._states[self.graph.class_of(rank)].program.ops
+        return [(ops[index], arrival, done)
+                for index, (arrival, done, _) in self.op_times(rank, iteration).items()]
+
+    def op_times(self, rank: int, iteration: int) -> dict[int, tuple[float, float, tuple]]:
+        """Op index -> (arrival, done, cause) of ``rank`` in ``iteration``, from
+        the records (``record=True``); ``cause`` is :attr:`OpRecord.cause`."""
         class_id = self.graph.class_of(rank)
         coords = list(self.mesh.coordinates(rank))
         if self._class_axis is not None:
             del coords[self._class_axis]
         local_shape = tuple(self.mesh.shape[a] for a in self._class_local_axes())
-        ops = []
-        for record in self.records:
-            if record.class_id == class_id and record.iteration == iteration \
-                    and record.arrival is not None:
-                spec = self._states[class_id].program.ops[record.op]
-                ops.append((spec, _at(record.arrival, tuple(coords), local_shape),
-                            _at(record.done, tuple(coords), local_shape)))
-        return ops
+        return {record.op: (_at(record.arrival, tuple(coords), local_shape),
+                            _at(record.done, tuple(coords), local_shape), record.cause)
+                for record in self.records
+                if record.class_id == class_id and record.iteration == iteration
+                and record.arrival is not None}
 
     def forget_records(self, before_iteration: int) -> None:
         self.records = [r for r in self.records if r.iteration >= before_iteration]
@@ -332,6 +363,13 @@ class ReplayEngine:
         """The real rank finished an iteration: its class may run to the end."""
         state = self._states[self._real_class]
         events = state.program.events(state.iteration)
+        skipped = next((e for e in events[max(state.pc, self._real_allowed + 1):]
+                        if e.action == "issue"), None)
+        if skipped is not None:
+            raise GraphError(
+                f"the script does not follow the graph: rank {self.real_rank} ended iteration "
+                f"{state.iteration} without issuing {_describe(state.program.ops[skipped.op])}, "
+                "which the graph has next")
         self._real_allowed = len(events) - 1
         self._advance()
         self._real_allowed = -1
@@ -349,11 +387,15 @@ class ReplayEngine:
             raise GraphError(f"the replay cannot progress: classes {stuck} wait on ops no "
                              f"other class issues (the programs do not match)")
 
-    def iteration_times(self, rank: int) -> list[float]:
-        """Durations of the finished iterations of ``rank``."""
+    def iteration_starts(self, rank: int) -> list[float]:
+        """When each iteration of ``rank`` began, and when its last finished one ended."""
         state = self._states[self.graph.class_of(rank)]
         coords = self._internal_coordinates(rank)
-        starts = [_at(s, coords, self.class_shape) for s in state.iteration_starts]
+        return [_at(s, coords, self.class_shape) for s in state.iteration_starts]
+
+    def iteration_times(self, rank: int) -> list[float]:
+        """Durations of the finished iterations of ``rank``."""
+        starts = self.iteration_starts(rank)
         return [b - a for a, b in zip(starts, starts[1:])]
 
     # -- the event loop --------------------------------------------------------------------
@@ -427,7 +469,6 @@ class ReplayEngine:
         state.iteration += 1
         state.pc = 0
         state.arrivals.clear()
-        state.done.clear()
         state.issued_at.clear()
         state.sequence.clear()
         state.factor = None
@@ -435,6 +476,12 @@ class ReplayEngine:
         state.iteration_starts.append(state.t)
         if state.program.class_id == self._real_class:
             self._real_allowed = -1
+            self._real_last.clear()
+            ended = state.iteration - 1
+            self._real_done = {k: v for k, v in self._real_done.items()
+                               if k[0] >= ended - _REAL_DONE_ITERATIONS}
+            self._real_done.update(((ended, op), done) for op, done in state.done.items())
+        state.done.clear()
 
     # -- ops ---------------------------------------------------------------------------------
 
@@ -493,15 +540,28 @@ class ReplayEngine:
         if len(waiting) < len(self._states):
             return
         del self._rendezvous[key]
+        specs = {class_id: self._states[class_id].program.ops[index]
+                 for class_id, (index, _, _) in waiting.items()}
+        if len({(s.kind, s.nbytes) for s in specs.values()}) > 1:
+            raise GraphError(
+                f"the classes disagree on collective {seq + 1} of iteration {state.iteration} "
+                f"on {op.family}: " + "; ".join(f"class {c} issues {_describe(s)}"
+                                                for c, s in sorted(specs.items())))
         full = np.empty((len(self._states), *self.class_shape))
         for class_id, (_, arrival, _) in waiting.items():
             full[class_id] = arrival
-        axes = (0, *(1 + a for a in self._local_axes(op.family)))
-        done = full.max(axis=axes, keepdims=True)[0]  # size 1 along the class axis
+        local_axes = self._local_axes(op.family)
+        done = full.max(axis=(0, *(1 + a for a in local_axes)), keepdims=True)[0]
+        if self._real_class in waiting:
+            self._real_last[waiting[self._real_class][0]] = (full, local_axes)
+        cause = None
+        if self.record:
+            latest = int(np.argmax(full.reshape(len(self._states), -1).max(axis=1)))
+            cause = (latest, waiting[latest][0])
         for class_id, (index, _, iteration) in waiting.items():
             other = self._states[class_id]
             self._complete(other, index, done + self._op_cost(other.program.ops[index], other),
-                           iteration)
+                           iteration, cause)
 
     def _issue_p2p(self, state: _ClassState, op_index: int, op: OpSpec) -> None:
         # The n-th send from one class to another, in one direction, pairs with
@@ -530,22 +590,48 @@ class ReplayEngine:
         recv_class, recv_op, received, recv_iteration = waiting["recv"]
         sender, receiver = self._states[send_class], self._states[recv_class]
         spec = sender.program.ops[send_op]
+        if spec.nbytes != receiver.program.ops[recv_op].nbytes:
+            raise GraphError(
+                f"send {seq + 1} of iteration {state.iteration} from class {send_class} to "
+                f"class {recv_class} on {spec.family} carries {spec.nbytes} bytes but the "
+                f"matching recv expects {receiver.program.ops[recv_op].nbytes}")
         # Across classes the ranks pair element by element (same coordinates off
         # the class axis); inside a class, rank x sends to x + step on the axis.
         axis = None if sender is not receiver else self._local_axes(spec.family)[0]
-        done = _maximum(_roll(sent, step, axis), received) + self._op_cost(spec, sender)
-        self._complete(receiver, recv_op, done, recv_iteration)
-        self._complete(sender, send_op, _roll(done, -step, axis), send_iteration)
+        sent_there = _roll(sent, step, axis)  # each receiver's sender's arrival
+        received_there = _roll(received, -step, axis)  # each sender's receiver's arrival
+        done = _maximum(sent_there, received) + self._op_cost(spec, sender)
+        for kind, peers in (("recv", sent_there), ("send", received_there)):
+            class_id, op_index, own, iteration = waiting[kind]
+            if class_id == self._real_class and iteration == self._states[class_id].iteration:
+                # the real rank's side: its peer, if the peer arrived later, was waited for
+                peer_spec = self._states[class_id].program.ops[op_index]
+                peer_rank = self.real_rank + peer_spec.peer * self.mesh.strides[
+                    self.graph.family_axes(peer_spec.family)[0]]
+                peer_time = _at(peers, self._real_index, self.class_shape)
+                own_time = _at(own, self._real_index, self.class_shape)
+                self._real_last[op_index] = ((peer_rank, peer_time) if peer_time >= own_time
+                                             else (self.real_rank, own_time))
+        cause = None
+        if self.record:
+            late = "send" if np.max(sent) >= np.max(received) else "recv"
+            cause = waiting[late][:2]
+        self._complete(receiver, recv_op, done, recv_iteration, cause)
+        self._complete(sender, send_op, _roll(done, -step, axis), send_iteration, cause)
 
     def _complete(self, state: _ClassState, op_index: int, done: Time,
-                  iteration: int | None = None) -> None:
+                  iteration: int | None = None, cause: tuple[int, int] | None = None) -> None:
         if iteration is not None and iteration != state.iteration:
-            return  # its class has moved on: nobody waits for this op any more
+            # Its class has moved on: only the real rank may still wait for it.
+            if state.program.class_id == self._real_class:
+                self._real_done[(iteration, op_index)] = done
+            return
         state.done[op_index] = done
         if self.record:
             self.records.append(OpRecord(state.program.class_id, state.iteration, op_index,
                                          self._external(state.arrivals.get(op_index)),
-                                         self._external(done)))
+                                         self._external(done),
+                                         cause or (state.program.class_id, op_index)))
 
     # -- costs ---------------------------------------------------------------------------------
 
@@ -576,17 +662,29 @@ class ReplayEngine:
         if not self._links:
             return base
         nodes = np.arange(self.mesh.world_size).reshape(self.mesh.shape) // self.graph.gpus_per_node
+        axes = self.graph.family_axes(op.family)
         cost: Time = base
         for link in self._links:
             touched = np.isin(nodes, list(link.nodes))
-            axes = self.graph.family_axes(op.family)
-            spans = touched.any(axis=axes, keepdims=True) & ~touched.all(axis=axes, keepdims=True) \
-                if not op.is_p2p else touched
-            spans = np.broadcast_to(spans, self.mesh.shape)
-            spans = self._internal(spans[state.index] if state.index else spans)
+            if op.is_p2p:
+                # the pair of each rank: its peer ``op.peer`` steps along the axis
+                other = np.roll(nodes, -op.peer, axis=axes[0])
+                degraded = (nodes != other) & (touched | np.roll(touched, -op.peer, axis=axes[0]))
+            else:
+                # Traffic inside a node never touches its NICs: a group is degraded
+                # when it spans several nodes and one of them is a degraded one.
+                degraded = touched.any(axis=axes, keepdims=True) & (
+                    nodes.min(axis=axes, keepdims=True) != nodes.max(axis=axes, keepdims=True))
+            degraded = np.broadcast_to(degraded, self.mesh.shape)
+            degraded = self._internal(degraded[state.index] if state.index else degraded)
             slower = base / link.bandwidth_factor + link.added_latency_s
-            cost = np.where(spans, slower, cost)
+            cost = np.where(degraded, slower, cost)
         return cost
+
+
+def _describe(op: OpSpec) -> str:
+    peer = f" with the rank {op.peer:+d} along {op.family}" if op.is_p2p else f" on {op.family}"
+    return f"{op.kind} of {op.nbytes} bytes{peer}"
 
 
 def _max_over(times: Time, axes: tuple[int, ...]) -> Time:

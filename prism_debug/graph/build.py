@@ -73,9 +73,12 @@ def infer_mesh(world_size: int, families) -> tuple[Mesh, dict[str, tuple[str, ..
     distances from ``stride`` to ``stride × group_size``; every such bound is
     an axis boundary, and the axes are the spans between consecutive
     boundaries.  An axis is named after the family that spans exactly it
-    (otherwise ``_axis<k>``); a flattened family spans several axes.
+    (otherwise ``_axis<k>``); a flattened family spans several axes.  A family
+    of single ranks (``tp=1``) spans no axis but stays a family: the script
+    creates it whatever the graph says.
     """
-    regular = [f for f in families if f["name"] != WORLD_FAMILY and f["group_size"] > 1]
+    families = [f for f in families if f["name"] != WORLD_FAMILY]
+    regular = [f for f in families if f["group_size"] > 1]
     for family in regular:
         if not family["complete"] or family["stride"] is None:
             raise GraphError(
@@ -95,7 +98,7 @@ def infer_mesh(world_size: int, families) -> tuple[Mesh, dict[str, tuple[str, ..
     exact = {(f["stride"], f["stride"] * f["group_size"]): f["name"] for f in regular}
     names = [exact.get(span, f"_axis{k}") for k, span in enumerate(spans)]
     mesh = Mesh(tuple(high // low for low, high in reversed(spans)), tuple(reversed(names)))
-    family_axes = {WORLD_FAMILY: mesh.names}
+    family_axes = {WORLD_FAMILY: mesh.names} | {f["name"]: () for f in families}
     for family in regular:
         low, high = family["stride"], family["stride"] * family["group_size"]
         family_axes[family["name"]] = tuple(
@@ -235,9 +238,6 @@ def build_graph(world_size: int, gpus_per_node: int, slices: list[SliceRecord],
         raise GraphError(f"no slice for classes {missing} along {axis!r}: profile one rank of "
                          f"each (e.g. ranks {[representatives(mesh, axis)[c] for c in missing]})")
     programs = tuple(program(by_class[c], c, mesh, family_axes) for c in range(num_classes))
-    used = {op.family for p in programs for op in p.ops}
-    families = {name: axes for name, axes in family_axes.items()
-                if name in used or name == WORLD_FAMILY or not name.startswith("_")}
     assert math.prod(mesh.shape) == world_size
-    return ExecutionGraph(mesh=mesh, families=families, class_axis=axis, programs=programs,
+    return ExecutionGraph(mesh=mesh, families=family_axes, class_axis=axis, programs=programs,
                           gpus_per_node=gpus_per_node, command=tuple(command))

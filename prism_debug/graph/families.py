@@ -55,9 +55,11 @@ class GroupRef:
 class FamilyRecorder:
     """Clusters group definitions into families as the script creates them.
 
-    A new group joins the most recent family that has the same description
-    and size, is not complete yet and shares no rank with it; otherwise it
-    starts a new family.  O(group size) per definition.
+    A new group joins the most recent family that has the same description,
+    size and stride, is not complete yet and shares no rank with it;
+    otherwise it starts a new family.  (Disjoint groups of one size and
+    stride that cover the world can only tile it as a mesh axis does.)
+    O(group size) per definition.
     """
 
     def __init__(self, world_size: int) -> None:
@@ -71,11 +73,12 @@ class FamilyRecorder:
     def add(self, ranks, desc: str | None = None) -> GroupRef:
         ranks = list(ranks)
         label = _label(desc)
-        family = self._open_family(ranks, label)
+        stride = _stride(ranks)
+        family = self._open_family(ranks, label, stride)
         if family is None:
             family = _Family(
                 name=self._unique_name(label or f"family{len(self._families)}"),
-                label=label, group_size=len(ranks), stride=_stride(ranks),
+                label=label, group_size=len(ranks), stride=stride,
                 covered=bytearray(self.world_size),
             )
             self._families.append(family)
@@ -92,11 +95,11 @@ class FamilyRecorder:
     def summaries(self) -> list[FamilySummary]:
         return [f.summary() for f in self._families]
 
-    def _open_family(self, ranks: list[int], label: str) -> _Family | None:
+    def _open_family(self, ranks: list[int], label: str, stride: int | None) -> _Family | None:
         for family in reversed(self._families):
             covered = family.covered
             if (covered is not None and family.label == label
-                    and family.group_size == len(ranks)
+                    and family.group_size == len(ranks) and family.stride == stride
                     and not any(covered[r] for r in ranks)):
                 return family
         return None

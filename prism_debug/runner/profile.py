@@ -19,6 +19,7 @@ from prism_debug.errors import ConfigError, LaunchError
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.build import (
     MIN_ITERATIONS,
+    RecordedIssue,
     SliceRecord,
     build_graph,
     class_axis,
@@ -71,7 +72,7 @@ def profile(options: ProfileOptions, message: Callable[[str], None]) -> Executio
                            if e["kind"] == "iteration")
         families = next((e["families"] for e in reversed(events) if "families" in e), [])
         record = SliceRecord(rank, tuple(families), iterations[:options.iterations])
-        num_issues = sum(type(e).__name__ == "RecordedIssue" for e in iterations[-1]) \
+        num_issues = sum(isinstance(e, RecordedIssue) for e in iterations[-1]) \
             if iterations else 0
         message(f"profile: {label}: rank {rank} done in {time.perf_counter() - started:.1f} s: "
                 f"{len(iterations)} iterations, {num_issues} ops per iteration")

@@ -1,6 +1,9 @@
+import math
+import types
+
 import torch
 
-from prism_debug.backend.work import FutureCompleter
+from prism_debug.backend.work import FutureCompleter, PrismWork
 from prism_debug.engine import EmulatedClock
 
 
@@ -24,3 +27,13 @@ def test_an_op_already_complete_resolves_its_future_at_once():
     future = torch.futures.Future()
     completer.complete_at(future, clock.now() - 1, [1])
     assert future.done() and completer._thread is None
+
+
+def test_a_completion_not_known_yet_is_asked_again():
+    # the graph engine answers inf until the peers' side of the op is known
+    answers = iter([math.inf, 5.0])
+    runtime = types.SimpleNamespace(clock=EmulatedClock())
+    work = PrismWork(runtime, lambda: next(answers), [])
+    assert work.done == math.inf
+    assert work.done == 5.0
+    assert work.done == 5.0  # known now: kept

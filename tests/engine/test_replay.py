@@ -4,6 +4,7 @@ Every op costs COST; gaps are in seconds.  Rank numbering is row-major over
 the mesh: in a (dp=2, tp=2) mesh, rank = 2·dp + tp.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -164,6 +165,124 @@ def test_p2p_inside_a_class_pairs_each_rank_with_its_neighbour():
     # rank 1 sends at 2.0 to rank 2 (done 2.1) and receives from rank 0 at
     # max(1, 2) + 0.1 = 2.1; rank 0's send to 1 also completes at 2.1
     assert [engine.iteration_times(r)[0] for r in range(4)] == pytest.approx([2.1, 2.1, 2.1, 1.1])
+
+
+def test_a_link_degrades_groups_spanning_degraded_nodes_not_those_inside_one():
+    # two GPUs per node: TP groups stay inside a node; DP groups span nodes 0
+    # and 1, both degraded, so their traffic crosses a degraded NIC
+    engine = ReplayEngine(tp_then_dp_graph(gpus_per_node=2), constant_cost)
+    engine.link([0, 1], bandwidth_factor=0.5)
+    engine.run(1)
+    assert engine.iteration_times(0) == pytest.approx([1 + COST + 1 + 2 * COST + 0.5])
+
+
+def test_a_link_degrades_p2p_towards_a_degraded_receiver():
+    # pp=2 x tp=2 with two GPUs per node: stage 0 on node 0, stage 1 on node 1
+    graph = dataclasses.replace(pipeline_graph(), gpus_per_node=2)
+    engine = ReplayEngine(graph, constant_cost)
+    engine.link([1], bandwidth_factor=0.5)
+    engine.run(1)
+    # the send to node 1 costs 0.2; TP inside node 1 stays 0.1
+    assert [engine.iteration_times(r)[0] for r in range(4)] == pytest.approx(
+        [1.3, 1.3, 2.4, 2.4])
+
+
+def test_slowing_ranks_mid_iteration_applies_to_the_rest_of_it():
+    # stage 0: compute, TP all-reduce, send, compute, TP all-reduce
+    tp = OpSpec("all_reduce", "tp", 64)
+    stage0 = ClassProgram(0, (tp, OpSpec("send", "pp", 64, peer=1), tp), (),
+                          (issue(0, 1.0), wait(0), issue(1), wait(1), issue(2, 1.0), wait(2),
+                           end()))
+    stage1 = ClassProgram(1, (tp, OpSpec("recv", "pp", 64, peer=-1)), (),
+                          (issue(0), wait(0), issue(1), wait(1), end()))
+    graph = dataclasses.replace(pipeline_graph(), programs=(stage0, stage1))
+    engine = ReplayEngine(graph, constant_cost, real_rank=2)
+    engine.slow([0], 2.0)
+    engine.real_completion(engine.real_issue(tp, arrival=0.5))  # stage 0 sends at 2.1 …
+    engine.slow([1], 4.0)  # … and waits for this receive, its next TP group's max known
+    recv = engine.real_issue(stage1.ops[1], arrival=1.0)
+    assert engine.real_completion(recv) == pytest.approx(2.2)
+    engine.real_iteration_end()
+    # after the send, rank 1 computes 4 s, not the 1 s (or 2 s) known before
+    assert engine.iteration_times(0)[0] == pytest.approx(2.2 + 4.0 + COST)
+
+
+def test_the_real_rank_may_wait_for_an_op_after_its_iteration_ends():
+    graph = tp_then_dp_graph()
+    engine = ReplayEngine(graph, constant_cost, real_rank=3)
+    tp_op, dp_op = graph.programs[0].ops
+    tp_handle = engine.real_issue(tp_op, arrival=1.0)
+    dp_handle = engine.real_issue(dp_op, arrival=2.0)
+    engine.real_iteration_end()
+    # rank 1 reaches DP at 2.1 (TP done 1.1, then 1 s): DP {1, 3} done 2.2
+    assert engine.real_completion(dp_handle) == pytest.approx(2.2)
+    assert engine.real_completion(tp_handle) == pytest.approx(1.1)
+
+
+def test_the_real_rank_must_send_to_the_peer_the_graph_names():
+    engine = ReplayEngine(pipeline_graph(), constant_cost, real_rank=2)
+    with pytest.raises(GraphError) as info:
+        engine.real_issue(OpSpec("recv", "pp", 64, peer=1), arrival=0.0)
+    assert str(info.value) == (
+        "the script does not follow the graph: in iteration 1 rank 2 issued recv of 64 bytes "
+        "with the rank +1 along pp where the graph has recv of 64 bytes with the rank -1 "
+        "along pp")
+
+
+def test_the_real_rank_may_not_skip_ops_of_its_iteration():
+    graph = tp_then_dp_graph()
+    engine = ReplayEngine(graph, constant_cost, real_rank=3)
+    engine.real_issue(graph.programs[0].ops[0], arrival=1.0)
+    with pytest.raises(GraphError) as info:
+        engine.real_iteration_end()
+    assert str(info.value) == (
+        "the script does not follow the graph: rank 3 ended iteration 1 without issuing "
+        "all_reduce of 64 bytes on dp, which the graph has next")
+
+
+def test_classes_must_agree_on_a_collective_they_share():
+    stage0 = ClassProgram(0, (OpSpec("all_reduce", "world", 8),), (), (issue(0), wait(0), end()))
+    stage1 = ClassProgram(1, (OpSpec("all_reduce", "world", 16),), (), (issue(0), wait(0), end()))
+    graph = ExecutionGraph(mesh=Mesh((2, 2), ("pp", "dp")), families={"world": ("pp", "dp")},
+                           class_axis="pp", programs=(stage0, stage1), gpus_per_node=8)
+    with pytest.raises(GraphError) as info:
+        ReplayEngine(graph, constant_cost).run(1)
+    assert str(info.value) == (
+        "the classes disagree on collective 1 of iteration 1 on world: class 0 issues "
+        "all_reduce of 8 bytes on world; class 1 issues all_reduce of 16 bytes on world")
+
+
+def test_a_send_and_its_recv_must_agree_on_bytes():
+    graph = pipeline_graph()
+    stage1 = dataclasses.replace(graph.programs[1], ops=(
+        OpSpec("recv", "pp", 32, peer=-1), OpSpec("all_reduce", "tp", 64)))
+    graph = dataclasses.replace(graph, programs=(graph.programs[0], stage1))
+    with pytest.raises(GraphError) as info:
+        ReplayEngine(graph, constant_cost).run(1)
+    assert str(info.value) == (
+        "send 1 of iteration 1 from class 0 to class 1 on pp carries 64 bytes but the "
+        "matching recv expects 32")
+
+
+def test_the_last_arrival_at_a_world_collective_may_be_in_another_stage():
+    stage = ClassProgram(0, (OpSpec("all_reduce", "world", 8),), (),
+                         (issue(0, 1.0), wait(0), end()))
+    graph = ExecutionGraph(mesh=Mesh((2, 2), ("pp", "dp")), families={"world": ("pp", "dp")},
+                           class_axis="pp",
+                           programs=(stage, dataclasses.replace(stage, class_id=1)),
+                           gpus_per_node=8)
+    engine = ReplayEngine(graph, constant_cost, real_rank=1)
+    engine.slow([3], 6.0)
+    handle = engine.real_issue(stage.ops[0], arrival=1.0)
+    assert engine.real_completion(handle) == pytest.approx(6.1)
+    assert engine.last_arrival(handle) == (3, pytest.approx(6.0))
+
+
+def test_the_last_arrival_at_a_receive_is_its_sender():
+    engine = ReplayEngine(pipeline_graph(), constant_cost, real_rank=2)
+    handle = engine.real_issue(OpSpec("recv", "pp", 64, peer=-1), arrival=0.0)
+    assert engine.real_completion(handle) == pytest.approx(1.2)
+    assert engine.last_arrival(handle) == (0, pytest.approx(1.1))
 
 
 def test_graph_round_trips_through_its_file_and_rejects_other_versions(tmp_path):

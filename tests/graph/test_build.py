@@ -1,6 +1,9 @@
 import pytest
 
-from prism_debug.graph import FamilyRecorder, GraphError, Mesh
+from prism_debug.cost import CostModel, load_profile
+from prism_debug.engine.graph_engine import GraphEngine
+from prism_debug.engine.replay import ReplayEngine
+from prism_debug.graph import ExecutionGraph, FamilyRecorder, GraphError, GroupRef, Mesh
 from prism_debug.graph.build import (
     RecordedEnd,
     RecordedIssue,
@@ -36,6 +39,37 @@ def test_missing_axes_are_filled_in_and_flattened_families_span_axes():
     mesh, axes = infer_mesh(64, fams)
     assert mesh == Mesh((4, 4, 4), ("_axis2", "_axis1", "tp"))
     assert axes["tp_dp"] == ("_axis1", "tp")
+
+
+def test_a_family_of_single_ranks_spans_no_axis_but_stays_in_the_graph(tmp_path):
+    fams = families(64, tp=1, pp=4)  # DeviceMesh-style tp=1: 64 groups of one rank
+    mesh, axes = infer_mesh(64, fams)
+    assert mesh == Mesh((4, 16), ("pp", "dp"))
+    assert axes == {"world": ("pp", "dp"), "tp": (), "dp": ("dp",), "pp": ("pp",)}
+    slices = [SliceRecord(16 * s, fams, stage_iterations(s, 4)) for s in range(4)]
+    graph = build_graph(64, 8, slices)
+    assert graph.families["tp"] == () and graph.family_axes("tp") == ()
+    graph.save(tmp_path / "g.json.gz")
+    assert ExecutionGraph.load(tmp_path / "g.json.gz") == graph
+    # run --graph: the script's size-1 groups match the graph, and their ops cost nothing
+    model = CostModel(load_profile("h100-ib400"))
+
+    def cost(op, placement):
+        return model.time_s(op.kind, op.nbytes, placement)
+
+    GraphEngine(graph, ReplayEngine(graph, cost, real_rank=37)).group([37], GroupRef("tp", 37))
+    replay = ReplayEngine(graph, cost, record=True)
+    replay.run(2)
+    tp_ops = [r for r in replay.records if graph.programs[r.class_id].ops[r.op].family == "tp"]
+    assert len(tp_ops) == 8 and all(r.done == r.arrival for r in tp_ops)
+
+
+def test_every_family_the_script_made_is_in_the_graph_used_or_not():
+    fams = families(64, tp=2, pp=1) + (
+        {"name": "_aux", "num_groups": 1, "group_size": 64, "stride": 1, "complete": True},)
+    graph = build_graph(64, 8, [SliceRecord(0, fams, stage_iterations(0, 1))])
+    assert graph.families == {"world": ("dp", "tp"), "tp": ("tp",), "dp": ("dp",), "pp": (),
+                              "_aux": ("dp", "tp")}
 
 
 def test_an_irregular_family_is_refused_with_its_name():

@@ -72,3 +72,13 @@ def test_any_megatron_layout_partitions_the_world_once_per_family(tp, pp, dp):
     assert families["tp"].num_groups * tp == world
     assert families["dp"].num_groups * dp == world
     assert families["pp"].num_groups * pp == world
+
+
+def test_groups_of_another_stride_start_a_family_of_their_own():
+    # (0,4) (1,5) then (2,3) (6,7): together they cover the world, but no mesh
+    # axis lays groups out like that, so neither half is complete
+    recorder = FamilyRecorder(8)
+    for ranks in ([0, 4], [1, 5], [2, 3], [6, 7]):
+        recorder.add(ranks, "dp")
+    assert [(f.name, f.num_groups, f.stride, f.complete) for f in recorder.summaries()] == [
+        ("world", 1, 1, True), ("dp", 2, 4, False), ("dp#2", 2, 1, False)]

@@ -86,7 +86,7 @@ def test_a_graph_of_another_script_is_refused_naming_the_first_mismatch(graphs, 
     assert proc.stderr == (
         "prism-debug: error: the script does not follow the graph: in iteration 1 rank 4097 "
         "issued all_gather of 65536 bytes on world where the graph has recv of 262144 bytes "
-        f"on pp (graph {graph})\n")
+        f"with the rank -1 along pp (graph {graph})\n")
 
 
 def test_a_graph_of_another_world_size_is_refused(graphs, tmp_path):
@@ -104,6 +104,16 @@ def test_graph_show_summarises_classes(graphs):
     assert [c["num_ops"] for c in summary["classes"]] == [81, 97, 97, 81]
     times = {round(c["iteration_s"], 9) for c in summary["classes"]}
     assert len(times) == 1  # in steady state every stage runs at the pipeline's pace
+    path = summary["critical_path"]
+    # 1F1B: stage 0 starts the iteration and ends it (its backward is last);
+    # the last stage, which also computes the loss head, has most compute on it
+    assert (path[0]["class_id"], path[-1]["class_id"]) == (0, 0)
+    on_path = {c: sum(s["end_s"] - s["start_s"] for s in path
+                      if s["class_id"] == c and s["family"] is None) for c in range(4)}
+    assert max(on_path, key=on_path.get) == 3
+    assert {s["family"] for s in path} == {None, "tp", "pp", "dp"}
+    for before, after in zip(path, path[1:]):  # a chain: each link starts as the last ends
+        assert after["start_s"] == pytest.approx(before["end_s"], abs=1e-12)
 
 
 def test_traced_virtual_ranks_and_who_the_longest_wait_was_for(graphs, tmp_path):

@@ -1,0 +1,61 @@
+"""graph show's per-class summary, against timelines worked out by hand."""
+
+import dataclasses
+
+import pytest
+
+from prism_debug.engine.analysis import ClassSummary, critical_path, summarize
+from tests.engine.test_replay import (
+    constant_cost,
+    end,
+    issue,
+    pipeline_graph,
+    tp_then_dp_graph,
+    wait,
+)
+
+
+def test_the_steady_iteration_excludes_every_warmup_iteration():
+    graph = tp_then_dp_graph()
+    (program,) = graph.programs
+    slow_start = (issue(0, 4.0), wait(0), issue(1, 1.0), wait(1), end(0.5))  # 5.7 s
+    warmup = (slow_start, slow_start)
+    graph = dataclasses.replace(graph, programs=(dataclasses.replace(program, warmup=warmup),))
+    (summary,) = summarize(graph, constant_cost)
+    assert summary == ClassSummary(class_id=0, representative=0, num_ops=2,
+                                   bytes_by_family={"tp": 64, "dp": 64}, compute_s=2.5,
+                                   iteration_s=pytest.approx(2.7))
+    assert summary.waiting_s == pytest.approx(0.2)
+
+
+def test_the_pipeline_fill_is_not_a_steady_iteration():
+    # stage 1's first iteration waits 1.1 s for stage 0 (2.3 s); then 1.2 s each
+    summaries = summarize(pipeline_graph(), constant_cost)
+    assert [(s.representative, s.iteration_s) for s in summaries] == [
+        (0, pytest.approx(1.2)), (2, pytest.approx(1.2))]
+
+
+def test_the_critical_path_of_a_pipeline_runs_through_the_stage_that_sends():
+    # stage 0: 1 s, TP (0.1), send (0.1); stage 1: recv, 1 s, TP.  Stage 1's
+    # iteration 2 ends last; its chain: its recv waited for stage 0's send,
+    # which followed stage 0's TP and compute
+    path = critical_path(pipeline_graph(), constant_cost)
+    assert [(s.class_id, s.what, s.duration_s) for s in path] == [
+        (0, "compute", pytest.approx(1.0)),
+        (0, "all_reduce on tp", pytest.approx(0.1)),
+        (1, "recv on pp", pytest.approx(0.1)),
+        (1, "compute", pytest.approx(1.0)),
+        (1, "all_reduce on tp", pytest.approx(0.1)),
+    ]
+    assert path[-1].end_s - path[0].start_s == pytest.approx(2.3)
+    for before, after in zip(path, path[1:]):
+        assert after.start_s == pytest.approx(before.end_s)
+
+
+def test_the_critical_path_of_one_class_alternates_compute_and_its_collectives():
+    graph = tp_then_dp_graph()
+    path = critical_path(graph, constant_cost)
+    assert [(s.what, s.duration_s) for s in path] == [
+        ("compute", pytest.approx(1.0)), ("all_reduce on tp", pytest.approx(0.1)),
+        ("compute", pytest.approx(1.0)), ("all_reduce on dp", pytest.approx(0.1)),
+        ("compute", pytest.approx(0.5))]
