@@ -4,15 +4,17 @@ For each layout of the bundled example (pp=2, and dp=2; two ranks, gloo,
 one thread per process), the bench
 
 1. fits a hardware profile to this host (``prism-debug calibrate --local``),
-2. profiles the layout (``prism-debug profile``) into an execution graph,
+2. each round, profiles the layout (``prism-debug profile``) into an
+   execution graph,
 3. runs the job for real (``torchrun --nproc-per-node 2``; every rank prints
-   its iteration times and peak RSS, ``--timing``), then emulates each rank in
-   turn (``prism-debug run --graph --hardware local.toml``), round after
-   round, so that drifts of the machine hit both sides alike.
+   its iteration times and peak RSS, ``--timing``), then emulates each rank
+   (``prism-debug run --graph --hardware local.toml``; the ranks side by side,
+   as the real ones ran), so that drifts of the machine hit both sides alike.
 
 Per rank it compares the mean steady iteration time (after ``--warmup``
-iterations) and the peak RSS, medians over the rounds.  The noise floor is
-how much the real runs disagree among themselves.
+iterations) of each round's emulation with that round's real run, and the
+peak RSS; the median over the rounds.  The noise floor is how much the real
+runs disagree among themselves (max - min over the rounds).
 
 Last line: ``fidelity: iteration_time_error_pct=X peak_rss_error_pct=Y`` —
 the mean absolute error over ranks and layouts.  Goal (issue 3): X ≤ 1, Y ≤ 1.
@@ -78,15 +80,34 @@ def real_run(script_args: list[str]) -> dict[int, tuple[list[float], int]]:
     return found
 
 
-def emulated_run(script_args: list[str], rank: int, graph: Path, hardware: Path,
-                 workdir: Path) -> tuple[list[float], int]:
-    report = workdir / f"report-{rank}.json"
-    _run(_prism("run", "--world-size", str(WORLD), "--rank", str(rank),
-                "--gpus-per-node", str(WORLD), "--hardware", str(hardware),
-                "--graph", str(graph), "--report", str(report), "--run-dir", str(workdir / "run"),
-                "--", sys.executable, str(EXAMPLE), *script_args))
-    data = json.loads(report.read_text())
-    return [it["time_s"] for it in data["iterations"]], int(data["peak_rss_bytes"])
+def emulated_runs(script_args: list[str], graph: Path, hardware: Path,
+                  workdir: Path) -> dict[int, tuple[list[float], int]]:
+    """rank -> (iteration times, peak RSS bytes), every rank emulated at once.
+
+    Side by side, as the real job's ranks ran: on a machine this small a
+    rank computes measurably slower next to another one (a shared memory
+    bus), and the real run includes that.
+    """
+    procs = {}
+    for rank in range(WORLD):
+        command = _prism("run", "--world-size", str(WORLD), "--rank", str(rank),
+                         "--gpus-per-node", str(WORLD), "--hardware", str(hardware),
+                         "--graph", str(graph), "--report", str(workdir / f"report-{rank}.json"),
+                         "--run-dir", str(workdir / f"run-{rank}"),
+                         "--", sys.executable, str(EXAMPLE), *script_args)
+        procs[rank] = (command, subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+            stdin=subprocess.DEVNULL))
+    results = {}
+    for rank, (command, proc) in procs.items():
+        output, _ = proc.communicate()
+        if proc.returncode != 0:
+            sys.exit(f"bench_fidelity: {' '.join(command[:8])} … failed ({proc.returncode}):\n"
+                     f"{output[-3000:]}")
+        data = json.loads((workdir / f"report-{rank}.json").read_text())
+        results[rank] = ([it["time_s"] for it in data["iterations"]],
+                         int(data["peak_rss_bytes"]))
+    return results
 
 
 def steady_mean(times: list[float], warmup: int) -> float:
@@ -95,9 +116,9 @@ def steady_mean(times: list[float], warmup: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iterations", type=int, default=8, help="Iterations per run.")
+    parser.add_argument("--iterations", type=int, default=10, help="Iterations per run.")
     parser.add_argument("--warmup", type=int, default=2, help="Iterations left out of the mean.")
-    parser.add_argument("--rounds", type=int, default=3, help="Real/emulated rounds.")
+    parser.add_argument("--rounds", type=int, default=5, help="Real/emulated rounds.")
     parser.add_argument("--layouts", default=",".join(LAYOUTS),
                         help=f"Comma-separated, of {', '.join(LAYOUTS)}.")
     parser.add_argument("--workdir", type=Path, help="Keep profiles, graphs and reports here.")
@@ -115,29 +136,41 @@ def main() -> None:
     for name in args.layouts.split(","):
         script_args = [*MODEL, *LAYOUTS[name], "--backend", "gloo",
                        "--iterations", str(args.iterations)]
-        graph = workdir / f"{name.replace('=', '')}.prism"
-        print(f"{name}: profiling …", flush=True)
-        _run(_prism("profile", "--world-size", str(WORLD), "--gpus-per-node", str(WORLD),
-                    "--out", str(graph), "--", sys.executable, str(EXAMPLE), *script_args))
-        real: dict[int, list[tuple[float, int]]] = {r: [] for r in range(WORLD)}
-        emulated: dict[int, list[tuple[float, int]]] = {r: [] for r in range(WORLD)}
+        # rank -> per round (real time, emulated time, real RSS, emulated RSS)
+        pairs: dict[int, list[tuple[float, float, int, int]]] = {r: [] for r in range(WORLD)}
         for round_ in range(1, args.rounds + 1):
-            print(f"{name}: round {round_}/{args.rounds} …", flush=True)
-            for rank, (times, rss) in real_run(script_args).items():
-                real[rank].append((steady_mean(times, args.warmup), rss))
+            print(f"{name}: round {round_}/{args.rounds}: profile, real run, emulation …",
+                  flush=True)
+            round_dir = workdir / name.replace("=", "") / f"round{round_}"
+            round_dir.mkdir(parents=True, exist_ok=True)
+            graph = round_dir / "graph.prism"
+            # Profiled afresh each round, next to the runs it is compared with:
+            # this machine's speed drifts by tens of percent over minutes.  As
+            # many iterations as the runs: the first few are slower (allocator,
+            # caches); the graph's compute is the median over the steady ones.
+            _run(_prism("profile", "--world-size", str(WORLD), "--gpus-per-node", str(WORLD),
+                        "--iterations", str(args.iterations), "--out", str(graph),
+                        "--run-dir", str(round_dir / "profile"),
+                        "--", sys.executable, str(EXAMPLE), *script_args))
+            real = real_run(script_args)
+            emulated = emulated_runs(script_args, graph, hardware, round_dir)
             for rank in range(WORLD):
-                times, rss = emulated_run(script_args, rank, graph, hardware, workdir)
-                emulated[rank].append((steady_mean(times, args.warmup), rss))
-        for rank in range(WORLD):
-            real_t = statistics.median(t for t, _ in real[rank])
-            emu_t = statistics.median(t for t, _ in emulated[rank])
-            real_rss = statistics.median(m for _, m in real[rank])
-            emu_rss = statistics.median(m for _, m in emulated[rank])
-            spread = (max(t for t, _ in real[rank]) - min(t for t, _ in real[rank])) / real_t
-            rows.append((name, rank, real_t, emu_t, 100 * (emu_t - real_t) / real_t,
-                         100 * spread, real_rss, emu_rss, 100 * (emu_rss - real_rss) / real_rss))
+                pairs[rank].append((steady_mean(real[rank][0], args.warmup),
+                                    steady_mean(emulated[rank][0], args.warmup),
+                                    real[rank][1], emulated[rank][1]))
+        for rank, rounds in pairs.items():
+            real_t = statistics.median(r for r, _, _, _ in rounds)
+            emu_t = statistics.median(e for _, e, _, _ in rounds)
+            # paired: each round's emulation against that round's real run
+            t_err = statistics.median(100 * (e - r) / r for r, e, _, _ in rounds)
+            spread = 100 * (max(r for r, _, _, _ in rounds) - min(r for r, _, _, _ in rounds)) \
+                / real_t
+            real_rss = statistics.median(m for _, _, m, _ in rounds)
+            emu_rss = statistics.median(m for _, _, _, m in rounds)
+            rows.append((name, rank, real_t, emu_t, t_err, spread, real_rss, emu_rss,
+                         100 * (emu_rss - real_rss) / real_rss))
 
-    print(f"{'layout':>6} {'rank':>4} {'real ms':>9} {'emulated ms':>12} {'error':>7} "
+    print(f"{'layout':>6} {'rank':>4} {'real ms':>9} {'emulated ms':>12} {'paired':>7} "
           f"{'real spread':>12} {'real MB':>8} {'emulated MB':>12} {'error':>7}")
     for name, rank, real_t, emu_t, t_err, spread, real_rss, emu_rss, rss_err in rows:
         print(f"{name:>6} {rank:>4} {real_t * 1e3:>9.2f} {emu_t * 1e3:>12.2f} {t_err:>+6.2f}% "

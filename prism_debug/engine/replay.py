@@ -108,7 +108,7 @@ class _ClassState:
 
 class ReplayEngine:
     def __init__(self, graph: ExecutionGraph, cost: CostFn, *, real_rank: int | None = None,
-                 record: bool = False) -> None:
+                 record: bool = False, compress: bool = True) -> None:
         self.graph = graph
         self.mesh = graph.mesh
         self._cost = cost
@@ -118,6 +118,20 @@ class ReplayEngine:
         # class-array axes (mesh axes off the class axis), smallest first
         self._order = sorted((a for a in range(len(self.mesh.shape)) if a != self._class_axis),
                              key=lambda a: (self.mesh.shape[a], a))
+        # Column compression.  A *column* fixes a coordinate on the largest
+        # class-array axis (dp, usually).  Every family either varies that whole
+        # axis or stays inside a column, so columns no perturbation touches
+        # (nor the real rank) have identical times throughout: class arrays
+        # keep one column for all of them, after the explicit ones.  Off when
+        # point-to-point ops travel along the axis (they would tell columns apart).
+        self._columns_axis = self._order[-1] if self._order and compress else None
+        if self._columns_axis is not None and any(
+                op.is_p2p and self._columns_axis in graph.family_axes(op.family)
+                for program in graph.programs for op in program.ops):
+            self._columns_axis = None
+        self._explicit: list[int] = []  # coordinates kept apart, in array order
+        self._picked = np.arange(0)  # array column -> a coordinate it stands for
+        self._position = np.arange(0)  # coordinate -> array column
         self._states = [_ClassState(p, self._class_index(p.class_id)) for p in graph.programs]
         for state in self._states:
             state.ops = tuple(self._op_info(op) for op in state.program.ops)
@@ -144,7 +158,7 @@ class ReplayEngine:
                 raise GraphError(f"rank {real_rank} is outside the graph's world of "
                                  f"{self.mesh.world_size}")
             self._real_class = graph.class_of(real_rank)
-            self._real_index = self._internal_coordinates(real_rank)
+        self._set_columns(self._mask([] if real_rank is None else [real_rank]))
 
     # -- set-up ------------------------------------------------------------------
 
@@ -160,10 +174,14 @@ class ReplayEngine:
     @property
     def class_shape(self) -> tuple[int, ...]:
         """Shape of a class's time arrays, in the engine's internal axis order."""
-        return tuple(self.mesh.shape[a] for a in self._order)
+        shape = [self.mesh.shape[a] for a in self._order]
+        if self._columns_axis is not None:
+            shape[-1] = len(self._picked)
+        return tuple(shape)
 
     def _internal(self, sliced: np.ndarray) -> np.ndarray:
-        """A class's slice of a mesh-shaped array, in the internal axis order.
+        """A class's slice of a mesh-shaped array, in the internal axis order
+        and with its columns compressed.
 
         Class arrays keep their axes sorted by size, the largest last: numpy
         reduces over a short *leading* axis ~20x faster than over a short
@@ -172,15 +190,67 @@ class ReplayEngine:
         local = self._class_local_axes()
         if not sliced.ndim:
             return sliced
+        internal = sliced.transpose([local.index(a) for a in self._order])
+        if self._columns_axis is not None and internal.shape[-1] > 1:
+            internal = internal[..., self._picked]
         # contiguous, or every array computed from it keeps the old memory order
-        return np.ascontiguousarray(sliced.transpose([local.index(a) for a in self._order]))
+        return np.ascontiguousarray(internal)
 
     def _external(self, times: Time) -> Time:
-        """Internal-order times back in mesh order (for records)."""
+        """Internal-order times back in mesh order and every column (for records)."""
         if not isinstance(times, np.ndarray) or not times.ndim:
             return times
+        if self._columns_axis is not None and times.shape[-1] > 1:
+            times = times[..., self._position]
         local = self._class_local_axes()
         return times.transpose([self._order.index(a) for a in local])
+
+    def _set_columns(self, mask: np.ndarray) -> None:
+        """Keep the columns of the ranks in ``mask`` (mesh-shaped) apart from
+        the untouched ones, re-laying out every time array the engine holds."""
+        if self._columns_axis is None:
+            if self.real_rank is not None:
+                self._real_index = self._internal_coordinates(self.real_rank)
+            return
+        axis = self._columns_axis
+        touched = np.flatnonzero(mask.any(axis=tuple(a for a in range(mask.ndim) if a != axis)))
+        new = sorted(set(self._explicit) | set(touched.tolist()))
+        if new == self._explicit and len(self._picked):
+            return
+        size = self.mesh.shape[axis]
+        kept = set(new)
+        clean = next((c for c in range(size) if c not in kept), None)
+        picked = np.array(new + ([clean] if clean is not None else []), dtype=np.int64)
+        position = np.full(size, len(new), dtype=np.int64)
+        position[new] = np.arange(len(new))
+        old_width = len(self._picked)
+        take = self._position[picked] if old_width else None
+        self._explicit, self._picked, self._position = new, picked, position
+        if take is not None and old_width > 1:
+            self._relayout(lambda times: times[..., take]
+                           if isinstance(times, np.ndarray) and times.ndim
+                           and times.shape[-1] == old_width else times)
+        if self.real_rank is not None:
+            self._real_index = self._internal_coordinates(self.real_rank)
+
+    def _relayout(self, column_map: Callable[[Time], Time]) -> None:
+        """Apply ``column_map`` to every time array the engine holds."""
+        for state in self._states:
+            state.t = column_map(state.t)
+            state.arrivals = {k: column_map(v) for k, v in state.arrivals.items()}
+            state.done = {k: column_map(v) for k, v in state.done.items()}
+            state.iteration_starts = [column_map(v) for v in state.iteration_starts]
+            state.factor = None
+            state.factor_max.clear()
+        for waiting in self._rendezvous.values():
+            for key, entry in waiting.items():
+                waiting[key] = tuple(column_map(v) for v in entry)
+        self._real_done = {k: column_map(v) for k, v in self._real_done.items()}
+        self._real_last = {k: (column_map(v[0]), v[1]) if isinstance(v[0], np.ndarray) else v
+                           for k, v in self._real_last.items()}
+        for p in self._perturbations:
+            p.parts.clear()
+        self._costs.clear()
 
     def _local_axes(self, family: str) -> tuple[int, ...]:
         """The family's axes as axes of a class array (the class axis removed)."""
@@ -189,7 +259,10 @@ class ReplayEngine:
 
     def _internal_coordinates(self, rank: int) -> tuple[int, ...]:
         coords = self.mesh.coordinates(rank)
-        return tuple(coords[a] for a in self._order)
+        internal = [coords[a] for a in self._order]
+        if self._columns_axis is not None:
+            internal[-1] = int(self._position[internal[-1]])
+        return tuple(internal)
 
     def _op_info(self, op: OpSpec) -> _OpInfo:
         spans = self._spans_classes(op.family)
@@ -197,6 +270,10 @@ class ReplayEngine:
 
     def _spans_classes(self, family: str) -> bool:
         return self._class_axis is not None and self._class_axis in self.graph.family_axes(family)
+
+    def _nodes(self) -> np.ndarray:
+        """Each rank's node, mesh-shaped."""
+        return np.arange(self.mesh.world_size).reshape(self.mesh.shape) // self.graph.gpus_per_node
 
     def _mask(self, ranks) -> np.ndarray:
         mask = np.zeros(self.mesh.world_size, dtype=bool)
@@ -211,33 +288,38 @@ class ReplayEngine:
         if factor <= 0:
             raise ValueError(f"a compute factor must be positive, got {factor}")
         self._kinds.add("slow")
+        mask = self._mask(ranks)
+        self._set_columns(mask)
         for state in self._states:
             state.factor = None  # recomputed with this perturbation at the next event
             state.factor_max.clear()
         self._perturbations.append(_Perturbation(
-            "slow", self._mask(ranks), factor, first_iteration, first_iteration + iterations - 1))
+            "slow", mask, factor, first_iteration, first_iteration + iterations - 1))
 
     def delay(self, ranks, seconds: float, *, family: str | None = None,
               first_iteration: int = 1, iterations: float = math.inf) -> None:
         """Delay the arrival of ``ranks`` at every op (of ``family``) by ``seconds``."""
         self._kinds.add("delay")
         self._arrivals_perturbed = True
+        mask = self._mask(ranks)
+        self._set_columns(mask)
         self._perturbations.append(_Perturbation(
-            "delay", self._mask(ranks), seconds, first_iteration,
-            first_iteration + iterations - 1, family))
+            "delay", mask, seconds, first_iteration, first_iteration + iterations - 1, family))
 
     def fail(self, ranks, *, at_iteration: int = 1) -> None:
         """Fail-stop ``ranks`` from ``at_iteration`` on: they never arrive again."""
         self._kinds.add("fail")
         self._arrivals_perturbed = True
-        self._perturbations.append(_Perturbation("fail", self._mask(ranks), math.inf,
-                                                 at_iteration))
+        mask = self._mask(ranks)
+        self._set_columns(mask)
+        self._perturbations.append(_Perturbation("fail", mask, math.inf, at_iteration))
 
     def link(self, nodes, *, bandwidth_factor: float = 1.0, added_latency_s: float = 0.0) -> None:
         """Degrade collectives whose groups span any of ``nodes``."""
         if bandwidth_factor <= 0:
             raise ValueError(f"a bandwidth factor must be positive, got {bandwidth_factor}")
         self._links.append(_LinkPerturbation(frozenset(nodes), bandwidth_factor, added_latency_s))
+        self._set_columns(np.isin(self._nodes(), list(nodes)))
         self._costs.clear()
 
     def _active(self, kind: str, state: _ClassState, family: str | None = None):
@@ -331,6 +413,8 @@ class ReplayEngine:
         coords = list(self.mesh.coordinates(self.real_rank if self.real_rank is not None else 0))
         for axis, value in zip(self._order, internal_coords):
             coords[axis] = value
+        if self._columns_axis is not None:
+            coords[self._columns_axis] = int(self._picked[coords[self._columns_axis]])
         if self._class_axis is not None:
             coords[self._class_axis] = state.program.class_id
         return self.mesh.rank(coords)
@@ -661,7 +745,7 @@ class ReplayEngine:
         base = self._cost(op, self._placement(op))
         if not self._links:
             return base
-        nodes = np.arange(self.mesh.world_size).reshape(self.mesh.shape) // self.graph.gpus_per_node
+        nodes = self._nodes()
         axes = self.graph.family_axes(op.family)
         cost: Time = base
         for link in self._links:

@@ -397,3 +397,65 @@ def test_a_class_that_never_blocks_does_not_run_away_from_the_real_rank():
     handle = engine.real_issue(graph.programs[1].ops[0], arrival=0.5)
     assert engine.real_completion(handle) == pytest.approx(1.1)
     assert engine._states[0].iteration <= 3
+
+
+@st.composite
+def pipeline_jobs(draw):
+    """Two stages on pp x dp x tp with TP, DP and stage-to-stage ops, and
+    perturbations to apply before the replay and after its first iteration."""
+    dp, tp = draw(st.integers(1, 6)), draw(st.sampled_from([1, 2]))
+    tp_op, dp_op = OpSpec("all_reduce", "tp", 64), OpSpec("all_reduce", "dp", 64)
+    gaps = st.floats(0, 2)
+    stage0 = ClassProgram(0, (tp_op, OpSpec("send", "pp", 64, peer=1), dp_op), (), (
+        issue(0, draw(gaps)), wait(0), issue(1, draw(gaps)), issue(2, draw(gaps)), wait(1),
+        wait(2), end(draw(gaps))))
+    stage1 = ClassProgram(1, (OpSpec("recv", "pp", 64, peer=-1), tp_op, dp_op), (), (
+        issue(0, draw(gaps)), wait(0), issue(1, draw(gaps)), wait(1), issue(2, draw(gaps)),
+        wait(2), end(draw(gaps))))
+    graph = ExecutionGraph(mesh=Mesh((2, dp, tp), ("pp", "dp", "tp")),
+                           families={"tp": ("tp",), "dp": ("dp",), "pp": ("pp",)},
+                           class_axis="pp", programs=(stage0, stage1), gpus_per_node=2)
+    ranks = st.integers(0, 2 * dp * tp - 1)
+    perturbation = st.one_of(
+        st.tuples(st.just("slow"), ranks, st.floats(1, 4)),
+        st.tuples(st.just("delay"), ranks, st.floats(0, 1)),
+        st.tuples(st.just("link"), st.integers(0, dp * tp - 1), st.floats(0.25, 1)))
+    return graph, draw(st.lists(perturbation, max_size=3)), draw(st.lists(perturbation,
+                                                                         max_size=2))
+
+
+def _perturb(engine, perturbations):
+    for kind, target, value in perturbations:
+        if kind == "slow":
+            engine.slow([target], value)
+        elif kind == "delay":
+            engine.delay([target], value)
+        else:
+            engine.link([target], bandwidth_factor=value)
+
+
+@settings(max_examples=80, deadline=None)
+@given(pipeline_jobs())
+def test_compressed_columns_give_the_timeline_of_every_column(job):
+    graph, before, after = job
+    times = []
+    for compress in (True, False):
+        engine = ReplayEngine(graph, constant_cost, compress=compress)
+        _perturb(engine, before)
+        engine.run(1)
+        _perturb(engine, after)  # columns set apart mid-replay
+        engine.run(3)
+        times.append([t for r in range(graph.world_size) for t in engine.iteration_times(r)])
+    assert times[0] == pytest.approx(times[1], rel=1e-12)
+
+
+def test_untouched_columns_share_one_array_column():
+    graph = ExecutionGraph(mesh=Mesh((2, 64, 2), ("pp", "dp", "tp")),
+                           families={"tp": ("tp",), "dp": ("dp",), "pp": ("pp",)},
+                           class_axis="pp", programs=pipeline_graph().programs, gpus_per_node=8)
+    engine = ReplayEngine(graph, constant_cost, real_rank=2 * 5 + 1)  # dp column 5
+    engine.slow([2 * 64 + 2 * 9], 2.0)  # stage 1, dp column 9
+    assert engine.class_shape == (2, 3)  # columns 5, 9 and one for the other 62
+    handle = engine.real_issue(OpSpec("all_reduce", "tp", 64), arrival=1.0)
+    assert engine.real_completion(handle) == pytest.approx(1.1)
+    assert engine.iteration_starts(2 * 63) == [0.0]
