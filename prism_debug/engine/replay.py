@@ -99,6 +99,9 @@ class _ClassState:
         self.iteration_starts: list[Time] = [0.0]
         self.factor: Time | None = None  # compute factor this iteration (None: not computed)
         self.factor_max: dict[str, Time] = {}  # its max over each family's axes
+        self.factor_top: float | None = None  # its max over the class
+        # per completed op, a time it surely ends after each member's arrival
+        self.slack: dict[int, float] = {}
 
     def next_sequence(self, key: tuple) -> int:
         n = self.sequence.get(key, 0)
@@ -242,6 +245,7 @@ class ReplayEngine:
             state.iteration_starts = [column_map(v) for v in state.iteration_starts]
             state.factor = None
             state.factor_max.clear()
+            state.factor_top = None
         for waiting in self._rendezvous.values():
             for key, entry in waiting.items():
                 waiting[key] = tuple(column_map(v) for v in entry)
@@ -293,6 +297,7 @@ class ReplayEngine:
         for state in self._states:
             state.factor = None  # recomputed with this perturbation at the next event
             state.factor_max.clear()
+            state.factor_top = None
         self._perturbations.append(_Perturbation(
             "slow", mask, factor, first_iteration, first_iteration + iterations - 1))
 
@@ -515,9 +520,14 @@ class ReplayEngine:
             done = state.done.get(event.op)
             if done is None:
                 return False
-            if state.issued_at[event.op] == (state.epoch, state.gap_clock):
-                # Nothing ran since the issue: the ranks are where they arrived,
-                # and an op never completes before its own members arrive.
+            epoch, clock = state.issued_at[event.op]
+            if epoch == state.epoch and (state.gap_clock - clock) * self._factor_top(state) \
+                    <= state.slack[event.op]:
+                # Every rank is back from computing before the op ends: since the
+                # issue the ranks computed (state.gap_clock - clock) × factor at
+                # most, and the op ends at least its own time after each one's
+                # arrival.  (``done`` keeps its narrow shape, and the next ops the
+                # fast path.)
                 state.t = done
             else:
                 state.t = _maximum(self._now(state), done)
@@ -539,6 +549,13 @@ class ReplayEngine:
             state.factor = factor
         return state.factor
 
+    def _factor_top(self, state: _ClassState) -> float:
+        """The class's largest compute factor this iteration."""
+        if state.factor_top is None:
+            factor = self._factor(state)
+            state.factor_top = float(factor.max()) if isinstance(factor, np.ndarray) else factor
+        return state.factor_top
+
     def _now(self, state: _ClassState) -> Time:
         """The class's times now (full per-rank detail where ranks differ)."""
         if not state.pending:
@@ -557,6 +574,8 @@ class ReplayEngine:
         state.sequence.clear()
         state.factor = None
         state.factor_max.clear()
+        state.factor_top = None
+        state.slack.clear()
         state.iteration_starts.append(state.t)
         if state.program.class_id == self._real_class:
             self._real_allowed = -1
@@ -577,9 +596,9 @@ class ReplayEngine:
             and self._real_pending[0] == state.pc
         if info.local and not (self.record or real_here or self._arrivals_perturbed):
             # The fast path: no one needs the per-rank arrivals, only the groups' last.
-            self._complete(state, event.op,
-                           self._group_last(state, op.family, info.axes)
-                           + self._op_cost(op, state))
+            cost = self._op_cost(op, state)
+            self._complete(state, event.op, self._group_last(state, op.family, info.axes) + cost,
+                           slack=_least(cost))
             return
         arrival = self._now(state)
         for p, part in self._active("delay", state, op.family):
@@ -596,8 +615,9 @@ class ReplayEngine:
         elif info.spans_classes:
             self._issue_across_classes(state, event.op, op)
         else:
-            self._complete(state, event.op, _max_over(arrival, info.axes)
-                           + self._op_cost(op, state))
+            cost = self._op_cost(op, state)
+            self._complete(state, event.op, _max_over(arrival, info.axes) + cost,
+                           slack=_least(cost))
 
     def _group_last(self, state: _ClassState, family: str, axes: tuple[int, ...]) -> Time:
         """When the last member of each group arrives, without forming per-rank
@@ -644,8 +664,8 @@ class ReplayEngine:
             cause = (latest, waiting[latest][0])
         for class_id, (index, _, iteration) in waiting.items():
             other = self._states[class_id]
-            self._complete(other, index, done + self._op_cost(other.program.ops[index], other),
-                           iteration, cause)
+            cost = self._op_cost(other.program.ops[index], other)
+            self._complete(other, index, done + cost, iteration, cause, _least(cost))
 
     def _issue_p2p(self, state: _ClassState, op_index: int, op: OpSpec) -> None:
         # The n-th send from one class to another, in one direction, pairs with
@@ -684,7 +704,8 @@ class ReplayEngine:
         axis = None if sender is not receiver else self._local_axes(spec.family)[0]
         sent_there = _roll(sent, step, axis)  # each receiver's sender's arrival
         received_there = _roll(received, -step, axis)  # each sender's receiver's arrival
-        done = _maximum(sent_there, received) + self._op_cost(spec, sender)
+        cost = self._op_cost(spec, sender)
+        done = _maximum(sent_there, received) + cost
         for kind, peers in (("recv", sent_there), ("send", received_there)):
             class_id, op_index, own, iteration = waiting[kind]
             if class_id == self._real_class and iteration == self._states[class_id].iteration:
@@ -700,17 +721,20 @@ class ReplayEngine:
         if self.record:
             late = "send" if np.max(sent) >= np.max(received) else "recv"
             cause = waiting[late][:2]
-        self._complete(receiver, recv_op, done, recv_iteration, cause)
-        self._complete(sender, send_op, _roll(done, -step, axis), send_iteration, cause)
+        slack = _least(cost)
+        self._complete(receiver, recv_op, done, recv_iteration, cause, slack)
+        self._complete(sender, send_op, _roll(done, -step, axis), send_iteration, cause, slack)
 
     def _complete(self, state: _ClassState, op_index: int, done: Time,
-                  iteration: int | None = None, cause: tuple[int, int] | None = None) -> None:
+                  iteration: int | None = None, cause: tuple[int, int] | None = None,
+                  slack: float = 0.0) -> None:
         if iteration is not None and iteration != state.iteration:
             # Its class has moved on: only the real rank may still wait for it.
             if state.program.class_id == self._real_class:
                 self._real_done[(iteration, op_index)] = done
             return
         state.done[op_index] = done
+        state.slack[op_index] = slack
         if self.record:
             self.records.append(OpRecord(state.program.class_id, state.iteration, op_index,
                                          self._external(state.arrivals.get(op_index)),
@@ -782,6 +806,10 @@ def _maximum(a: Time, b: Time) -> Time:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.maximum(a, b)
     return a if a > b else b
+
+
+def _least(times: Time) -> float:
+    return float(times.min()) if isinstance(times, np.ndarray) else times
 
 
 def _squeeze(times: Time) -> Time:

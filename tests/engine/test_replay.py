@@ -405,13 +405,13 @@ def pipeline_jobs(draw):
     perturbations to apply before the replay and after its first iteration."""
     dp, tp = draw(st.integers(1, 6)), draw(st.sampled_from([1, 2]))
     tp_op, dp_op = OpSpec("all_reduce", "tp", 64), OpSpec("all_reduce", "dp", 64)
-    gaps = st.floats(0, 2)
+    gaps, short = st.floats(0, 2), st.floats(0, 2 * COST)  # waits about as long as an op
     stage0 = ClassProgram(0, (tp_op, OpSpec("send", "pp", 64, peer=1), dp_op), (), (
-        issue(0, draw(gaps)), wait(0), issue(1, draw(gaps)), issue(2, draw(gaps)), wait(1),
-        wait(2), end(draw(gaps))))
+        issue(0, draw(gaps)), wait(0, draw(short)), issue(1, draw(gaps)), issue(2, draw(gaps)),
+        wait(1, draw(short)), wait(2, draw(short)), end(draw(gaps))))
     stage1 = ClassProgram(1, (OpSpec("recv", "pp", 64, peer=-1), tp_op, dp_op), (), (
-        issue(0, draw(gaps)), wait(0), issue(1, draw(gaps)), wait(1), issue(2, draw(gaps)),
-        wait(2), end(draw(gaps))))
+        issue(0, draw(gaps)), wait(0, draw(short)), issue(1, draw(gaps)), wait(1, draw(short)),
+        issue(2, draw(gaps)), wait(2, draw(short)), end(draw(gaps))))
     graph = ExecutionGraph(mesh=Mesh((2, dp, tp), ("pp", "dp", "tp")),
                            families={"tp": ("tp",), "dp": ("dp",), "pp": ("pp",)},
                            class_axis="pp", programs=(stage0, stage1), gpus_per_node=2)
@@ -444,6 +444,23 @@ def test_compressed_columns_give_the_timeline_of_every_column(job):
         _perturb(engine, before)
         engine.run(1)
         _perturb(engine, after)  # columns set apart mid-replay
+        engine.run(3)
+        times.append([t for r in range(graph.world_size) for t in engine.iteration_times(r)])
+    assert times[0] == pytest.approx(times[1], rel=1e-12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(pipeline_jobs())
+def test_waits_shorter_than_their_op_give_the_timeline_of_per_rank_maxima(job):
+    graph, before, after = job
+    times = []
+    for shortcut in (True, False):
+        engine = ReplayEngine(graph, constant_cost)
+        if not shortcut:  # every wait takes max(now, done) rank by rank
+            engine._factor_top = lambda state: math.inf
+        _perturb(engine, before)
+        engine.run(1)
+        _perturb(engine, after)
         engine.run(3)
         times.append([t for r in range(graph.world_size) for t in engine.iteration_times(r)])
     assert times[0] == pytest.approx(times[1], rel=1e-12)
