@@ -4,8 +4,9 @@ For each layout of the bundled example (pp=2, and dp=2; two ranks, gloo,
 one thread per process), the bench
 
 1. fits a hardware profile to this host (``prism-debug calibrate --local``),
-2. each round, profiles the layout (``prism-debug profile``) into an
-   execution graph,
+2. each round, profiles the layout (``prism-debug profile``, twice side by
+   side so that every slice computes next to a neighbour, as each real rank
+   does here) into an execution graph,
 3. runs the job for real (``torchrun --nproc-per-node 2``; every rank prints
    its iteration times and peak RSS, ``--timing``), then emulates each rank
    (``prism-debug run --graph --hardware local.toml``; the ranks side by side,
@@ -143,15 +144,26 @@ def main() -> None:
                   flush=True)
             round_dir = workdir / name.replace("=", "") / f"round{round_}"
             round_dir.mkdir(parents=True, exist_ok=True)
-            graph = round_dir / "graph.prism"
             # Profiled afresh each round, next to the runs it is compared with:
             # this machine's speed drifts by tens of percent over minutes.  As
             # many iterations as the runs: the first few are slower (allocator,
             # caches); the graph's compute is the median over the steady ones.
-            _run(_prism("profile", "--world-size", str(WORLD), "--gpus-per-node", str(WORLD),
-                        "--iterations", str(args.iterations), "--out", str(graph),
-                        "--run-dir", str(round_dir / "profile"),
-                        "--", sys.executable, str(EXAMPLE), *script_args))
+            # Two profiles side by side (one graph kept), so that slices compute
+            # with a neighbour, as every rank of the real job does here.
+            profiles = [subprocess.Popen(
+                _prism("profile", "--world-size", str(WORLD), "--gpus-per-node", str(WORLD),
+                       "--iterations", str(args.iterations),
+                       "--out", str(round_dir / f"graph{i}.prism"),
+                       "--run-dir", str(round_dir / f"profile{i}"),
+                       "--", sys.executable, str(EXAMPLE), *script_args),
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+                stdin=subprocess.DEVNULL) for i in range(WORLD)]
+            for proc in profiles:
+                output, _ = proc.communicate()
+                if proc.returncode != 0:
+                    sys.exit(f"bench_fidelity: profiling failed ({proc.returncode}):\n"
+                             f"{output[-3000:]}")
+            graph = round_dir / "graph0.prism"
             real = real_run(script_args)
             emulated = emulated_runs(script_args, graph, hardware, round_dir)
             for rank in range(WORLD):
