@@ -125,7 +125,7 @@ class ReplayEngine:
         # class-array axis (dp, usually).  Every family either varies that whole
         # axis or stays inside a column, so columns no perturbation touches
         # (nor the real rank) have identical times throughout: class arrays
-        # keep one column for all of them, after the explicit ones.  Off when
+        # keep one column for all of them.  Off when
         # point-to-point ops travel along the axis (they would tell columns apart).
         self._columns_axis = self._order[-1] if self._order and compress else None
         if self._columns_axis is not None and any(
@@ -222,13 +222,20 @@ class ReplayEngine:
             return
         size = self.mesh.shape[axis]
         kept = set(new)
+        # The untouched columns share the column of the first of them.  Array
+        # columns stay in coordinate order, so argmax breaks ties (who arrived
+        # last) as it would over every column.
         clean = next((c for c in range(size) if c not in kept), None)
-        picked = np.array(new + ([clean] if clean is not None else []), dtype=np.int64)
-        position = np.full(size, len(new), dtype=np.int64)
-        position[new] = np.arange(len(new))
+        picked = np.array(sorted(new + ([clean] if clean is not None else [])), dtype=np.int64)
+        position = np.searchsorted(picked, np.arange(size))
+        if clean is not None:
+            untouched = np.ones(size, dtype=bool)
+            untouched[new] = False
+            position[untouched] = int(np.searchsorted(picked, clean))
         old_width = len(self._picked)
         take = self._position[picked] if old_width else None
         self._explicit, self._picked, self._position = new, picked, position
+        # (arrays one column wide broadcast: the value holds for every column)
         if take is not None and old_width > 1:
             self._relayout(lambda times: times[..., take]
                            if isinstance(times, np.ndarray) and times.ndim
@@ -295,6 +302,11 @@ class ReplayEngine:
         mask = self._mask(ranks)
         self._set_columns(mask)
         for state in self._states:
+            if state.pending:
+                # compute already done ran at the old factor: settle it first
+                state.t = self._now(state)
+                state.pending = 0.0
+                state.epoch += 1
             state.factor = None  # recomputed with this perturbation at the next event
             state.factor_max.clear()
             state.factor_top = None
@@ -304,6 +316,8 @@ class ReplayEngine:
     def delay(self, ranks, seconds: float, *, family: str | None = None,
               first_iteration: int = 1, iterations: float = math.inf) -> None:
         """Delay the arrival of ``ranks`` at every op (of ``family``) by ``seconds``."""
+        if seconds < 0:
+            raise ValueError(f"a delay cannot be negative, got {seconds}")
         self._kinds.add("delay")
         self._arrivals_perturbed = True
         mask = self._mask(ranks)
@@ -410,6 +424,13 @@ class ReplayEngine:
         for axis, offset in zip(info.axes, offsets):
             coords[axis] = int(offset)
         return self._rank_of(state, coords), float(group.max())
+
+    def _peer_rank(self, op: OpSpec) -> int:
+        """The real rank's peer in a p2p op (rings inside a class wrap around)."""
+        axis = self.graph.family_axes(op.family)[0]
+        coords = list(self.mesh.coordinates(self.real_rank))
+        coords[axis] = (coords[axis] + op.peer) % self.mesh.shape[axis]
+        return self.mesh.rank(coords)
 
     def real_op(self, handle: tuple[int, int]) -> OpSpec:
         return self._states[self._real_class].program.ops[handle[1]]
@@ -656,16 +677,17 @@ class ReplayEngine:
             full[class_id] = arrival
         local_axes = self._local_axes(op.family)
         done = full.max(axis=(0, *(1 + a for a in local_axes)), keepdims=True)[0]
-        if self._real_class in waiting:
-            self._real_last[waiting[self._real_class][0]] = (full, local_axes)
+        real = waiting.get(self._real_class)
+        if real is not None and real[2] == self._states[self._real_class].iteration:
+            self._real_last[real[0]] = (full, local_axes)
         cause = None
         if self.record:
             latest = int(np.argmax(full.reshape(len(self._states), -1).max(axis=1)))
             cause = (latest, waiting[latest][0])
-        for class_id, (index, _, iteration) in waiting.items():
+        for class_id, (index, arrival, iteration) in waiting.items():
             other = self._states[class_id]
             cost = self._op_cost(other.program.ops[index], other)
-            self._complete(other, index, done + cost, iteration, cause, _least(cost))
+            self._complete(other, index, done + cost, iteration, cause, _least(cost), arrival)
 
     def _issue_p2p(self, state: _ClassState, op_index: int, op: OpSpec) -> None:
         # The n-th send from one class to another, in one direction, pairs with
@@ -673,7 +695,7 @@ class ReplayEngine:
         step = op.peer if op.kind == "send" else -op.peer  # the sender's offset
         me = state.program.class_id
         if self._spans_classes(op.family):
-            peer = me + (op.peer)
+            peer = me + op.peer
             if not 0 <= peer < len(self._states):
                 raise GraphError(f"class {me} has a {op.kind} to class {peer}, which does "
                                  "not exist")
@@ -704,15 +726,14 @@ class ReplayEngine:
         axis = None if sender is not receiver else self._local_axes(spec.family)[0]
         sent_there = _roll(sent, step, axis)  # each receiver's sender's arrival
         received_there = _roll(received, -step, axis)  # each sender's receiver's arrival
-        cost = self._op_cost(spec, sender)
-        done = _maximum(sent_there, received) + cost
+        cost = self._op_cost(spec, sender)  # per sender: each receiver's is its sender's
+        done = _maximum(sent_there, received) + _roll(cost, step, axis)
         for kind, peers in (("recv", sent_there), ("send", received_there)):
             class_id, op_index, own, iteration = waiting[kind]
             if class_id == self._real_class and iteration == self._states[class_id].iteration:
                 # the real rank's side: its peer, if the peer arrived later, was waited for
                 peer_spec = self._states[class_id].program.ops[op_index]
-                peer_rank = self.real_rank + peer_spec.peer * self.mesh.strides[
-                    self.graph.family_axes(peer_spec.family)[0]]
+                peer_rank = self._peer_rank(peer_spec)
                 peer_time = _at(peers, self._real_index, self.class_shape)
                 own_time = _at(own, self._real_index, self.class_shape)
                 self._real_last[op_index] = ((peer_rank, peer_time) if peer_time >= own_time
@@ -722,24 +743,28 @@ class ReplayEngine:
             late = "send" if np.max(sent) >= np.max(received) else "recv"
             cause = waiting[late][:2]
         slack = _least(cost)
-        self._complete(receiver, recv_op, done, recv_iteration, cause, slack)
-        self._complete(sender, send_op, _roll(done, -step, axis), send_iteration, cause, slack)
+        self._complete(receiver, recv_op, done, recv_iteration, cause, slack, received)
+        self._complete(sender, send_op, _roll(done, -step, axis), send_iteration, cause, slack,
+                       sent)
 
     def _complete(self, state: _ClassState, op_index: int, done: Time,
                   iteration: int | None = None, cause: tuple[int, int] | None = None,
-                  slack: float = 0.0) -> None:
-        if iteration is not None and iteration != state.iteration:
+                  slack: float = 0.0, arrival: Time | None = None) -> None:
+        if iteration is None:
+            iteration = state.iteration
+        if self.record:
+            if arrival is None:
+                arrival = state.arrivals.get(op_index)
+            self.records.append(OpRecord(state.program.class_id, iteration, op_index,
+                                         self._external(arrival), self._external(done),
+                                         cause or (state.program.class_id, op_index)))
+        if iteration != state.iteration:
             # Its class has moved on: only the real rank may still wait for it.
             if state.program.class_id == self._real_class:
                 self._real_done[(iteration, op_index)] = done
             return
         state.done[op_index] = done
         state.slack[op_index] = slack
-        if self.record:
-            self.records.append(OpRecord(state.program.class_id, state.iteration, op_index,
-                                         self._external(state.arrivals.get(op_index)),
-                                         self._external(done),
-                                         cause or (state.program.class_id, op_index)))
 
     # -- costs ---------------------------------------------------------------------------------
 

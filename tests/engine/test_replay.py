@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prism_debug.engine.analysis import critical_path
 from prism_debug.engine.replay import ReplayEngine
 from prism_debug.graph.execution import (
     ClassProgram,
@@ -476,3 +477,67 @@ def test_untouched_columns_share_one_array_column():
     handle = engine.real_issue(OpSpec("all_reduce", "tp", 64), arrival=1.0)
     assert engine.real_completion(handle) == pytest.approx(1.1)
     assert engine.iteration_starts(2 * 63) == [0.0]
+
+
+def ring_graph(gpus_per_node=8):
+    ops = (OpSpec("send", "tp", 8, peer=1), OpSpec("recv", "tp", 8, peer=-1))
+    program = ClassProgram(0, ops, (), (issue(0, 1.0), issue(1), wait(0), wait(1), end()))
+    return ExecutionGraph(mesh=Mesh((4,), ("tp",)), families={"tp": ("tp",)},
+                          class_axis=None, programs=(program,), gpus_per_node=gpus_per_node)
+
+
+def test_a_degraded_link_costs_each_ring_pair_that_crosses_it():
+    # nodes {0, 1} and {2, 3}; node 1 degraded: the pairs 1→2 and 3→0 cross it
+    engine = ReplayEngine(ring_graph(gpus_per_node=2), constant_cost, record=True)
+    engine.link([1], bandwidth_factor=0.5)
+    engine.run(1)
+    done = [{spec.kind: d for spec, _, d in engine.ops_of(rank, 1)} for rank in range(4)]
+    assert [d["recv"] for d in done] == pytest.approx([1.2, 1.1, 1.2, 1.1])
+    assert [d["send"] for d in done] == pytest.approx([1.1, 1.2, 1.1, 1.2])
+
+
+def test_the_last_arrival_in_a_ring_wraps_around():
+    graph = ring_graph()
+    engine = ReplayEngine(graph, constant_cost, real_rank=0)
+    engine.real_issue(graph.programs[0].ops[0], arrival=1.0)
+    handle = engine.real_issue(graph.programs[0].ops[1], arrival=1.0)
+    assert engine.last_arrival(handle) == (3, pytest.approx(1.0))
+
+
+def test_the_critical_path_runs_through_a_send_nobody_waits_for():
+    path = critical_path(unwaited_isend_graph(), constant_cost)
+    assert [(s.class_id, s.what, s.duration_s) for s in path] == [
+        (0, "compute", pytest.approx(1.0)), (1, "recv on pp", pytest.approx(COST))]
+
+
+def test_slowing_a_rank_leaves_the_compute_it_already_did_at_its_old_pace():
+    graph = tp_then_dp_graph()
+    tp_op, dp_op = graph.programs[0].ops
+    completions = []
+    for shortcut in (True, False):
+        engine = ReplayEngine(graph, constant_cost, real_rank=3)
+        if not shortcut:
+            engine._factor_top = lambda state: math.inf
+        engine.real_issue(tp_op, arrival=1.0)  # rank 1 arrived at 1.0: TP done 1.1
+        engine.slow([1], 10.0)
+        completions.append(engine.real_completion(engine.real_issue(dp_op, arrival=2.1)))
+    # rank 1 then computes 1 s × 10: DP {1, 3} at 11.1 + COST
+    assert completions == [pytest.approx(11.2), pytest.approx(11.2)]
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_ties_for_the_last_arrival_go_to_the_lowest_rank(compress):
+    graph = ExecutionGraph(mesh=Mesh((4, 2), ("dp", "tp")), families={"tp": ("tp",),
+                                                                       "dp": ("dp",)},
+                           class_axis=None, programs=tp_then_dp_graph().programs,
+                           gpus_per_node=8)
+    tp_op, dp_op = graph.programs[0].ops
+    engine = ReplayEngine(graph, constant_cost, real_rank=5, compress=compress)
+    engine.real_issue(tp_op, arrival=1.0)
+    handle = engine.real_issue(dp_op, arrival=2.1)  # every DP member arrives at 2.1
+    assert engine.last_arrival(handle) == (1, pytest.approx(2.1))
+
+
+def test_a_negative_delay_is_refused():
+    with pytest.raises(ValueError, match="a delay cannot be negative, got -1"):
+        ReplayEngine(tp_then_dp_graph(), constant_cost).delay([0], -1)
