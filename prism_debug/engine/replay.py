@@ -144,7 +144,7 @@ class ReplayEngine:
         self._links: list[_LinkPerturbation] = []
         self._rendezvous: dict[tuple, dict[int, tuple[int, Time]]] = {}
         self._placements: dict[tuple, Placement] = {}
-        self._costs: dict[tuple, Time] = {}
+        self._costs: dict[tuple[int, int], tuple[Time, float]] = {}  # (class, op) -> cost, min
         self.real_rank = real_rank
         self._real_class: int | None = None
         self._real_index: tuple | None = None
@@ -617,9 +617,9 @@ class ReplayEngine:
             and self._real_pending[0] == state.pc
         if info.local and not (self.record or real_here or self._arrivals_perturbed):
             # The fast path: no one needs the per-rank arrivals, only the groups' last.
-            cost = self._op_cost(op, state)
+            cost, least = self._op_cost(state, event.op)
             self._complete(state, event.op, self._group_last(state, op.family, info.axes) + cost,
-                           slack=_least(cost))
+                           slack=least)
             return
         arrival = self._now(state)
         for p, part in self._active("delay", state, op.family):
@@ -636,9 +636,8 @@ class ReplayEngine:
         elif info.spans_classes:
             self._issue_across_classes(state, event.op, op)
         else:
-            cost = self._op_cost(op, state)
-            self._complete(state, event.op, _max_over(arrival, info.axes) + cost,
-                           slack=_least(cost))
+            cost, least = self._op_cost(state, event.op)
+            self._complete(state, event.op, _max_over(arrival, info.axes) + cost, slack=least)
 
     def _group_last(self, state: _ClassState, family: str, axes: tuple[int, ...]) -> Time:
         """When the last member of each group arrives, without forming per-rank
@@ -686,15 +685,15 @@ class ReplayEngine:
             cause = (latest, waiting[latest][0])
         for class_id, (index, arrival, iteration) in waiting.items():
             other = self._states[class_id]
-            cost = self._op_cost(other.program.ops[index], other)
-            self._complete(other, index, done + cost, iteration, cause, _least(cost), arrival)
+            cost, least = self._op_cost(other, index)
+            self._complete(other, index, done + cost, iteration, cause, least, arrival)
 
     def _issue_p2p(self, state: _ClassState, op_index: int, op: OpSpec) -> None:
         # The n-th send from one class to another, in one direction, pairs with
         # the n-th matching recv there (NCCL matches p2p ops in order).
         step = op.peer if op.kind == "send" else -op.peer  # the sender's offset
         me = state.program.class_id
-        if self._spans_classes(op.family):
+        if state.ops[op_index].spans_classes:
             peer = me + op.peer
             if not 0 <= peer < len(self._states):
                 raise GraphError(f"class {me} has a {op.kind} to class {peer}, which does "
@@ -726,7 +725,7 @@ class ReplayEngine:
         axis = None if sender is not receiver else self._local_axes(spec.family)[0]
         sent_there = _roll(sent, step, axis)  # each receiver's sender's arrival
         received_there = _roll(received, -step, axis)  # each sender's receiver's arrival
-        cost = self._op_cost(spec, sender)  # per sender: each receiver's is its sender's
+        cost, slack = self._op_cost(sender, send_op)  # per sender: a receiver's is its sender's
         done = _maximum(sent_there, received) + _roll(cost, step, axis)
         for kind, peers in (("recv", sent_there), ("send", received_there)):
             class_id, op_index, own, iteration = waiting[kind]
@@ -742,7 +741,6 @@ class ReplayEngine:
         if self.record:
             late = "send" if np.max(sent) >= np.max(received) else "recv"
             cause = waiting[late][:2]
-        slack = _least(cost)
         self._complete(receiver, recv_op, done, recv_iteration, cause, slack, received)
         self._complete(sender, send_op, _roll(done, -step, axis), send_iteration, cause, slack,
                        sent)
@@ -783,12 +781,14 @@ class ReplayEngine:
             self._placements[key] = placement
         return placement
 
-    def _op_cost(self, op: OpSpec, state: _ClassState) -> Time:
-        key = (op, state.program.class_id)
-        cost = self._costs.get(key)
-        if cost is None:
-            cost = self._costs[key] = self._cost_with_links(op, state)
-        return cost
+    def _op_cost(self, state: _ClassState, op_index: int) -> tuple[Time, float]:
+        """An op's time, and its least over the class (what the wait shortcut needs)."""
+        key = (state.program.class_id, op_index)
+        found = self._costs.get(key)
+        if found is None:
+            cost = self._cost_with_links(state.program.ops[op_index], state)
+            found = self._costs[key] = (cost, _least(cost))
+        return found
 
     def _cost_with_links(self, op: OpSpec, state: _ClassState) -> Time:
         base = self._cost(op, self._placement(op))
