@@ -170,6 +170,9 @@ def main() -> None:
                 pairs[rank].append((steady_mean(real[rank][0], args.warmup),
                                     steady_mean(emulated[rank][0], args.warmup),
                                     real[rank][1], emulated[rank][1]))
+            print(f"{name}: round {round_}: real / emulated ms: " + ", ".join(
+                f"rank {rank} {pairs[rank][-1][0] * 1e3:.1f} / {pairs[rank][-1][1] * 1e3:.1f}"
+                for rank in range(WORLD)), flush=True)
         for rank, rounds in pairs.items():
             real_t = statistics.median(r for r, _, _, _ in rounds)
             emu_t = statistics.median(e for _, e, _, _ in rounds)
