@@ -19,6 +19,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_overhead.py
+	$(BIN)/python tools/bench_engine.py
+	$(BIN)/python tools/bench_fidelity.py
 
 # torch==2.13.0 is pinned exactly: pip takes the CPU wheel from the local disk
 # (a looser pin would pull gigabytes of CUDA wheels).
