@@ -105,10 +105,8 @@ def test_graph_show_summarises_classes(graphs):
     times = {round(c["iteration_s"], 9) for c in summary["classes"]}
     assert len(times) == 1  # in steady state every stage runs at the pipeline's pace
     path = summary["critical_path"]
-    # 1F1B: stage 0 starts the iteration and ends it (its backward is last), and
-    # the chain passes through every stage's compute (which stage dominates
-    # depends on measured compute, so it is not asserted)
-    assert (path[0]["class_id"], path[-1]["class_id"]) == (0, 0)
+    # 1F1B: the chain passes through every stage's compute (where it starts and
+    # ends, and which stage dominates, depend on measured compute: not asserted)
     assert {s["class_id"] for s in path if s["family"] is None} == {0, 1, 2, 3}
     assert all(s["end_s"] >= s["start_s"] for s in path)
     assert {s["family"] for s in path} == {None, "tp", "pp", "dp"}
