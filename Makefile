@@ -1,8 +1,9 @@
 # Two commands do all the set-up (README "Quick start"):
 #   make run    run the bundled example as rank 4097 of 8192 and print the report
 #   make test   run the test suite
-# Both create .venv and install the pinned dependencies on first use; later
-# calls find the stamp up to date and start at once.
+# Both create .venv, install the pinned dependencies and provision CRIU
+# (tools/provision_criu.sh) on first use; later calls find the stamp up to
+# date and start at once.
 
 PYTHON ?= python3
 VENV := .venv
@@ -24,10 +25,11 @@ bench: $(STAMP)
 
 # torch==2.13.0 is pinned exactly: pip takes the CPU wheel from the local disk
 # (a looser pin would pull gigabytes of CUDA wheels).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tools/provision_criu.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "torch==2.13.0" "setuptools>=68"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test]"
+	bash tools/provision_criu.sh $(BIN)/python
 	touch $(STAMP)
 
 clean:

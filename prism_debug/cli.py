@@ -64,11 +64,18 @@ def main(verbose: int) -> None:
 @click.option("--graph", "graph_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Replay virtual peers from this execution graph (prism-debug profile) "
                    "instead of letting them arrive in lockstep.")
+@click.option("--snapshot-at", default="",
+              help="Snapshot the rank (CRIU) after these iterations, e.g. 3,10.")
+@click.option("--snapshot-every", type=int, default=None,
+              help="Snapshot the rank after every K-th iteration.")
+@click.option("--store", type=click.Path(file_okay=False, path_type=Path),
+              help="Snapshot store [default: snapshots/ in the prism-debug checkout].")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the run's log and events go [default: ~/.local/state/prism-debug/runs/…].")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path,
-        trace_ranks, seed, values, no_digest, graph_path, run_dir, command) -> None:
+        trace_ranks, seed, values, no_digest, graph_path, snapshot_at, snapshot_every, store,
+        run_dir, command) -> None:
     """Run COMMAND as one real rank of a WORLD_SIZE job.
 
     \b
@@ -93,9 +100,114 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
         command=command, rank=rank, world_size=world_size, profile=profile,
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
         values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
-        trace_ranks=parse_ranks(trace_ranks))
+        trace_ranks=parse_ranks(trace_ranks), snapshot_at=parse_ranks(snapshot_at),
+        snapshot_every=snapshot_every, store=store)
     result = run_rank(options, click.echo)
+    store_option = f" --store {store}" if store else ""
+    if result.snapshots:
+        click.echo(f"replay from a snapshot: prism-debug snapshot restore {result.snapshots[-1]}"
+                   f"{store_option} (list them: prism-debug snapshot ls{store_option})")
+    else:
+        click.echo("hint: add --snapshot-at 2 to snapshot the rank with CRIU after iteration 2; "
+                   "then prism-debug snapshot ls, and prism-debug snapshot restore ID replays "
+                   "it from there, bit for bit")
     sys.exit(result.exit_code)
+
+
+@main.group()
+def snapshot() -> None:
+    """List, inspect, check, remove and restore snapshots."""
+
+
+_store_option = click.option(
+    "--store", type=click.Path(file_okay=False, path_type=Path),
+    help="Snapshot store [default: snapshots/ in the prism-debug checkout].")
+
+
+def _store(store: Path | None):
+    from prism_debug.runner.snapshots import DEFAULT_STORE
+    from prism_debug.snapshot.store import Store
+
+    return Store(store or DEFAULT_STORE)
+
+
+@snapshot.command("ls")
+@_store_option
+def snapshot_ls(store) -> None:
+    """List the snapshots in the store."""
+    found = _store(store).list()
+    if not found:
+        click.echo(f"no snapshots in {_store(store).root}")
+        return
+    click.echo(f"{'id':<24} {'iteration':>9} {'rank':>7} {'world':>7} {'MiB':>8} "
+               f"{'dump s':>7}  created")
+    for m in found:
+        click.echo(f"{m.id:<24} {m.iteration:>9} {m.rank:>7} {m.world_size:>7} "
+                   f"{m.image_bytes / 2**20:>8.1f} {m.dump_s:>7.2f}  {m.created}")
+
+
+@snapshot.command("show")
+@click.argument("snapshot_id")
+@_store_option
+def snapshot_show(snapshot_id, store) -> None:
+    """Print a snapshot's manifest."""
+    click.echo(_store(store).get(snapshot_id).to_json(), nl=False)
+
+
+@snapshot.command("verify")
+@click.argument("snapshot_id")
+@_store_option
+def snapshot_verify(snapshot_id, store) -> None:
+    """Check a snapshot's images against their checksums."""
+    manifest = _store(store).verify(snapshot_id)
+    click.echo(f"snapshot {manifest.id}: {len(manifest.files)} images, "
+               f"{manifest.image_bytes / 2**20:.1f} MiB, checksums match")
+
+
+@snapshot.command("rm")
+@click.argument("snapshot_id")
+@click.option("--force", is_flag=True, help="Also remove incremental snapshots built on it.")
+@_store_option
+def snapshot_rm(snapshot_id, force, store) -> None:
+    """Remove a snapshot."""
+    for removed in _store(store).remove(snapshot_id, force):
+        click.echo(f"removed {removed}")
+
+
+@snapshot.command("restore")
+@click.argument("snapshot_id")
+@click.option("--iterations", type=int, default=None,
+              help="Stop after this many more iterations [default: run to the end].")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the JSON report here.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a Chrome trace here.")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Where the restored run's log and events go.")
+@_store_option
+def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, store) -> None:
+    """Restore a snapshot and continue the run from it."""
+    from prism_debug.runner.snapshots import RestoreOptions, restore
+
+    result = restore(RestoreOptions(
+        snapshot_id=snapshot_id, store=store, iterations=iterations, report_path=report_path,
+        trace_path=trace_path, run_dir=run_dir), click.echo)
+    sys.exit(result.exit_code)
+
+
+@main.command()
+def doctor() -> None:
+    """Check what snapshots need: CRIU, pycriu, kernel, privileges, GPU checkpointing."""
+    from prism_debug.snapshot import doctor as checks
+
+    problems = 0
+    for check in checks.run_checks():
+        mark = "ok  " if check.ok else ("--  " if check.optional else "FAIL")
+        click.echo(f"{mark} {check.name}: {check.detail}")
+        if not check.ok and check.fix:
+            click.echo(f"     fix: {check.fix}")
+        problems += not check.ok and not check.optional
+    sys.exit(1 if problems else 0)
 
 
 def _bundled_example_command(world_size: int) -> list[str]:

@@ -11,11 +11,13 @@ Append-only, line by line: a crash loses nothing already written.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import os
 import random
 import resource
+import signal
 import sys
 import threading
 import time
@@ -52,6 +54,9 @@ class Agent:
         self.config = config
         self.clock = EmulatedClock()
         self._events = open(config.events_path, "a", buffering=1, encoding="utf-8")
+        self._control = os.open(config.control_path, os.O_RDONLY) if config.control_path \
+            else None
+        self._backend: str | None = None
         profile = HardwareProfile.from_dict(config.hardware)
         self.families = FamilyRecorder(config.world_size)
         self.tracker = IterationTracker(self.clock.now(), self._emit, config.record_ops)
@@ -102,6 +107,7 @@ class Agent:
 
     def _on_init(self, requested_backend: str) -> None:
         self.initialised = True
+        self._backend = requested_backend
         now = self.clock.now()
         self.tracker.start = now
         if self.runtime.recorder is not None:
@@ -165,11 +171,48 @@ class Agent:
         record = self.tracker.boundary(t0, extra)
         if self.graph_engine is not None:
             self.graph_engine.iteration_end()
+        if self.config.snapshot_due(record["iteration"]):
+            self._stop_for_snapshot(record["iteration"])
         self.clock.exclude_since(started)  # the bookkeeping is not the job's time
         limit = self.config.iterations
         if limit is not None and record["iteration"] >= limit:
             self._stop_pending = True
             self.runtime.stop_requested = True
+
+    def _stop_for_snapshot(self, iteration: int) -> None:
+        """Stop where the controller can dump a consistent rank, then go on.
+
+        At an iteration boundary nothing is in flight; the event log is
+        flushed (and append-only, as CRIU needs files that grow after a dump).
+        The rank stops itself; the controller dumps it with CRIU, then sends
+        SIGCONT — to the original, and to every copy it restores later.  The
+        time stopped is the harness's (the caller excludes it from the clock).
+        """
+        self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid()})
+        self._events.flush()
+        os.kill(os.getpid(), signal.SIGSTOP)
+        # continued: read what the controller (or a restore) asks of the rest of the run
+        control = self._read_control()
+        if control.get("restored"):
+            self._emit({"kind": "resumed", "iteration": iteration, "pid": os.getpid(),
+                        "backend": self._backend, "rank": self.config.rank,
+                        "world_size": self.config.world_size, "snapshot": control.get("snapshot"),
+                        "families": self._families(), "time_s": self.clock.now()})
+            self.config = dataclasses.replace(
+                self.config, iterations=control.get("iterations"),
+                record_ops=bool(control.get("record_ops")),
+                snapshot_at=tuple(control.get("snapshot_at", ())),
+                snapshot_every=control.get("snapshot_every"))
+            self.tracker.record_ops = self.config.record_ops
+
+    def _read_control(self) -> dict:
+        if self._control is None:
+            return {}
+        raw = os.pread(self._control, 1 << 16, 0)
+        try:
+            return json.loads(raw or b"{}")
+        except ValueError:
+            return {}
 
     def _graph_extras(self) -> dict:
         """Who the rank waited for longest this iteration, and the traced

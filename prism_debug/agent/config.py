@@ -26,10 +26,20 @@ class AgentConfig:
     record_program: bool = False  # profiling a slice: record the rank's program
     graph_path: str | None = None  # replay virtual peers from this graph (else lockstep)
     trace_ranks: tuple[int, ...] = ()  # virtual ranks whose ops go into the trace
+    # snapshots: stop for a CRIU dump after these iterations, or every K
+    snapshot_at: tuple[int, ...] = ()
+    snapshot_every: int | None = None
+    # kept open by the agent; read after every snapshot stop (a restored copy
+    # finds there, through CRIU's inherited descriptors, what its restore asks)
+    control_path: str | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank {self.rank} is outside the world of {self.world_size} ranks")
+
+    def snapshot_due(self, iteration: int) -> bool:
+        return iteration in self.snapshot_at or bool(
+            self.snapshot_every and iteration % self.snapshot_every == 0)
 
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=1))
@@ -38,6 +48,7 @@ class AgentConfig:
     def read(cls, path: str | Path) -> "AgentConfig":
         data = json.loads(Path(path).read_text())
         data["trace_ranks"] = tuple(data.get("trace_ranks", ()))
+        data["snapshot_at"] = tuple(data.get("snapshot_at", ()))
         return cls(**data)
 
     @classmethod

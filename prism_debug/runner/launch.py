@@ -50,6 +50,9 @@ class RunOptions:
     record_program: bool = False  # profiling a slice
     graph_path: Path | None = None  # replay virtual peers from this graph
     trace_ranks: tuple[int, ...] = ()  # virtual ranks to put in the trace
+    snapshot_at: tuple[int, ...] = ()  # dump the rank after these iterations
+    snapshot_every: int | None = None
+    store: Path | None = None  # the snapshot store (default: snapshots/ here)
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -72,6 +75,10 @@ class RunOptions:
             if outside:
                 raise ConfigError(f"--trace-ranks {outside[0]} is outside the world of "
                                   f"{self.world_size}")
+        if any(k < 1 for k in self.snapshot_at) or (self.snapshot_every is not None
+                                                      and self.snapshot_every < 1):
+            raise ConfigError("snapshot iterations count from 1: --snapshot-at and "
+                              "--snapshot-every take positive numbers")
         for option, path in (("--report", self.report_path), ("--trace", self.trace_path)):
             if path is not None and not path.resolve().parent.is_dir():
                 raise ConfigError(f"{option} {path}: directory {path.resolve().parent} does not exist")
@@ -92,6 +99,7 @@ class RunResult:
     report: dict
     exit_code: int
     run_dir: Path
+    snapshots: list[str] = dataclasses.field(default_factory=list)  # ids taken, in order
 
 
 def default_run_dir() -> Path:
@@ -133,12 +141,20 @@ def torchrun_environment(rank: int, world_size: int, gpus_per_node: int) -> dict
 
 def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
     check_command(options.command)
+    snapshots = bool(options.snapshot_at or options.snapshot_every)
+    snapshotter = None
+    if snapshots:  # CRIU missing or unusable: say so before the run starts
+        from prism_debug.runner.snapshots import Snapshotter
+        snapshotter = Snapshotter.for_run(options, message)
     run_dir = options.run_dir or default_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     events_path = run_dir / "events.jsonl"
     log_path = run_dir / "rank.log"
-    for path in (events_path, log_path):
+    control_path = run_dir / "control.json"
+    for path in (events_path, log_path, control_path):
         path.unlink(missing_ok=True)
+    if snapshots:
+        control_path.write_text("{}")
     profile = options.profile
     config = AgentConfig(
         rank=options.rank, world_size=options.world_size, gpus_per_node=profile.gpus_per_node,
@@ -147,7 +163,9 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
         record_ops=options.trace_path is not None, digests=options.digests,
         record_program=options.record_program,
         graph_path=str(options.graph_path.resolve()) if options.graph_path else None,
-        trace_ranks=options.trace_ranks,
+        trace_ranks=options.trace_ranks, snapshot_at=options.snapshot_at,
+        snapshot_every=options.snapshot_every,
+        control_path=str(control_path) if snapshots else None,
     )
     config_path = run_dir / "agent.json"
     config.write(config_path)
@@ -172,23 +190,16 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:
             raise LaunchError(f"cannot start {options.command[0]}: {exc}") from exc
-    follower = _Follower(log_path, events_path, options.rank, message)
+    on_snapshot = None
+    if snapshotter is not None:
+        snapshotter.open_files = {"log": log_path, "events": events_path,
+                                  "control": control_path}
+        on_snapshot = lambda event: snapshotter.take(child.pid, event["iteration"])  # noqa: E731
+    follower = _Follower(log_path, events_path, options.rank, message, on_snapshot)
     exit_code = _wait(child, follower)
-    follower.poll(final=True)
-    events = reporting.read_events(events_path)
-
-    report = reporting.build_report(
-        events=events, world_size=options.world_size, rank=options.rank,
-        command=options.command, exit_code=exit_code, hardware=profile.name,
-        child_peak_rss=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
-    for line in reporting.summary_lines(report):
-        message(line)
-    if options.report_path:
-        options.report_path.write_text(json.dumps(report, indent=1) + "\n")
-        message(f"report: {options.report_path}")
-    if options.trace_path:
-        options.trace_path.write_text(json.dumps(reporting.chrome_trace(events, options.rank)))
-        message(f"trace: {options.trace_path} (open in https://ui.perfetto.dev)")
+    events, report = finish(follower, events_path, exit_code, options.world_size, options.rank,
+                    options.command, profile.name, options.report_path, options.trace_path,
+                    message)
     error = next((e["message"] for e in events if e["kind"] == "error"), None)
     if error is not None:
         raise GraphError(f"{error} (graph {options.graph_path})")
@@ -202,10 +213,34 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
             f"the script never called torch.distributed.init_process_group (exit code "
             f"{exit_code}): prism-debug emulates one rank of a distributed job, so the "
             f"command must start one; its output is in {log_path}")
-    return RunResult(report, exit_code, run_dir)
+    return RunResult(report, exit_code, run_dir, snapshotter.taken if snapshotter else [])
 
 
-def _wait(child: subprocess.Popen, follower: "_Follower") -> int:
+def finish(follower: "_Follower", events_path: Path, exit_code: int, world_size: int, rank: int,
+           command: list[str], hardware: str, report_path: Path | None,
+           trace_path: Path | None, message: Callable[[str], None],
+           restored_from: str | None = None) -> tuple[list[dict], dict]:
+    """Relay what is left, then write the report and trace; the events and report."""
+    follower.poll(final=True)
+    events = reporting.read_events(events_path)
+    report = reporting.build_report(
+        events=events, world_size=world_size, rank=rank, command=command,
+        exit_code=exit_code, hardware=hardware,
+        child_peak_rss=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
+    if restored_from is not None:
+        report["restored_from"] = restored_from
+    for line in reporting.summary_lines(report):
+        message(line)
+    if report_path:
+        report_path.write_text(json.dumps(report, indent=1) + "\n")
+        message(f"report: {report_path}")
+    if trace_path:
+        trace_path.write_text(json.dumps(reporting.chrome_trace(events, rank)))
+        message(f"trace: {trace_path} (open in https://ui.perfetto.dev)")
+    return events, report
+
+
+def _wait(child, follower: "_Follower") -> int:
     """Wait for the rank, relaying as it goes.
 
     The rank runs in its own session (CRIU needs that), so signals aimed at
@@ -248,12 +283,14 @@ class _Follower:
     """Relays the rank's output and prints a table row per finished iteration."""
 
     def __init__(self, log_path: Path, events_path: Path, rank: int,
-                 message: Callable[[str], None]) -> None:
+                 message: Callable[[str], None],
+                 on_snapshot: Callable[[dict], None] | None = None) -> None:
         self._log = _Tail(log_path)
         self._events = _Tail(events_path)
         self._prefix = f"[rank {rank}] "
         self._message = message
         self._header_shown = False
+        self._on_snapshot = on_snapshot
 
     def poll(self, final: bool = False) -> None:
         for line in self._log.lines(final):
@@ -268,6 +305,8 @@ class _Follower:
                     self._message(reporting.table_header())
                     self._header_shown = True
                 self._message(reporting.table_row(event))
+            elif event.get("kind") == "snapshot" and self._on_snapshot is not None:
+                self._on_snapshot(event)
 
 
 class _Tail:

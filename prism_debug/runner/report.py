@@ -35,7 +35,7 @@ def build_report(*, events: list[dict], world_size: int, rank: int, command: lis
     for event in events:
         if "families" in event:
             families = event["families"]
-        if event["kind"] == "init":
+        if event["kind"] in ("init", "resumed"):
             backend = event["backend"]
         peak_rss = max(peak_rss, event.get("peak_rss_bytes", 0))
     return {
@@ -81,11 +81,15 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"families: {describe_families(report['families'])}")
     if its:
         times = [it["time_s"] for it in its]
-        steady = times[1:] or times
-        wait = sum(it["comm_wait_s"] for it in its[1:] or its)
+        restored = report.get("restored_from")
+        # a restored run starts warm: its first iteration is a steady one
+        steady = times if restored else times[1:] or times
+        wait = sum(it["comm_wait_s"] for it in (its if restored else its[1:] or its))
+        start = (f"from snapshot {restored}" if restored
+                 else f"after warm-up (first {times[0] * 1e3:.2f} ms)")
         lines.append(
             f"summary: {len(its)} iterations · median {statistics.median(steady) * 1e3:.2f} ms "
-            f"after warm-up (first {times[0] * 1e3:.2f} ms) · comm wait "
+            f"{start} · comm wait "
             f"{100 * wait / max(sum(steady), 1e-12):.1f}% · peak RSS "
             f"{report['peak_rss_bytes'] / 2**20:.0f} MiB · exit {report['exit_code']}")
     else:

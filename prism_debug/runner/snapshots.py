@@ -1,0 +1,221 @@
+"""Snapshots from the controller's side: dump the rank at an iteration
+boundary, and restore a snapshot as a new run.
+
+The rank stops itself at a boundary (SIGSTOP) after flushing its event log;
+the controller dumps the stopped process tree with CRIU, leaving it running,
+records the snapshot, and continues it (SIGCONT).  A restore starts the
+process again from the images as the controller's child (``rst_sibling``),
+with its log, event log and control file replaced — through CRIU's inherited
+descriptors — by the new run's, and continues it the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+from prism_debug.errors import ConfigError
+from prism_debug.runner import launch
+from prism_debug.snapshot import criu as criu_api
+from prism_debug.snapshot.store import (
+    Manifest,
+    SnapshotError,
+    Store,
+    new_id,
+    now_text,
+    sha256_file,
+)
+
+DEFAULT_STORE = launch.SOURCE_ROOT / "snapshots"
+_STOP_TIMEOUT_S = 60.0
+
+
+def script_of(command: list[str]) -> Path | None:
+    """The Python script a command runs, if it runs one."""
+    if Path(command[0]).name.startswith("python"):
+        script = next((a for a in command[1:] if not a.startswith("-")), None)
+        if script is not None and script.endswith(".py"):
+            return Path(script).resolve()
+    return None
+
+
+def _environment_digest(options: launch.RunOptions) -> str:
+    """What else a restored run's behaviour rests on besides the script and graph."""
+    facts = {"hardware": options.profile.to_dict(), "seed": options.seed,
+             "values": options.values, "digests": options.digests,
+             "world_size": options.world_size, "rank": options.rank}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+@dataclasses.dataclass
+class Snapshotter:
+    store: Store
+    criu: criu_api.Criu
+    base: dict  # manifest fields fixed for the run
+    message: Callable[[str], None]
+    open_files: dict[str, Path] = dataclasses.field(default_factory=dict)
+    taken: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def for_run(cls, options: launch.RunOptions, message: Callable[[str], None]) -> "Snapshotter":
+        criu = criu_api.locate()
+        criu_api.pycriu()
+        script = script_of(options.command)
+        base = {
+            "world_size": options.world_size, "rank": options.rank,
+            "command": list(options.command),
+            "graph_digest": sha256_file(options.graph_path) if options.graph_path else None,
+            "script_digest": sha256_file(script) if script and script.is_file() else None,
+            "environment_digest": _environment_digest(options),
+            "hardware": options.profile.name,
+        }
+        return cls(Store(options.store or DEFAULT_STORE), criu, base, message)
+
+    def take(self, pid: int, iteration: int) -> None:
+        """Dump the stopped rank, then continue it, whatever the dump's fate."""
+        snapshot_id = new_id(self.base["rank"], iteration)
+        staging = None
+        try:
+            _wait_stopped(pid)
+            staging = self.store.staging(snapshot_id)
+            started = time.perf_counter()
+            criu_api.dump(self.criu, pid, staging, leave_running=True)
+            dump_s = time.perf_counter() - started
+            manifest = Manifest(
+                id=snapshot_id, parent=None, iteration=iteration, **self.base,
+                open_files={role: str(path.resolve()) for role, path in self.open_files.items()},
+                image_bytes=0, dump_s=dump_s, created=now_text())
+            path = self.store.commit(staging, manifest)
+            staging = None
+            self.taken.append(snapshot_id)
+            size = self.store.get(snapshot_id).image_bytes
+            self.message(f"snapshot {snapshot_id}: iteration {iteration}, {size / 2**20:.1f} MiB "
+                         f"in {dump_s:.2f} s → {path}")
+        except (criu_api.CriuError, SnapshotError, OSError) as exc:
+            # the run goes on: a failed snapshot costs the snapshot, not the run
+            self.message(f"prism-debug: warning: no snapshot at iteration {iteration}: {exc}")
+        finally:
+            if staging is not None:
+                self.store.discard(staging)
+            _continue(pid)
+
+
+def _wait_stopped(pid: int) -> None:
+    deadline = time.monotonic() + _STOP_TIMEOUT_S
+    while _state(pid) != "T":
+        if time.monotonic() > deadline:
+            raise SnapshotError(f"the rank (pid {pid}) did not stop for its snapshot")
+        time.sleep(0.002)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _continue(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+# -- restore --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RestoreOptions:
+    snapshot_id: str
+    store: Path | None = None
+    iterations: int | None = None  # further iterations to run (default: to the end)
+    report_path: Path | None = None
+    trace_path: Path | None = None
+    run_dir: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.iterations is not None and self.iterations < 1:
+            raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
+        for option, path in (("--report", self.report_path), ("--trace", self.trace_path)):
+            if path is not None and not path.resolve().parent.is_dir():
+                raise ConfigError(f"{option} {path}: directory {path.resolve().parent} does "
+                                  "not exist")
+
+
+class _RestoredChild:
+    """The restored rank, as launch._wait expects a child (poll, pid, wait)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(0.01)
+        return self.returncode
+
+
+def check_unchanged(manifest: Manifest) -> None:
+    """Refuse to restore a rank whose script or graph changed since its snapshot."""
+    script = script_of(manifest.command)
+    if manifest.script_digest and script is not None:
+        if not script.is_file():
+            raise SnapshotError(f"snapshot {manifest.id}: its script {script} is gone")
+        if sha256_file(script) != manifest.script_digest:
+            raise SnapshotError(f"snapshot {manifest.id}: its script {script} changed since "
+                                "the snapshot; restoring would mix old code in memory with new "
+                                "code on disk")
+
+
+def restore(options: RestoreOptions, message: Callable[[str], None]) -> launch.RunResult:
+    store = Store(options.store or DEFAULT_STORE)
+    manifest = store.verify(options.snapshot_id)
+    check_unchanged(manifest)
+    criu = criu_api.locate()
+    run_dir = options.run_dir or launch.default_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"log": run_dir / "rank.log", "events": run_dir / "events.jsonl",
+             "control": run_dir / "control.json"}
+    for path in paths.values():
+        path.unlink(missing_ok=True)
+    limit = manifest.iteration + options.iterations if options.iterations else None
+    paths["control"].write_text(json.dumps({
+        "restored": True, "snapshot": manifest.id, "iterations": limit,
+        "record_ops": options.trace_path is not None}))
+    message(f"prism-debug: restoring snapshot {manifest.id} (rank {manifest.rank} of "
+            f"{manifest.world_size}, after iteration {manifest.iteration})")
+    fds = {
+        "log": os.open(paths["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        "events": os.open(paths["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        "control": os.open(paths["control"], os.O_RDONLY),
+    }
+    try:
+        pid = criu_api.restore(criu, store.path(manifest.id), run_dir, {
+            manifest.open_files[role].lstrip("/"): fd for role, fd in fds.items()})
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    child = _RestoredChild(pid)
+    _continue(pid)
+    follower = launch._Follower(paths["log"], paths["events"], manifest.rank, message)
+    exit_code = launch._wait(child, follower)
+    _, report = launch.finish(
+        follower, paths["events"], exit_code, manifest.world_size, manifest.rank,
+        manifest.command, manifest.hardware, options.report_path, options.trace_path, message,
+        restored_from=manifest.id)
+    return launch.RunResult(report, exit_code, run_dir)

@@ -1,0 +1,1 @@
+"""Snapshots of the real rank: CRIU dumps, the store, restore."""

@@ -1,0 +1,140 @@
+"""Snapshots with real CRIU: dump a running rank, restore it again and again.
+
+The bundled example as rank 5 of 64 (tp=2 x pp=2 x dp=16), five iterations,
+a snapshot after the second: every restore must replay iterations 3-5 with
+the original run's value digests, bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+pytestmark = pytest.mark.slow
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prism_debug.cli", *args], capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL,
+                          env=None if env is None else os.environ | env)
+
+
+def digests(report_path: Path) -> dict[int, str]:
+    report = json.loads(report_path.read_text())
+    return {it["iteration"]: it["digest"] for it in report["iterations"]}
+
+
+def snapshot_run(tmp: Path, script: Path = EXAMPLE, store: Path | None = None):
+    store = store or tmp / "store"
+    proc = cli("run", "--world-size", "64", "--rank", "5", "--snapshot-at", "2",
+               "--store", str(store), "--report", str(tmp / "original.json"),
+               "--run-dir", str(tmp / "run"), "--",
+               sys.executable, str(script), "--tp", "2", "--pp", "2", "--iterations", "5")
+    assert proc.returncode == 0, proc.stderr
+    (snapshot_id,) = [p.name for p in store.iterdir()]
+    return store, snapshot_id, proc
+
+
+@pytest.fixture(scope="module")
+def snapshotted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("snapshots")
+    store, snapshot_id, proc = snapshot_run(tmp)
+    return tmp, store, snapshot_id, proc
+
+
+def restore(store: Path, snapshot_id: str, tmp: Path, *options: str):
+    report = tmp / f"restored{len(list(tmp.glob('restored*')))}.json"
+    proc = cli("snapshot", "restore", snapshot_id, "--store", str(store), "--report",
+               str(report), "--run-dir", str(tmp / report.stem), *options)
+    return proc, report
+
+
+def test_restores_replay_the_original_iterations_bit_for_bit(snapshotted):
+    tmp, store, snapshot_id, proc = snapshotted
+    original = digests(tmp / "original.json")
+    assert sorted(original) == [1, 2, 3, 4, 5]
+    assert f"snapshot {snapshot_id}: iteration 2, " in proc.stdout
+    for _ in range(3):  # the same snapshot, again and again
+        restored_proc, report = restore(store, snapshot_id, tmp)
+        assert restored_proc.returncode == 0, restored_proc.stderr
+        assert digests(report) == {k: original[k] for k in (3, 4, 5)}
+        assert json.loads(report.read_text())["restored_from"] == snapshot_id
+
+
+def test_a_restore_stops_after_the_iterations_asked(snapshotted):
+    tmp, store, snapshot_id, _ = snapshotted
+    proc, report = restore(store, snapshot_id, tmp, "--iterations", "1")
+    assert proc.returncode == 0, proc.stderr
+    assert list(digests(report)) == [3]
+
+
+def test_the_manifest_records_the_run(snapshotted):
+    tmp, store, snapshot_id, _ = snapshotted
+    manifest = json.loads(cli("snapshot", "show", snapshot_id, "--store", str(store)).stdout)
+    assert (manifest["iteration"], manifest["rank"], manifest["world_size"]) == (2, 5, 64)
+    assert manifest["image_bytes"] > 50 * 2**20 and manifest["files"]
+    listing = cli("snapshot", "ls", "--store", str(store)).stdout
+    assert snapshot_id in listing.splitlines()[1]
+    verified = cli("snapshot", "verify", snapshot_id, "--store", str(store))
+    assert verified.returncode == 0 and "checksums match" in verified.stdout
+
+
+def test_a_corrupted_image_is_refused(snapshotted, tmp_path):
+    _, store, snapshot_id, _ = snapshotted
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    pages = sorted((copy / snapshot_id).glob("pages-*.img"))[0]
+    data = bytearray(pages.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pages.write_bytes(bytes(data))
+    proc, _ = restore(copy, snapshot_id, tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"prism-debug: error: snapshot {snapshot_id} is damaged: image "
+                           f"{pages.name} does not match its checksum\n")
+
+
+def test_a_snapshot_of_a_script_that_changed_since_is_refused(tmp_path):
+    script = tmp_path / "train.py"
+    shutil.copy(EXAMPLE, script)
+    store, snapshot_id, _ = snapshot_run(tmp_path, script)
+    script.write_text(script.read_text() + "\n# edited\n")
+    proc, _ = restore(store, snapshot_id, tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"prism-debug: error: snapshot {snapshot_id}: its script {script} "
+                           "changed since the snapshot; restoring would mix old code in memory "
+                           "with new code on disk\n")
+
+
+def test_removing_a_snapshot(snapshotted, tmp_path):
+    _, store, snapshot_id, _ = snapshotted
+    copy = tmp_path / "store"
+    shutil.copytree(store, copy)
+    proc = cli("snapshot", "rm", snapshot_id, "--store", str(copy))
+    assert proc.stdout == f"removed {snapshot_id}\n"
+    assert not (copy / snapshot_id).exists()
+
+
+def test_without_usable_criu_a_snapshot_run_stops_before_it_starts(tmp_path):
+    proc = cli("run", "--world-size", "64", "--rank", "5", "--snapshot-at", "2",
+               "--store", str(tmp_path / "store"), "--", sys.executable, str(EXAMPLE),
+               env={"PRISM_DEBUG_CRIU": str(tmp_path / "no-criu")})
+    assert proc.returncode == 2
+    assert proc.stderr == (f"prism-debug: error: $PRISM_DEBUG_CRIU names {tmp_path / 'no-criu'}, "
+                           "which is not an executable: point it at criu >= 4.1, or unset it to "
+                           "use the checkout's\n")
+    assert not (tmp_path / "store").exists()
+
+
+def test_doctor_reports_criu_ready():
+    proc = cli("doctor")
+    assert proc.returncode == 0, proc.stdout
+    lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
+    assert lines["ok   criu check"] == "Looks good."
+    assert lines["ok   criu"].startswith("4.")
