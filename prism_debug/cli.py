@@ -68,14 +68,16 @@ def main(verbose: int) -> None:
               help="Snapshot the rank (CRIU) after these iterations, e.g. 3,10.")
 @click.option("--snapshot-every", type=int, default=None,
               help="Snapshot the rank after every K-th iteration.")
+@click.option("--incremental", is_flag=True,
+              help="Snapshots after the first hold only the memory written since the last.")
 @click.option("--store", type=click.Path(file_okay=False, path_type=Path),
               help="Snapshot store [default: snapshots/ in the prism-debug checkout].")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the run's log and events go [default: ~/.local/state/prism-debug/runs/…].")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path,
-        trace_ranks, seed, values, no_digest, graph_path, snapshot_at, snapshot_every, store,
-        run_dir, command) -> None:
+        trace_ranks, seed, values, no_digest, graph_path, snapshot_at, snapshot_every,
+        incremental, store, run_dir, command) -> None:
     """Run COMMAND as one real rank of a WORLD_SIZE job.
 
     \b
@@ -101,13 +103,13 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
         values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
         trace_ranks=parse_ranks(trace_ranks), snapshot_at=parse_ranks(snapshot_at),
-        snapshot_every=snapshot_every, store=store)
+        snapshot_every=snapshot_every, incremental=incremental, store=store)
     result = run_rank(options, click.echo)
     store_option = f" --store {store}" if store else ""
     if result.snapshots:
         click.echo(f"replay from a snapshot: prism-debug snapshot restore {result.snapshots[-1]}"
                    f"{store_option} (list them: prism-debug snapshot ls{store_option})")
-    else:
+    elif not (options.snapshot_at or options.snapshot_every):
         click.echo("hint: add --snapshot-at 2 to snapshot the rank with CRIU after iteration 2; "
                    "then prism-debug snapshot ls, and prism-debug snapshot restore ID replays "
                    "it from there, bit for bit")

@@ -53,6 +53,7 @@ class RunOptions:
     snapshot_at: tuple[int, ...] = ()  # dump the rank after these iterations
     snapshot_every: int | None = None
     store: Path | None = None  # the snapshot store (default: snapshots/ here)
+    incremental: bool = False  # snapshots after the first hold only what changed
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -79,6 +80,9 @@ class RunOptions:
                                                       and self.snapshot_every < 1):
             raise ConfigError("snapshot iterations count from 1: --snapshot-at and "
                               "--snapshot-every take positive numbers")
+        if self.incremental and not (self.snapshot_at or self.snapshot_every):
+            raise ConfigError("--incremental needs snapshots: add --snapshot-at or "
+                              "--snapshot-every")
         for option, path in (("--report", self.report_path), ("--trace", self.trace_path)):
             if path is not None and not path.resolve().parent.is_dir():
                 raise ConfigError(f"{option} {path}: directory {path.resolve().parent} does not exist")

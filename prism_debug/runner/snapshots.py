@@ -61,11 +61,21 @@ class Snapshotter:
     message: Callable[[str], None]
     open_files: dict[str, Path] = dataclasses.field(default_factory=dict)
     taken: list[str] = dataclasses.field(default_factory=list)
+    # each dump after the first holds only the pages written since the last
+    # (CRIU's memory tracking), on top of its parent
+    incremental: bool = False
 
     @classmethod
     def for_run(cls, options: launch.RunOptions, message: Callable[[str], None]) -> "Snapshotter":
         criu = criu_api.locate()
         criu_api.pycriu()
+        if options.incremental:
+            tracked, detail = criu_api.tracks_memory(criu)
+            if not tracked:
+                raise criu_api.CriuError(
+                    f"--incremental needs the kernel to track written pages (soft-dirty bits, "
+                    f"CONFIG_MEM_SOFT_DIRTY), and this one does not ({detail}): take full "
+                    "snapshots, or run on a kernel built with it")
         script = script_of(options.command)
         base = {
             "world_size": options.world_size, "rank": options.rank,
@@ -75,7 +85,8 @@ class Snapshotter:
             "environment_digest": _environment_digest(options),
             "hardware": options.profile.name,
         }
-        return cls(Store(options.store or DEFAULT_STORE), criu, base, message)
+        return cls(Store(options.store or DEFAULT_STORE), criu, base, message,
+                   incremental=options.incremental)
 
     def take(self, pid: int, iteration: int) -> None:
         """Dump the stopped rank, then continue it, whatever the dump's fate."""
@@ -84,11 +95,14 @@ class Snapshotter:
         try:
             _wait_stopped(pid)
             staging = self.store.staging(snapshot_id)
+            parent = self.taken[-1] if self.incremental and self.taken else None
             started = time.perf_counter()
-            criu_api.dump(self.criu, pid, staging, leave_running=True)
+            criu_api.dump(self.criu, pid, staging, leave_running=True,
+                          track_mem=self.incremental,
+                          parent=self.store.path(parent) if parent else None)
             dump_s = time.perf_counter() - started
             manifest = Manifest(
-                id=snapshot_id, parent=None, iteration=iteration, **self.base,
+                id=snapshot_id, parent=parent, iteration=iteration, **self.base,
                 open_files={role: str(path.resolve()) for role, path in self.open_files.items()},
                 image_bytes=0, dump_s=dump_s, created=now_text())
             path = self.store.commit(staging, manifest)

@@ -87,6 +87,16 @@ def check(criu: Criu) -> tuple[bool, str]:
     return proc.returncode == 0, lines[-1] if lines else f"exit code {proc.returncode}"
 
 
+def tracks_memory(criu: Criu) -> tuple[bool, str]:
+    """Whether the kernel tracks written pages (soft-dirty bits), which
+    incremental dumps need."""
+    proc = subprocess.run([str(criu.binary), "check", "--feature", "mem_dirty_track"],
+                          capture_output=True, text=True, timeout=60)
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    detail = lines[-1].split(":", 2)[-1].strip() if lines else f"exit code {proc.returncode}"
+    return proc.returncode == 0, detail
+
+
 def pycriu():
     """The pycriu module, or :class:`CriuError` naming the fix."""
     try:

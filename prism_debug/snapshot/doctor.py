@@ -37,6 +37,11 @@ def run_checks() -> list[Check]:
         ok, line = criu_api.check(criu)
         checks.append(Check("criu check", ok, line,
                             "see `criu check --all`; kernels >= 6.13 need criu >= 4.1"))
+        tracked, detail = criu_api.tracks_memory(criu)
+        checks.append(Check("memory tracking", tracked, detail if not tracked else "soft-dirty",
+                            "incremental snapshots (--incremental) need a kernel built with "
+                            "CONFIG_MEM_SOFT_DIRTY; full snapshots work without",
+                            optional=True))
     try:
         module = criu_api.pycriu()
     except criu_api.CriuError:

@@ -138,3 +138,44 @@ def test_doctor_reports_criu_ready():
     lines = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
     assert lines["ok   criu check"] == "Looks good."
     assert lines["ok   criu"].startswith("4.")
+
+
+def test_a_failed_dump_costs_the_snapshot_not_the_run(tmp_path):
+    # a criu that reports a good version but dies at once when asked to dump
+    fake = tmp_path / "criu"
+    fake.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "Version: 4.1.1" && exit 0\n'
+                    'exit 1\n')
+    fake.chmod(0o755)
+    proc = cli("run", "--world-size", "64", "--rank", "5", "--snapshot-at", "2",
+               "--store", str(tmp_path / "store"), "--report", str(tmp_path / "r.json"),
+               "--run-dir", str(tmp_path / "run"), "--", sys.executable, str(EXAMPLE),
+               "--tp", "2", "--pp", "2", "--iterations", "3",
+               env={"PRISM_DEBUG_CRIU": str(fake)})
+    assert proc.returncode == 0, proc.stderr
+    warning = next(line for line in proc.stdout.splitlines() if "warning" in line)
+    assert warning.startswith("prism-debug: warning: no snapshot at iteration 2: criu dump of "
+                              "pid ")
+    assert sorted(digests(tmp_path / "r.json")) == [1, 2, 3]  # the run went on
+    assert list((tmp_path / "store").iterdir()) == []  # and left no partial snapshot
+
+
+def test_incremental_snapshots_need_the_kernel_to_track_memory(tmp_path):
+    from prism_debug.snapshot import criu as criu_api
+
+    tracked, detail = criu_api.tracks_memory(criu_api.locate())
+    proc = cli("run", "--world-size", "64", "--rank", "5", "--snapshot-every", "1",
+               "--incremental", "--store", str(tmp_path / "store"), "--report",
+               str(tmp_path / "r.json"), "--run-dir", str(tmp_path / "run"), "--",
+               sys.executable, str(EXAMPLE), "--tp", "2", "--pp", "2", "--iterations", "3")
+    if not tracked:  # this machine's kernel (no CONFIG_MEM_SOFT_DIRTY): refused up front
+        assert proc.returncode == 2
+        assert proc.stderr == (
+            "prism-debug: error: --incremental needs the kernel to track written pages "
+            f"(soft-dirty bits, CONFIG_MEM_SOFT_DIRTY), and this one does not ({detail}): take "
+            "full snapshots, or run on a kernel built with it\n")
+        return
+    assert proc.returncode == 0, proc.stderr  # a chain: each snapshot on its predecessor
+    chain = sorted(json.loads(cli("snapshot", "show", p.name, "--store",
+                                  str(tmp_path / "store")).stdout)["iteration"]
+                   for p in (tmp_path / "store").iterdir())
+    assert chain == [1, 2, 3]
