@@ -188,8 +188,14 @@ class Agent:
         SIGCONT — to the original, and to every copy it restores later.  The
         time stopped is the harness's (the caller excludes it from the clock).
         """
-        self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid()})
+        cuda = torch.cuda.is_initialized()
+        if cuda:
+            torch.cuda.synchronize()
+        self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid(),
+                    "cuda": cuda})
         self._events.flush()
+        if cuda and not self._await_stop(iteration):
+            return  # the controller cannot checkpoint CUDA here: no snapshot, go on
         os.kill(os.getpid(), signal.SIGSTOP)
         # continued: read what the controller (or a restore) asks of the rest of the run
         control = self._read_control()
@@ -204,6 +210,16 @@ class Agent:
                 snapshot_at=tuple(control.get("snapshot_at", ())),
                 snapshot_every=control.get("snapshot_every"))
             self.tracker.record_ops = self.config.record_ops
+
+    def _await_stop(self, iteration: int) -> bool:
+        """A CUDA rank stops only once the controller has locked and
+        checkpointed its CUDA state, which must happen while it runs
+        (cuda-checkpoint hangs on a stopped process).  False: no snapshot."""
+        while True:
+            control = self._read_control()
+            if control.get("stop_at") == iteration and control.get("phase") in ("stop", "skip"):
+                return control["phase"] == "stop"
+            time.sleep(0.001)
 
     def _read_control(self) -> dict:
         if self._control is None:

@@ -198,7 +198,8 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
     if snapshotter is not None:
         snapshotter.open_files = {"log": log_path, "events": events_path,
                                   "control": control_path}
-        on_snapshot = lambda event: snapshotter.take(child.pid, event["iteration"])  # noqa: E731
+        def on_snapshot(event: dict) -> None:
+            snapshotter.take(child.pid, event["iteration"], bool(event.get("cuda")))
     follower = _Follower(log_path, events_path, options.rank, message, on_snapshot)
     exit_code = _wait(child, follower)
     events, report = finish(follower, events_path, exit_code, options.world_size, options.rank,

@@ -88,11 +88,25 @@ class Snapshotter:
         return cls(Store(options.store or DEFAULT_STORE), criu, base, message,
                    incremental=options.incremental)
 
-    def take(self, pid: int, iteration: int) -> None:
-        """Dump the stopped rank, then continue it, whatever the dump's fate."""
+    def take(self, pid: int, iteration: int, cuda: bool = False) -> None:
+        """Dump the rank stopped at an iteration boundary, then continue it,
+        whatever the dump's fate.
+
+        A CUDA rank is still running when this starts: its CUDA state is
+        locked and checkpointed to host memory first (cuda-checkpoint hangs on
+        a stopped process), then it is told to stop; after the dump the state
+        goes back to the GPU and is unlocked (CRIU's CUDA plugin's order).
+        """
         snapshot_id = new_id(self.base["rank"], iteration)
         staging = None
+        cuda_locked: Path | None = None
         try:
+            if cuda:
+                tool = criu_api.cuda_checkpoint()
+                criu_api.cuda_action(tool, "lock", pid)
+                cuda_locked = tool
+                criu_api.cuda_action(tool, "checkpoint", pid)
+                self._control({"stop_at": iteration, "phase": "stop"})
             _wait_stopped(pid)
             staging = self.store.staging(snapshot_id)
             parent = self.taken[-1] if self.incremental and self.taken else None
@@ -104,7 +118,7 @@ class Snapshotter:
             manifest = Manifest(
                 id=snapshot_id, parent=parent, iteration=iteration, **self.base,
                 open_files={role: str(path.resolve()) for role, path in self.open_files.items()},
-                image_bytes=0, dump_s=dump_s, created=now_text())
+                image_bytes=0, dump_s=dump_s, created=now_text(), cuda=cuda)
             path = self.store.commit(staging, manifest)
             staging = None
             self.taken.append(snapshot_id)
@@ -114,10 +128,30 @@ class Snapshotter:
         except (criu_api.CriuError, SnapshotError, OSError) as exc:
             # the run goes on: a failed snapshot costs the snapshot, not the run
             self.message(f"prism-debug: warning: no snapshot at iteration {iteration}: {exc}")
+            if cuda and _state(pid) != "T":
+                self._control({"stop_at": iteration, "phase": "skip"})  # release the rank
         finally:
             if staging is not None:
                 self.store.discard(staging)
-            _continue(pid)
+            if _state(pid) == "T":
+                self._control({})
+                _continue(pid)
+            if cuda_locked is not None:
+                _resume_cuda(cuda_locked, pid, self.message)
+
+    def _control(self, content: dict) -> None:
+        """Rewrite the control file in place (the rank holds it open)."""
+        with open(self.open_files["control"], "r+") as f:
+            f.truncate(0)
+            f.write(json.dumps(content))
+
+
+def _resume_cuda(tool: Path, pid: int, message: Callable[[str], None]) -> None:
+    for action in ("restore", "unlock"):
+        try:
+            criu_api.cuda_action(tool, action, pid)
+        except criu_api.CriuError as exc:
+            message(f"prism-debug: warning: {exc}")
 
 
 def _wait_stopped(pid: int) -> None:
@@ -201,6 +235,8 @@ def restore(options: RestoreOptions, message: Callable[[str], None]) -> launch.R
     manifest = store.verify(options.snapshot_id)
     check_unchanged(manifest)
     criu = criu_api.locate()
+    if manifest.cuda:
+        criu_api.cuda_checkpoint()  # missing: say so before restoring anything
     run_dir = options.run_dir or launch.default_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     paths = {"log": run_dir / "rank.log", "events": run_dir / "events.jsonl",
@@ -226,6 +262,8 @@ def restore(options: RestoreOptions, message: Callable[[str], None]) -> launch.R
             os.close(fd)
     child = _RestoredChild(pid)
     _continue(pid)
+    if manifest.cuda:  # its CUDA state was checkpointed to host memory: back to the GPU
+        _resume_cuda(criu_api.cuda_checkpoint(), pid, message)
     follower = launch._Follower(paths["log"], paths["events"], manifest.rank, message)
     exit_code = launch._wait(child, follower)
     _, report = launch.finish(

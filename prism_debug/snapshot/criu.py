@@ -97,6 +97,29 @@ def tracks_memory(criu: Criu) -> tuple[bool, str]:
     return proc.returncode == 0, detail
 
 
+CUDA_ENV_VAR = "PRISM_DEBUG_CUDA_CHECKPOINT"
+
+
+def cuda_checkpoint() -> Path:
+    """NVIDIA's cuda-checkpoint utility (``$PRISM_DEBUG_CUDA_CHECKPOINT``, else PATH)."""
+    named = os.environ.get(CUDA_ENV_VAR) or shutil.which("cuda-checkpoint")
+    if not named or not os.access(named, os.X_OK):
+        raise CriuError("the rank uses CUDA, and snapshots of CUDA state need NVIDIA's "
+                        "cuda-checkpoint (driver >= 570) on PATH or in "
+                        f"${CUDA_ENV_VAR}: https://github.com/NVIDIA/cuda-checkpoint")
+    return Path(named)
+
+
+def cuda_action(tool: Path, action: str, pid: int) -> None:
+    """One cuda-checkpoint step — lock, checkpoint, restore or unlock — on ``pid``."""
+    proc = subprocess.run([str(tool), "--action", action, "--pid", str(pid)],
+                          capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        detail = (proc.stderr or proc.stdout).strip().splitlines()
+        raise CriuError(f"cuda-checkpoint --action {action} --pid {pid} failed: "
+                        f"{detail[-1] if detail else f'exit code {proc.returncode}'}")
+
+
 def pycriu():
     """The pycriu module, or :class:`CriuError` naming the fix."""
     try:

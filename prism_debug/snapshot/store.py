@@ -47,6 +47,7 @@ class Manifest:
     dump_s: float
     created: str
     files: dict[str, str] = dataclasses.field(default_factory=dict)  # image -> SHA-256
+    cuda: bool = False  # CUDA state was checkpointed into host memory (cuda-checkpoint)
     version: int = MANIFEST_VERSION
 
     def to_json(self) -> str:

@@ -179,3 +179,35 @@ def test_incremental_snapshots_need_the_kernel_to_track_memory(tmp_path):
                                   str(tmp_path / "store")).stdout)["iteration"]
                    for p in (tmp_path / "store").iterdir())
     assert chain == [1, 2, 3]
+
+
+def test_cuda_state_is_locked_checkpointed_restored_and_unlocked_in_order(tmp_path):
+    # Mocked (no GPU driver here): cuda-checkpoint records its calls, and the
+    # script stubs torch.cuda's state queries; CRIU and the rank are real.
+    calls = tmp_path / "calls.log"
+    tool = tmp_path / "cuda-checkpoint"
+    tool.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    tool.chmod(0o755)
+    env = {"PRISM_DEBUG_CUDA_CHECKPOINT": str(tool)}
+    store = tmp_path / "store"
+    proc = cli("run", "--world-size", "16", "--rank", "3", "--snapshot-at", "2",
+               "--store", str(store), "--report", str(tmp_path / "original.json"),
+               "--run-dir", str(tmp_path / "run"), "--", sys.executable,
+               str(Path(__file__).resolve().parents[1] / "scripts" / "cuda_claims.py"), env=env)
+    assert proc.returncode == 0, proc.stderr
+    (snapshot_id,) = [p.name for p in store.iterdir()]
+    manifest = json.loads(cli("snapshot", "show", snapshot_id, "--store", str(store)).stdout)
+    assert manifest["cuda"] is True
+    dumped = calls.read_text().splitlines()
+    rank_pid = dumped[0].split()[-1]
+    assert dumped == [f"--action {a} --pid {rank_pid}"
+                      for a in ("lock", "checkpoint", "restore", "unlock")]
+    restored = cli("snapshot", "restore", snapshot_id, "--store", str(store), "--report",
+                   str(tmp_path / "restored.json"), "--run-dir", str(tmp_path / "again"),
+                   env=env)
+    assert restored.returncode == 0, restored.stderr
+    # the restored copy (same pid: CRIU restores pids) gets its state back on the GPU
+    assert calls.read_text().splitlines()[4:] == [f"--action {a} --pid {rank_pid}"
+                                                  for a in ("restore", "unlock")]
+    original = digests(tmp_path / "original.json")
+    assert digests(tmp_path / "restored.json") == {k: original[k] for k in (3, 4)}
