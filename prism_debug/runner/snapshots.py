@@ -254,12 +254,15 @@ def restore(options: RestoreOptions, message: Callable[[str], None]) -> launch.R
         "events": os.open(paths["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
         "control": os.open(paths["control"], os.O_RDONLY),
     }
+    started = time.perf_counter()
     try:
         pid = criu_api.restore(criu, store.path(manifest.id), run_dir, {
             manifest.open_files[role].lstrip("/"): fd for role, fd in fds.items()})
     finally:
         for fd in fds.values():
             os.close(fd)
+    message(f"restored pid {pid} in {time.perf_counter() - started:.2f} s "
+            f"({manifest.image_bytes / 2**20:.1f} MiB of images)")
     child = _RestoredChild(pid)
     _continue(pid)
     if manifest.cuda:  # its CUDA state was checkpointed to host memory: back to the GPU
