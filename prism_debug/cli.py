@@ -70,6 +70,9 @@ def main(verbose: int) -> None:
               help="Snapshot the rank after every K-th iteration.")
 @click.option("--incremental", is_flag=True,
               help="Snapshots after the first hold only the memory written since the last.")
+@click.option("--isolate", is_flag=True,
+              help="Run the rank in its own pid namespace, so restored copies of its "
+                   "snapshots can run beside it.")
 @click.option("--store", type=click.Path(file_okay=False, path_type=Path),
               help="Snapshot store [default: snapshots/ in the prism-debug checkout].")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -77,7 +80,7 @@ def main(verbose: int) -> None:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path,
         trace_ranks, seed, values, no_digest, graph_path, snapshot_at, snapshot_every,
-        incremental, store, run_dir, command) -> None:
+        incremental, isolate, store, run_dir, command) -> None:
     """Run COMMAND as one real rank of a WORLD_SIZE job.
 
     \b
@@ -103,7 +106,7 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
         values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
         trace_ranks=parse_ranks(trace_ranks), snapshot_at=parse_ranks(snapshot_at),
-        snapshot_every=snapshot_every, incremental=incremental, store=store)
+        snapshot_every=snapshot_every, incremental=incremental, isolate=isolate, store=store)
     result = run_rank(options, click.echo)
     store_option = f" --store {store}" if store else ""
     if result.snapshots:

@@ -180,25 +180,28 @@ class Agent:
             self.runtime.stop_requested = True
 
     def _stop_for_snapshot(self, iteration: int) -> None:
-        """Stop where the controller can dump a consistent rank, then go on.
+        """Wait at a consistent point while the controller dumps the rank.
 
         At an iteration boundary nothing is in flight; the event log is
         flushed (and append-only, as CRIU needs files that grow after a dump).
-        The rank stops itself; the controller dumps it with CRIU, then sends
-        SIGCONT — to the original, and to every copy it restores later.  The
-        time stopped is the harness's (the caller excludes it from the clock).
+        The rank announces the snapshot and idles, reading its control file,
+        until told to go on: meanwhile the controller stops it (SIGSTOP, from
+        outside: a rank that is a pid namespace's init cannot stop itself),
+        dumps it with CRIU and continues it — the original, and every copy it
+        restores later.  The time spent here is the harness's (the caller
+        excludes it from the clock).
         """
         cuda = torch.cuda.is_initialized()
         if cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize()  # nothing in flight on the GPU either
         self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid(),
                     "cuda": cuda})
         self._events.flush()
-        if cuda and not self._await_stop(iteration):
-            return  # the controller cannot checkpoint CUDA here: no snapshot, go on
-        os.kill(os.getpid(), signal.SIGSTOP)
-        # continued: read what the controller (or a restore) asks of the rest of the run
-        control = self._read_control()
+        while True:
+            control = self._read_control()
+            if control.get("stop_at") == iteration and control.get("phase") == "go":
+                break
+            time.sleep(0.001)
         if control.get("restored"):
             self._emit({"kind": "resumed", "iteration": iteration, "pid": os.getpid(),
                         "backend": self._backend, "rank": self.config.rank,
@@ -210,16 +213,6 @@ class Agent:
                 snapshot_at=tuple(control.get("snapshot_at", ())),
                 snapshot_every=control.get("snapshot_every"))
             self.tracker.record_ops = self.config.record_ops
-
-    def _await_stop(self, iteration: int) -> bool:
-        """A CUDA rank stops only once the controller has locked and
-        checkpointed its CUDA state, which must happen while it runs
-        (cuda-checkpoint hangs on a stopped process).  False: no snapshot."""
-        while True:
-            control = self._read_control()
-            if control.get("stop_at") == iteration and control.get("phase") in ("stop", "skip"):
-                return control["phase"] == "stop"
-            time.sleep(0.001)
 
     def _read_control(self) -> dict:
         if self._control is None:

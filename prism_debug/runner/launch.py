@@ -54,6 +54,7 @@ class RunOptions:
     snapshot_every: int | None = None
     store: Path | None = None  # the snapshot store (default: snapshots/ here)
     incremental: bool = False  # snapshots after the first hold only what changed
+    isolate: bool = False  # the rank in its own pid namespace: restored copies run beside it
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -188,12 +189,20 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
             f"values {options.values} · seed {options.seed}")
     message(f"command: {shlex.join(options.command)}")
 
+    command = options.command
+    if options.isolate:
+        # The rank as init of a pid namespace, in a session of its own inside it
+        # (CRIU refuses a session leader outside the namespace); restored
+        # copies get namespaces of their own, so they can run beside it.
+        command = ["unshare", "--pid", "--fork", "--kill-child", "setsid", *command]
     with open(log_path, "ab") as log:
         try:
-            child = subprocess.Popen(options.command, stdin=subprocess.DEVNULL, stdout=log,
+            child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:
-            raise LaunchError(f"cannot start {options.command[0]}: {exc}") from exc
+            raise LaunchError(f"cannot start {command[0]}: {exc}") from exc
+    if options.isolate:
+        child = _Isolated(child)
     on_snapshot = None
     if snapshotter is not None:
         snapshotter.open_files = {"log": log_path, "events": events_path,
@@ -277,9 +286,50 @@ def _wait(child, follower: "_Follower") -> int:
             child.wait()
 
 
-def _signal_group(child: subprocess.Popen, signum: int) -> None:
+class _Isolated:
+    """The rank behind ``unshare``: waited for through it, signalled and dumped
+    as itself (the namespace's init, seen from here)."""
+
+    def __init__(self, unshare: subprocess.Popen) -> None:
+        self._unshare = unshare
+        self._pid: int | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._pid is None:
+            deadline = time.monotonic() + 30
+            while self._pid is None:
+                try:
+                    children = Path(f"/proc/{self._unshare.pid}/task/{self._unshare.pid}/"
+                                    "children").read_text().split()
+                except OSError:
+                    children = []
+                if children:
+                    self._pid = int(children[0])
+                elif self._unshare.poll() is not None or time.monotonic() > deadline:
+                    return self._unshare.pid
+                else:
+                    time.sleep(0.001)
+        return self._pid
+
+    def poll(self) -> int | None:
+        return self._unshare.poll()
+
+    def wait(self) -> int:
+        return self._unshare.wait()
+
+    def signal_rank(self, signum: int) -> None:
+        # A namespace's init only receives the signals it handles (SIGINT, in
+        # Python), and SIGKILL and SIGSTOP from outside: stop it by force.
+        os.killpg(self.pid, signum if signum == signal.SIGINT else signal.SIGKILL)
+
+
+def _signal_group(child, signum: int) -> None:
     try:
-        os.killpg(child.pid, signum)
+        if isinstance(child, _Isolated):
+            child.signal_rank(signum)
+        else:
+            os.killpg(child.pid, signum)
     except ProcessLookupError:
         pass
 

@@ -92,9 +92,10 @@ class Snapshotter:
         """Dump the rank stopped at an iteration boundary, then continue it,
         whatever the dump's fate.
 
-        A CUDA rank is still running when this starts: its CUDA state is
-        locked and checkpointed to host memory first (cuda-checkpoint hangs on
-        a stopped process), then it is told to stop; after the dump the state
+        The rank idles at the boundary, reading its control file.  A CUDA
+        rank's state is locked and checkpointed to host memory first, while it
+        runs (cuda-checkpoint hangs on a stopped process); then the rank is
+        stopped, dumped, told to go on and continued; after that its CUDA state
         goes back to the GPU and is unlocked (CRIU's CUDA plugin's order).
         """
         snapshot_id = new_id(self.base["rank"], iteration)
@@ -106,7 +107,7 @@ class Snapshotter:
                 criu_api.cuda_action(tool, "lock", pid)
                 cuda_locked = tool
                 criu_api.cuda_action(tool, "checkpoint", pid)
-                self._control({"stop_at": iteration, "phase": "stop"})
+            os.kill(pid, signal.SIGSTOP)
             _wait_stopped(pid)
             staging = self.store.staging(snapshot_id)
             parent = self.taken[-1] if self.incremental and self.taken else None
@@ -128,14 +129,11 @@ class Snapshotter:
         except (criu_api.CriuError, SnapshotError, OSError) as exc:
             # the run goes on: a failed snapshot costs the snapshot, not the run
             self.message(f"prism-debug: warning: no snapshot at iteration {iteration}: {exc}")
-            if cuda and _state(pid) != "T":
-                self._control({"stop_at": iteration, "phase": "skip"})  # release the rank
         finally:
             if staging is not None:
                 self.store.discard(staging)
-            if _state(pid) == "T":
-                self._control({})
-                _continue(pid)
+            self._control({"stop_at": iteration, "phase": "go"})
+            _continue(pid)
             if cuda_locked is not None:
                 _resume_cuda(cuda_locked, pid, self.message)
 
@@ -246,7 +244,8 @@ def restore(options: RestoreOptions, message: Callable[[str], None]) -> launch.R
     limit = manifest.iteration + options.iterations if options.iterations else None
     paths["control"].write_text(json.dumps({
         "restored": True, "snapshot": manifest.id, "iterations": limit,
-        "record_ops": options.trace_path is not None}))
+        "record_ops": options.trace_path is not None,
+        "stop_at": manifest.iteration, "phase": "go"}))
     message(f"prism-debug: restoring snapshot {manifest.id} (rank {manifest.rank} of "
             f"{manifest.world_size}, after iteration {manifest.iteration})")
     fds = {

@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -211,3 +213,35 @@ def test_cuda_state_is_locked_checkpointed_restored_and_unlocked_in_order(tmp_pa
                                                   for a in ("restore", "unlock")]
     original = digests(tmp_path / "original.json")
     assert digests(tmp_path / "restored.json") == {k: original[k] for k in (3, 4)}
+
+
+def test_an_isolated_rank_is_restored_beside_the_running_original(tmp_path):
+    store, report = tmp_path / "store", tmp_path / "original.json"
+    original = subprocess.Popen(
+        [sys.executable, "-m", "prism_debug.cli", "run", "--world-size", "16", "--rank", "3",
+         "--isolate", "--snapshot-at", "2", "--store", str(store), "--report", str(report),
+         "--run-dir", str(tmp_path / "run"), "--", sys.executable,
+         str(Path(__file__).resolve().parents[1] / "scripts" / "train_forever.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not [p for p in store.glob("r3-*") if (p / "manifest.json").exists()]:
+            assert original.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        (snapshot_id,) = [p.name for p in store.glob("r3-*")]
+        proc, restored = restore(store, snapshot_id, tmp_path, "--iterations", "2")
+        assert proc.returncode == 0, proc.stderr
+        assert original.poll() is None  # the original ran on all along
+        while len(_iterations(tmp_path / "run")) < 4:
+            time.sleep(0.1)
+    finally:
+        original.send_signal(signal.SIGTERM)
+        original.communicate(timeout=60)
+    assert digests(restored) == {k: v for k, v in _iterations(tmp_path / "run").items()
+                                 if k in (3, 4)}
+
+
+def _iterations(run_dir: Path) -> dict[int, str]:
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()
+              if line.strip()]
+    return {e["iteration"]: e["digest"] for e in events if e["kind"] == "iteration"}

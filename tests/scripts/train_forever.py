@@ -1,0 +1,19 @@
+"""Trains until stopped, a fifth of a second per step: a rank that is still
+running while a copy of it is restored beside it."""
+
+import time
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group(backend="nccl")
+model = torch.nn.Linear(16, 16)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+while True:
+    loss = model(torch.randn(8, 16)).square().mean()
+    loss.backward()
+    for parameter in model.parameters():
+        dist.all_reduce(parameter.grad)
+    optimizer.step()
+    optimizer.zero_grad()
+    time.sleep(0.2)
