@@ -17,7 +17,6 @@ import logging
 import os
 import random
 import resource
-import signal
 import sys
 import threading
 import time

@@ -203,17 +203,18 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
             raise LaunchError(f"cannot start {command[0]}: {exc}") from exc
     if options.isolate:
         child = _Isolated(child)
-    on_snapshot = None
+    def on_snapshot(event: dict) -> None:
+        snapshotter.take(child.pid, event["iteration"], bool(event.get("cuda")))
+
     if snapshotter is not None:
         snapshotter.open_files = {"log": log_path, "events": events_path,
                                   "control": control_path}
-        def on_snapshot(event: dict) -> None:
-            snapshotter.take(child.pid, event["iteration"], bool(event.get("cuda")))
-    follower = _Follower(log_path, events_path, options.rank, message, on_snapshot)
+    follower = _Follower(log_path, events_path, options.rank, message,
+                         on_snapshot if snapshotter is not None else None)
     exit_code = _wait(child, follower)
     events, report = finish(follower, events_path, exit_code, options.world_size, options.rank,
-                    options.command, profile.name, options.report_path, options.trace_path,
-                    message)
+                            options.command, profile.name, options.report_path,
+                            options.trace_path, message)
     error = next((e["message"] for e in events if e["kind"] == "error"), None)
     if error is not None:
         raise GraphError(f"{error} (graph {options.graph_path})")
