@@ -69,7 +69,7 @@ def main(verbose: int) -> None:
 @click.option("--snapshot-every", type=int, default=None,
               help="Snapshot the rank after every K-th iteration.")
 @click.option("--incremental", is_flag=True,
-              help="Snapshots after the first hold only the memory written since the last.")
+              help="Snapshots after the first hold only the memory that changed since the last.")
 @click.option("--isolate", is_flag=True,
               help="Run the rank in its own pid namespace, so restored copies of its "
                    "snapshots can run beside it.")

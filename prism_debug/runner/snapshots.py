@@ -23,6 +23,7 @@ from typing import Callable
 from prism_debug.errors import ConfigError
 from prism_debug.runner import launch
 from prism_debug.snapshot import criu as criu_api
+from prism_debug.snapshot import incremental
 from prism_debug.snapshot.store import (
     Manifest,
     SnapshotError,
@@ -61,21 +62,18 @@ class Snapshotter:
     message: Callable[[str], None]
     open_files: dict[str, Path] = dataclasses.field(default_factory=dict)
     taken: list[str] = dataclasses.field(default_factory=list)
-    # each dump after the first holds only the pages written since the last
-    # (CRIU's memory tracking), on top of its parent
+    # each dump after the first holds only the pages that changed since the
+    # last, on top of its parent
     incremental: bool = False
+    # how: CRIU's memory tracking where the kernel has soft-dirty bits, else
+    # a full dump whose pages equal to the parent's move out afterwards
+    tracked: bool = False
 
     @classmethod
     def for_run(cls, options: launch.RunOptions, message: Callable[[str], None]) -> "Snapshotter":
         criu = criu_api.locate()
         criu_api.pycriu()
-        if options.incremental:
-            tracked, detail = criu_api.tracks_memory(criu)
-            if not tracked:
-                raise criu_api.CriuError(
-                    f"--incremental needs the kernel to track written pages (soft-dirty bits, "
-                    f"CONFIG_MEM_SOFT_DIRTY), and this one does not ({detail}): take full "
-                    "snapshots, or run on a kernel built with it")
+        tracked = options.incremental and criu_api.tracks_memory(criu)[0]
         script = script_of(options.command)
         base = {
             "world_size": options.world_size, "rank": options.rank,
@@ -86,7 +84,7 @@ class Snapshotter:
             "hardware": options.profile.name,
         }
         return cls(Store(options.store or DEFAULT_STORE), criu, base, message,
-                   incremental=options.incremental)
+                   incremental=options.incremental, tracked=tracked)
 
     def take(self, pid: int, iteration: int, cuda: bool = False) -> None:
         """Dump the rank stopped at an iteration boundary, then continue it,
@@ -113,8 +111,12 @@ class Snapshotter:
             parent = self.taken[-1] if self.incremental and self.taken else None
             started = time.perf_counter()
             criu_api.dump(self.criu, pid, staging, leave_running=True,
-                          track_mem=self.incremental,
-                          parent=self.store.path(parent) if parent else None)
+                          track_mem=self.tracked,
+                          parent=self.store.path(parent) if parent and self.tracked else None)
+            if parent and not self.tracked:
+                # While the rank still idles: comparing pages takes CPU time
+                # the rank's emulated iterations must not lose.
+                incremental.link_to_parent(staging, self.store.path(parent))
             dump_s = time.perf_counter() - started
             manifest = Manifest(
                 id=snapshot_id, parent=parent, iteration=iteration, **self.base,

@@ -39,8 +39,9 @@ def run_checks() -> list[Check]:
                             "see `criu check --all`; kernels >= 6.13 need criu >= 4.1"))
         tracked, detail = criu_api.tracks_memory(criu)
         checks.append(Check("memory tracking", tracked, detail if not tracked else "soft-dirty",
-                            "incremental snapshots (--incremental) need a kernel built with "
-                            "CONFIG_MEM_SOFT_DIRTY; full snapshots work without",
+                            "without CONFIG_MEM_SOFT_DIRTY, --incremental dumps every page and "
+                            "then keeps only those that differ from the parent snapshot's "
+                            "(slower dumps, the same increments)",
                             optional=True))
     try:
         module = criu_api.pycriu()

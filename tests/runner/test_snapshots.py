@@ -161,26 +161,42 @@ def test_a_failed_dump_costs_the_snapshot_not_the_run(tmp_path):
     assert list((tmp_path / "store").iterdir()) == []  # and left no partial snapshot
 
 
-def test_incremental_snapshots_need_the_kernel_to_track_memory(tmp_path):
-    from prism_debug.snapshot import criu as criu_api
-
-    tracked, detail = criu_api.tracks_memory(criu_api.locate())
+def test_an_incremental_chain_holds_only_changed_pages_and_restores_bit_for_bit(tmp_path):
+    # With soft-dirty tracking CRIU tracks written pages itself; without it (this
+    # machine's kernel) each full dump keeps only the pages that differ from
+    # its parent's.  Either way: a chain of four, restored from its far end.
+    store = tmp_path / "store"
     proc = cli("run", "--world-size", "64", "--rank", "5", "--snapshot-every", "1",
-               "--incremental", "--store", str(tmp_path / "store"), "--report",
-               str(tmp_path / "r.json"), "--run-dir", str(tmp_path / "run"), "--",
-               sys.executable, str(EXAMPLE), "--tp", "2", "--pp", "2", "--iterations", "3")
-    if not tracked:  # this machine's kernel (no CONFIG_MEM_SOFT_DIRTY): refused up front
-        assert proc.returncode == 2
-        assert proc.stderr == (
-            "prism-debug: error: --incremental needs the kernel to track written pages "
-            f"(soft-dirty bits, CONFIG_MEM_SOFT_DIRTY), and this one does not ({detail}): take "
-            "full snapshots, or run on a kernel built with it\n")
-        return
-    assert proc.returncode == 0, proc.stderr  # a chain: each snapshot on its predecessor
-    chain = sorted(json.loads(cli("snapshot", "show", p.name, "--store",
-                                  str(tmp_path / "store")).stdout)["iteration"]
-                   for p in (tmp_path / "store").iterdir())
-    assert chain == [1, 2, 3]
+               "--incremental", "--store", str(store), "--report", str(tmp_path / "r.json"),
+               "--run-dir", str(tmp_path / "run"), "--",
+               sys.executable, str(EXAMPLE), "--tp", "2", "--pp", "2", "--iterations", "4")
+    assert proc.returncode == 0, proc.stderr
+    manifests = sorted((json.loads(cli("snapshot", "show", p.name, "--store", str(store)).stdout)
+                        for p in store.iterdir()), key=lambda m: m["iteration"])
+    assert [m["iteration"] for m in manifests] == [1, 2, 3, 4]
+    assert [m["parent"] for m in manifests] == [None] + [m["id"] for m in manifests[:-1]]
+    full = manifests[0]["image_bytes"]
+    assert all(m["image_bytes"] < full / 2 for m in manifests[1:])  # increments, not copies
+    original = digests(tmp_path / "r.json")
+    deepest = manifests[2]  # iteration 3: on 2, on 1
+    restored, report = restore(store, deepest["id"], tmp_path)
+    assert restored.returncode == 0, restored.stderr
+    assert digests(report) == {4: original[4]}
+    refused = cli("snapshot", "rm", manifests[1]["id"], "--store", str(store))
+    assert refused.returncode == 2
+    assert refused.stderr == (
+        f"prism-debug: error: snapshot {manifests[1]['id']} is the parent of incremental "
+        f"snapshot(s) {manifests[2]['id']}; remove those first or pass --force to remove them "
+        "all\n")
+    # a damaged page in the chain's first link spoils every snapshot above it
+    pages = max((store / manifests[0]["id"]).glob("pages-*.img"), key=lambda p: p.stat().st_size)
+    data = bytearray(pages.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    pages.write_bytes(bytes(data))
+    proc, _ = restore(store, deepest["id"], tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"prism-debug: error: snapshot {manifests[0]['id']} is damaged: image "
+                           f"{pages.name} does not match its checksum\n")
 
 
 def test_cuda_state_is_locked_checkpointed_restored_and_unlocked_in_order(tmp_path):
