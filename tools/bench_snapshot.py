@@ -4,10 +4,14 @@ same workload directly (what prism-debug adds) and (b) torch.save of the
 model and optimizer state.
 
 Each size runs ``tools/snapshot_workload.py`` as rank 1 of 8 under
-``prism-debug run --snapshot-at 2`` and restores the snapshot once; then runs
-the workload standalone and dumps it with ``criu dump --leave-running``.
-Incremental dumps need the kernel's soft-dirty page tracking; where it is
-missing (as on this project's VMs) they are reported as unavailable.
+``prism-debug run --snapshot-at 2,3 --incremental`` — a full snapshot after
+iteration 2 and an incremental one on top of it after iteration 3 — and
+restores each once; then runs the workload standalone and dumps it with
+``criu dump --leave-running``.  The workload rewrites all of its state every
+step (as training does: parameters, gradients, Adam moments), so its
+increments save only what the step leaves alone.  Where the kernel has no
+soft-dirty tracking (this project's VMs) the increment is found by comparing
+pages with the parent's after a full dump.
 
 Last line: ``snapshot: dump_s_per_gib=X restore_s_per_gib=Y overhead_vs_criu_pct=Z``
 (X, Y: the largest size; Z: prism-debug's dump time over the criu command
@@ -46,19 +50,23 @@ def prism(*args: str) -> str:
     return proc.stdout
 
 
-def prism_dump_and_restore(gib: float, work: Path) -> tuple[float, float, float]:
-    """(image MiB, dump s, restore s) through prism-debug."""
+def prism_dump_and_restore(gib: float, work: Path) -> list[tuple[float, float, float]]:
+    """(image MiB, dump s, restore s) through prism-debug, of the full snapshot
+    and of the incremental one on top of it."""
     store = work / "store"
     out = prism("run", "--world-size", "8", "--rank", "1", "--hardware", "zero", "--no-digest",
-                "--snapshot-at", "2", "--store", str(store), "--run-dir", str(work / "run"),
-                "--", sys.executable, str(WORKLOAD), "--gib", str(gib))
-    match = _SNAPSHOT.search(out)
-    if match is None:
-        sys.exit(f"bench_snapshot: no snapshot was taken:\n{out[-2000:]}")
-    snapshot_id, mib, dump_s = match.group(1), float(match.group(2)), float(match.group(3))
-    restored = prism("snapshot", "restore", snapshot_id, "--store", str(store), "--iterations",
-                     "1", "--run-dir", str(work / "restored"))
-    return mib, dump_s, float(_RESTORED.search(restored).group(1))
+                "--snapshot-at", "2,3", "--incremental", "--store", str(store),
+                "--run-dir", str(work / "run"),
+                "--", sys.executable, str(WORKLOAD), "--gib", str(gib), "--iterations", "4")
+    taken = _SNAPSHOT.findall(out)
+    if len(taken) != 2:
+        sys.exit(f"bench_snapshot: expected two snapshots:\n{out[-2000:]}")
+    rows = []
+    for snapshot_id, mib, dump_s in taken:
+        restored = prism("snapshot", "restore", snapshot_id, "--store", str(store),
+                         "--iterations", "1", "--run-dir", str(work / f"restored-{snapshot_id}"))
+        rows.append((float(mib), float(dump_s), float(_RESTORED.search(restored).group(1))))
+    return rows
 
 
 def criu_cli_dump(gib: float, work: Path) -> tuple[float, float, float]:
@@ -98,20 +106,23 @@ def main() -> None:
     for gib in args.gib:
         work = Path(tempfile.mkdtemp(prefix="prism-bench-snapshot-"))
         try:
-            print(f"{gib} GiB: prism-debug run --snapshot-at 2, restore …", flush=True)
-            mib, dump_s, restore_s = prism_dump_and_restore(gib, work)
+            print(f"{gib} GiB: prism-debug run --snapshot-at 2,3 --incremental, restores …",
+                  flush=True)
+            full, increment = prism_dump_and_restore(gib, work)
             print(f"{gib} GiB: criu dump of the same workload, standalone …", flush=True)
             criu_mib, criu_s, save_s = criu_cli_dump(gib, work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-        rows.append((gib, mib, dump_s, restore_s, criu_mib, criu_s, save_s))
+        rows.append((gib, *full, criu_mib, criu_s, save_s, *increment))
     print(f"{'GiB':>5} {'image MiB':>10} {'dump s':>7} {'restore s':>10} {'criu MiB':>9} "
-          f"{'criu dump s':>12} {'torch.save s':>13} {'dump s/GiB':>11}")
-    for gib, mib, dump_s, restore_s, criu_mib, criu_s, save_s in rows:
+          f"{'criu dump s':>12} {'torch.save s':>13} {'dump s/GiB':>11} {'incr MiB':>9} "
+          f"{'incr dump s':>12} {'incr restore s':>15}")
+    for gib, mib, dump_s, restore_s, criu_mib, criu_s, save_s, inc_mib, inc_s, inc_r in rows:
         print(f"{gib:>5} {mib:>10.1f} {dump_s:>7.2f} {restore_s:>10.2f} {criu_mib:>9.1f} "
-              f"{criu_s:>12.2f} {save_s:>13.2f} {dump_s / (mib / 1024):>11.2f}")
-    print("incremental: " + ("available (kernel tracks written pages)" if tracked else
-                             "unavailable: this kernel has no soft-dirty page tracking"))
+              f"{criu_s:>12.2f} {save_s:>13.2f} {dump_s / (mib / 1024):>11.2f} {inc_mib:>9.1f} "
+              f"{inc_s:>12.2f} {inc_r:>15.2f}")
+    print("incremental: " + ("CRIU's memory tracking (soft-dirty)" if tracked else
+                             "by page content (this kernel has no soft-dirty tracking)"))
     gib, mib, dump_s, restore_s = rows[-1][:4]
     overhead = 100 * (sum(r[2] for r in rows) - sum(r[5] for r in rows)) / sum(r[5] for r in rows)
     print(f"snapshot: dump_s_per_gib={dump_s / (mib / 1024):.3f} "

@@ -70,10 +70,9 @@ class _Pages:
     def read(self, vaddrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(found, pages): for each page address, whether this snapshot (or its
         parents) holds it, and its bytes (zeros where not found)."""
-        pages = np.zeros((len(vaddrs), PAGE), dtype=np.uint8)
         found = np.zeros(len(vaddrs), dtype=bool)
         if not len(self.starts) or not len(vaddrs):
-            return found, pages
+            return found, np.zeros((len(vaddrs), PAGE), dtype=np.uint8)
         entry = np.searchsorted(self.starts, vaddrs, side="right") - 1
         inside = entry >= 0
         entry = np.where(inside, entry, 0)
@@ -82,6 +81,10 @@ class _Pages:
         flags = self.flags[entry]
         here = inside & ((flags & PE_PRESENT) != 0)
         rows = self.first_page[entry[here]] + offset[here].astype(np.int64)
+        if here.all() and rows[-1] - rows[0] == len(rows) - 1:
+            # the common case: one stretch of the pages image, read in place
+            return here, self.data[rows[0]:rows[-1] + 1]
+        pages = np.zeros((len(vaddrs), PAGE), dtype=np.uint8)
         pages[here] = self.data[rows]
         found[here] = True
         deeper = inside & ((flags & PE_PARENT) != 0)
