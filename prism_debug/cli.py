@@ -77,10 +77,16 @@ def main(verbose: int) -> None:
               help="Snapshot store [default: snapshots/ in the prism-debug checkout].")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the run's log and events go [default: ~/.local/state/prism-debug/runs/…].")
+@click.option("--bind", default="127.0.0.1", show_default=True,
+              help="Address of the debugger bus (prism-debug attach); other than loopback "
+                   "it needs CURVE keys (prism-debug keys).")
+@click.option("--no-bus", is_flag=True, help="No debugger bus: the run cannot be attached to.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--paused", is_flag=True,
+              help="Pause the rank at init_process_group until prism-debug attach continues it.")
 def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path,
         trace_ranks, seed, values, no_digest, graph_path, snapshot_at, snapshot_every,
-        incremental, isolate, store, run_dir, command) -> None:
+        incremental, isolate, store, run_dir, bind, no_bus, paused, command) -> None:
     """Run COMMAND as one real rank of a WORLD_SIZE job.
 
     \b
@@ -106,7 +112,8 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
         values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
         trace_ranks=parse_ranks(trace_ranks), snapshot_at=parse_ranks(snapshot_at),
-        snapshot_every=snapshot_every, incremental=incremental, isolate=isolate, store=store)
+        snapshot_every=snapshot_every, incremental=incremental, isolate=isolate, store=store,
+        bind=None if no_bus else bind, paused=paused)
     result = run_rank(options, click.echo)
     store_option = f" --store {store}" if store else ""
     if result.snapshots:
@@ -189,15 +196,87 @@ def snapshot_rm(snapshot_id, force, store) -> None:
               help="Write a Chrome trace here.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the restored run's log and events go.")
+@click.option("--bind", default="127.0.0.1", show_default=True,
+              help="Address of the debugger bus (prism-debug attach); other than loopback "
+                   "it needs CURVE keys (prism-debug keys).")
+@click.option("--no-bus", is_flag=True, help="No debugger bus: the run cannot be attached to.")
 @_store_option
-def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, store) -> None:
+def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, bind, no_bus,
+                     store) -> None:
     """Restore a snapshot and continue the run from it."""
     from prism_debug.runner.snapshots import RestoreOptions, restore
 
     result = restore(RestoreOptions(
         snapshot_id=snapshot_id, store=store, iterations=iterations, report_path=report_path,
-        trace_path=trace_path, run_dir=run_dir), click.echo)
+        trace_path=trace_path, run_dir=run_dir, bind=None if no_bus else bind), click.echo)
     sys.exit(result.exit_code)
+
+
+@main.command()
+@click.option("--rank", type=int, default=None, help="Attach to the session running this rank.")
+@click.option("--session", "session_id", default=None, help="… or to this session (prism-debug ps).")
+@click.option("--connect", default=None,
+              help="… or to the controller at this command endpoint (tcp://HOST:PORT).")
+@click.option("--command", "-c", "commands", default=None,
+              help="Run these ;-separated console commands, then detach.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per reply.")
+def attach(rank, session_id, connect, commands, as_json) -> None:
+    """Attach a debugger console to a running rank.
+
+    \b
+    prism-debug attach --rank 4097
+    echo "break iter 3; c; status" | prism-debug attach --rank 4097
+    prism-debug attach --rank 4097 --command "pause; where; c" --json
+    """
+    from prism_debug.bus import sessions
+    from prism_debug.bus.client import BusClient
+    from prism_debug.console import Console
+
+    if connect:
+        probe = BusClient(connect, connect)  # the events endpoint comes from hello
+        try:
+            hello = probe.request("hello", client="attach")
+        finally:
+            probe.close()
+        client = BusClient(connect, hello["events"])
+    else:
+        client = BusClient.for_session(sessions.find(rank=rank, session=session_id))
+    with client:
+        hello = client.request("hello", client="attach")
+        console = Console(client, hello["rank"], json_mode=as_json)
+        if commands is not None:
+            sys.exit(console.run_commands(commands))
+        console.cmdloop()
+        sys.exit(console.exit_status)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def ps(as_json) -> None:
+    """List the running prism-debug sessions (stale ones are cleaned up)."""
+    from prism_debug.bus import sessions
+
+    live = sessions.live_sessions(clean=True)
+    if as_json:
+        click.echo(json.dumps([json.loads(s.to_json()) for s in live], indent=1))
+        return
+    if not live:
+        click.echo("no prism-debug session is running")
+        return
+    click.echo(f"{'session':<24} {'pid':>7} {'world':>7}  {'ranks':<12} {'started':<25} commands")
+    for s in live:
+        ranks = ",".join(map(str, s.ranks))
+        click.echo(f"{s.session:<24} {s.pid:>7} {s.world_size:>7}  {ranks:<12} {s.started:<25} "
+                   f"{s.commands}{'  (CURVE)' if s.curve_public else ''}")
+
+
+@main.command()
+def keys() -> None:
+    """Create the CURVE keys a bus bound beyond loopback needs (idempotent)."""
+    from prism_debug.bus import keys as curve_keys
+
+    paths = curve_keys.ensure_keys()
+    click.echo(f"CURVE keys in {paths.directory}: server and client pairs (secrets mode 0600)")
 
 
 @main.command()

@@ -29,6 +29,7 @@ from torch.optim.optimizer import (
 )
 
 from prism_debug.agent.config import ENV_VAR, AgentConfig
+from prism_debug.agent.debugger import Debugger
 from prism_debug.agent.program import ProgramRecorder
 from prism_debug.agent.tracker import IterationTracker
 from prism_debug.backend.install import install
@@ -81,6 +82,22 @@ class Agent:
         self._lead_optimizer: int | None = None
         self._families_version = -1
         self._stop_pending = False
+        # the debugger bus: commands answered on the link's thread, the
+        # debugger blocking the main thread while paused
+        self.link = None
+        self.debugger: Debugger | None = None
+        self.commands = None
+        if config.bus:
+            from prism_debug.agent.commands import Commands
+            from prism_debug.agent.link import BusLink
+
+            self.debugger = Debugger(self.clock, self._publish, self._watch)
+            self.commands = Commands(self)
+            self.link = BusLink(config.bus, config.rank, os.getpid(), self.commands.handle,
+                                self._controller_lost, config.bus_curve)
+            self.tracker.keep_last_ops = True
+            self._tokens, self._tokens_at, self._skipped, self._sampled = 0.0, 0.0, 0, False
+            self._snapshots_asked: set[int] = set()  # iterations the console asked snapshots of
 
     def install(self) -> None:
         global _active
@@ -98,24 +115,86 @@ class Agent:
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
         atexit.register(self._on_exit)
+        if self.link is not None:
+            self.link.start()
 
     # -- events ---------------------------------------------------------------------
 
     def _emit(self, record: dict) -> None:
         self._events.write(json.dumps(record, separators=(",", ":")) + "\n")
 
+    def _publish(self, kind: str, data: dict) -> None:
+        """An event on the bus (never blocks; dropped when there is no bus)."""
+        if self.link is not None:
+            self.link.publish(kind, data)
+
+    # -- the debugger's seams ----------------------------------------------------------
+
+    def _watch(self, on: bool) -> None:
+        # collectives pay for the debugger only while it watches them
+        self.runtime.watch = self if on else None
+
+    def enter(self, op: str, ref, seq: int, nbytes: int) -> float:
+        if self.debugger.events_on:
+            self._sampled = self._sample()
+            if self._sampled:
+                self._publish("coll.enter", {
+                    "iteration": self.tracker.iteration, "op": op, "family": ref.family,
+                    "index": ref.index, "seq": seq, "bytes": nbytes,
+                    "time_s": self.clock.now(), "skipped": self._skipped})
+                self._skipped = 0
+        return self.debugger.at_collective(op, ref.family, ref.index, seq, nbytes)
+
+    def exit(self, op: str, ref, seq: int, done) -> None:
+        if self.debugger.events_on and self._sampled:
+            self._publish("coll.exit", {"iteration": self.tracker.iteration, "op": op,
+                                        "family": ref.family, "index": ref.index, "seq": seq,
+                                        "done_s": done if isinstance(done, float) else None})
+
+    def _sample(self) -> bool:
+        """Collective events are sampled: at most ``COLL_EVENTS_PER_S`` a
+        second, so a rank issuing thousands of small collectives pays for
+        few of them (``skipped`` in the next one says how many were not sent)."""
+        now = time.perf_counter()
+        tokens = min(COLL_EVENTS_PER_S / 10,
+                     self._tokens + (now - self._tokens_at) * COLL_EVENTS_PER_S)
+        self._tokens_at = now
+        if tokens >= 1.0:
+            self._tokens = tokens - 1.0
+            return True
+        self._tokens = tokens
+        self._skipped += 1
+        return False
+
+    def emulated_s(self) -> float:
+        """Emulated seconds since init_process_group."""
+        return self.clock.now() - self._started if self.initialised else 0.0
+
+    def _controller_lost(self) -> None:
+        """The controller stopped answering: run on, never wait for it."""
+        print("prism-debug: the controller stopped answering the rank's bus; the rank runs on "
+              "(breakpoints cleared)", file=sys.stderr, flush=True)
+        self.debugger.release()
+
     def _on_init(self, requested_backend: str) -> None:
         self.initialised = True
         self._backend = requested_backend
-        now = self.clock.now()
+        now = self._started = self.clock.now()
         self.tracker.start = now
         if self.runtime.recorder is not None:
             self.runtime.recorder = ProgramRecorder(now)
         self._emit({"kind": "init", "backend": requested_backend, "rank": self.config.rank,
                     "world_size": self.config.world_size, "time_s": now})
+        if self.debugger is not None:
+            self._publish("iteration.start", {"iteration": 1, "time_s": now})
+            if self.config.start_paused:
+                self.debugger.pause("start")
+            self.debugger.at_iteration_start(1)
 
     def _on_exit(self) -> None:
         self.runtime.completer.close()
+        if self.link is not None:
+            self.link.stop()
         if self.initialised:
             self._emit({"kind": "exit", "families": self._families(),
                         "peak_rss_bytes": _peak_rss(),
@@ -170,11 +249,20 @@ class Agent:
         record = self.tracker.boundary(t0, extra)
         if self.graph_engine is not None:
             self.graph_engine.iteration_end()
-        if self.config.snapshot_due(record["iteration"]):
-            self._stop_for_snapshot(record["iteration"])
+        iteration = record["iteration"]
+        debugger = self.debugger
+        if debugger is not None:
+            self._publish("iteration.end", {k: record[k] for k in _ITERATION_FIELDS})
+        if self.config.snapshot_due(iteration) or (debugger is not None
+                                                   and iteration in self._snapshots_asked):
+            self._stop_for_snapshot(iteration)
+        if debugger is not None:
+            self._publish("iteration.start", {"iteration": iteration + 1,
+                                              "time_s": self.clock.now()})
+            started += debugger.at_iteration_start(iteration + 1)
         self.clock.exclude_since(started)  # the bookkeeping is not the job's time
         limit = self.config.iterations
-        if limit is not None and record["iteration"] >= limit:
+        if limit is not None and iteration >= limit:
             self._stop_pending = True
             self.runtime.stop_requested = True
 
@@ -193,6 +281,8 @@ class Agent:
         cuda = torch.cuda.is_initialized()
         if cuda:
             torch.cuda.synchronize()  # nothing in flight on the GPU either
+        if self.link is not None:  # CRIU cannot dump half of a TCP connection
+            self.link.stop()
         self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid(),
                     "cuda": cuda})
         self._events.flush()
@@ -210,8 +300,31 @@ class Agent:
                 self.config, iterations=control.get("iterations"),
                 record_ops=bool(control.get("record_ops")),
                 snapshot_at=tuple(control.get("snapshot_at", ())),
-                snapshot_every=control.get("snapshot_every"))
+                snapshot_every=control.get("snapshot_every"),
+                bus=control.get("bus"))
             self.tracker.record_ops = self.config.record_ops
+        if self.link is not None:
+            self._snapshots_asked.discard(iteration)
+            if control.get("restored"):
+                self._resume_link_restored(control)
+            else:
+                self.link.start()
+
+    def _resume_link_restored(self, control: dict) -> None:
+        """A restored copy: talk to the controller that restored it, and keep
+        the debugger's state only when that controller's user asked for it
+        (restore from the console); a restore without one must not stop at
+        breakpoints nobody will continue from."""
+        if self.config.bus is None:
+            self.debugger.release()
+            self.link = None
+            return
+        self.link.endpoint = self.config.bus
+        self.link.start()
+        if control.get("pause"):
+            self.debugger.pause_again("restore")
+        else:
+            self.debugger.release()
 
     def _read_control(self) -> dict:
         if self._control is None:
@@ -257,6 +370,13 @@ class Agent:
         self._stop_pending = False
         self._emit({"kind": "stop", "iterations": self.tracker.iteration - 1})
         raise SystemExit(0)
+
+
+# collective events a rank sends at most a second (enter/exit pairs); the
+# environment variable lifts it (tools/bench_bus.py measures the bus unsampled)
+COLL_EVENTS_PER_S = float(os.environ.get("PRISM_DEBUG_COLL_EVENTS_PER_S", 2000))
+_ITERATION_FIELDS = ("iteration", "start_s", "time_s", "compute_s", "comm_wait_s",
+                     "num_collectives", "digest")
 
 
 def _peak_rss() -> int:

@@ -32,6 +32,10 @@ class AgentConfig:
     # kept open by the agent; read after every snapshot stop (a restored copy
     # finds there, through CRIU's inherited descriptors, what its restore asks)
     control_path: str | None = None
+    # the controller's command endpoint on the debugger bus (None: no bus)
+    bus: str | None = None
+    bus_curve: dict | None = None  # CURVE keys when the bus is not on loopback
+    start_paused: bool = False  # pause at init_process_group until a client continues
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:

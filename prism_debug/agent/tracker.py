@@ -15,7 +15,10 @@ from typing import Callable
 class IterationTracker:
     def __init__(self, start: float, sink: Callable[[dict], None], record_ops: bool) -> None:
         self.iteration = 1  # the iteration in progress, 1-based like optimizer steps
-        self.record_ops = record_ops
+        self.record_ops = record_ops  # per-op records go into the iteration's record
+        # keep the last finished iteration's ops (the debugger's timeline)
+        self.keep_last_ops = False
+        self.last_ops: tuple[int, float, list[tuple]] | None = None  # iteration, start, ops
         self._sink = sink
         self._lock = threading.Lock()  # the future completer thread adds waits too
         self._reset(start)
@@ -35,7 +38,7 @@ class IterationTracker:
         """``work.done``: when the op completes (the graph engine may only know
         that later; it is read at the iteration's end)."""
         self.num_collectives += 1
-        if self.record_ops:
+        if self.record_ops or self.keep_last_ops:
             self.ops.append((op, ref.family, ref.index, nbytes, arrival, work))
 
     def waited(self, start: float, seconds: float) -> None:
@@ -66,6 +69,8 @@ class IterationTracker:
             if self.record_ops:
                 record["ops"] = [(*op[:5], op[5].done) for op in self.ops]
                 record["waits"] = self.waits
+            if self.keep_last_ops:
+                self.last_ops = (self.iteration, self.start, self.ops)
             self.iteration += 1
             self._reset(now)
         self._sink(record)

@@ -88,11 +88,16 @@ class PrismProcessGroup(dist.ProcessGroup):
     def _complete(self, op: str, nbytes: int, t0: float, arrival: float, result: list,
                   stream=None, peer: int | None = None) -> PrismWork:
         rt = self._rt
+        watch = rt.watch
+        if watch is not None:  # a paused rank's pause is not harness time either
+            t0 += watch.enter(op, self.ref, rt.tracker.num_collectives + 1, nbytes)
         done = rt.engine.collective(stream or self._stream, op, nbytes, arrival)
         work = PrismWork(rt, done, result)
         if self._coalesced is not None:
             self._coalesced.append(work)
         rt.tracker.collective(op, self.ref, nbytes, arrival, work)
+        if watch is not None:
+            watch.exit(op, self.ref, rt.tracker.num_collectives, done)
         rt.mark_activity(arrival)
         if rt.recorder is not None:
             delta = 0 if peer is None else self.global_ranks[peer] - rt.rank

@@ -36,6 +36,9 @@ class Runtime:
     # set while profiling a slice: records the rank's program (agent/program.py)
     recorder: object | None = None
     longest_wait: tuple | None = dataclasses.field(default=None, init=False)
+    # the debugger, while it watches collectives (breakpoints, stepping,
+    # events): ``enter`` may pause and returns the wall seconds it did
+    watch: object | None = dataclasses.field(default=None, init=False)
     completer: FutureCompleter = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:

@@ -30,6 +30,7 @@ class PrismWork(dist._Work):
         self._future: Future | None = None
         self.source_rank: int | None = None  # group rank a recv came from
         self.recorded: tuple[int, int] | None = None  # its issue in the program being profiled
+        self.waited_s = 0.0  # how long the script blocked on it (the debugger's timeline)
 
     def _source_rank(self) -> int:
         # torch asks for it after a recv without ``src``.
@@ -42,8 +43,10 @@ class PrismWork(dist._Work):
         # never do, and timeouts, come with fault injection.
         runtime = self._runtime
         waited = runtime.wait_until(self.done)
-        if waited and self._deferred is not None:
-            runtime.note_wait(waited, self._deferred)
+        if waited:
+            self.waited_s += waited
+            if self._deferred is not None:
+                runtime.note_wait(waited, self._deferred)
         if self.recorded is not None:
             runtime.recorder.wait(runtime.clock.now(), self.recorded)
             self.recorded = None  # a second wait on the same work waits for nothing

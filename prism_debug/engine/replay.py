@@ -497,6 +497,31 @@ class ReplayEngine:
             raise GraphError(f"the replay cannot progress: classes {stuck} wait on ops no "
                              f"other class issues (the programs do not match)")
 
+    def describe(self, rank: int) -> dict:
+        """What the engine knows of one rank: its class, place in the mesh and
+        on the nodes, its last finished iteration, and what perturbs it."""
+        coords = self.mesh.coordinates(rank)
+        node = rank // self.graph.gpus_per_node
+        perturbations = []
+        for p in self._perturbations:
+            if p.mask[coords]:
+                span = (f"from iteration {p.first_iteration}" if p.last_iteration == math.inf
+                        else f"iterations {p.first_iteration}-{p.last_iteration:g}")
+                what = {"slow": f"slow x{p.value:g}",
+                        "delay": f"delay {p.value * 1e3:g} ms" + (f" on {p.family}"
+                                                                  if p.family else ""),
+                        "fail": "fail-stop"}[p.kind]
+                perturbations.append(f"{what} {span}")
+        for link in self._links:
+            if node in link.nodes:
+                perturbations.append(f"link x{link.bandwidth_factor:g} bandwidth "
+                                     f"+{link.added_latency_s * 1e6:g} us")
+        times = self.iteration_times(rank)
+        return {"rank": rank, "node": node, "class": self.graph.class_of(rank),
+                "coords": dict(zip(self.mesh.names, coords)),
+                "time_ms": times[-1] * 1e3 if times else None,
+                "perturbations": perturbations}
+
     def iteration_starts(self, rank: int) -> list[float]:
         """When each iteration of ``rank`` began, and when its last finished one ended."""
         state = self._states[self.graph.class_of(rank)]

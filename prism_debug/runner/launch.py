@@ -55,6 +55,8 @@ class RunOptions:
     store: Path | None = None  # the snapshot store (default: snapshots/ here)
     incremental: bool = False  # snapshots after the first hold only what changed
     isolate: bool = False  # the rank in its own pid namespace: restored copies run beside it
+    bind: str | None = "127.0.0.1"  # the debugger bus's address (None: no bus)
+    paused: bool = False  # the rank waits at init_process_group for a client to continue it
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -81,6 +83,8 @@ class RunOptions:
                                                       and self.snapshot_every < 1):
             raise ConfigError("snapshot iterations count from 1: --snapshot-at and "
                               "--snapshot-every take positive numbers")
+        if self.paused and self.bind is None:
+            raise ConfigError("--paused waits for prism-debug attach, which --no-bus rules out")
         if self.incremental and not (self.snapshot_at or self.snapshot_every):
             raise ConfigError("--incremental needs snapshots: add --snapshot-at or "
                               "--snapshot-every")
@@ -144,33 +148,66 @@ def torchrun_environment(rank: int, world_size: int, gpus_per_node: int) -> dict
     }
 
 
+def run_files(run_dir: Path) -> dict[str, Path]:
+    """The files a run's rank writes and reads, fresh."""
+    files = {"log": run_dir / "rank.log", "events": run_dir / "events.jsonl",
+             "control": run_dir / "control.json"}
+    for path in files.values():
+        path.unlink(missing_ok=True)
+    files["control"].write_text("{}")
+    return files
+
+
+def open_session(rank: int, world_size: int, bind: str | None, files: dict[str, Path],
+                 store: Path | None, snapshotter_factory, message: Callable[[str], None]):
+    """The run's debugging session on the bus, or a silent stand-in without one."""
+    from prism_debug.runner.session import NoSession, Session
+
+    if bind is None:
+        return NoSession(snapshotter_factory, files)
+    return Session(rank=rank, world_size=world_size, host=bind, run_files=files, store=store,
+                   snapshotter_factory=snapshotter_factory, message=message)
+
+
 def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
     check_command(options.command)
-    snapshots = bool(options.snapshot_at or options.snapshot_every)
     snapshotter = None
-    if snapshots:  # CRIU missing or unusable: say so before the run starts
+    if options.snapshot_at or options.snapshot_every:
+        # CRIU missing or unusable: say so before the run starts
         from prism_debug.runner.snapshots import Snapshotter
         snapshotter = Snapshotter.for_run(options, message)
     run_dir = options.run_dir or default_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
-    events_path = run_dir / "events.jsonl"
-    log_path = run_dir / "rank.log"
-    control_path = run_dir / "control.json"
-    for path in (events_path, log_path, control_path):
-        path.unlink(missing_ok=True)
-    if snapshots:
-        control_path.write_text("{}")
+    files = run_files(run_dir)
     profile = options.profile
+
+    def snapshotter_factory():
+        from prism_debug.runner.snapshots import Snapshotter
+        return snapshotter or Snapshotter.for_run(options, message)
+
+    session = open_session(options.rank, options.world_size, options.bind, files,
+                           options.store, snapshotter_factory, message)
+    try:
+        return _run(options, session, files, message)
+    finally:
+        session.close()
+
+
+def _run(options: RunOptions, session, files: dict[str, Path],
+         message: Callable[[str], None]) -> RunResult:
+    profile = options.profile
+    run_dir = files["log"].parent
     config = AgentConfig(
         rank=options.rank, world_size=options.world_size, gpus_per_node=profile.gpus_per_node,
         hardware=profile.to_dict(), seed=options.seed, values=options.values,
-        events_path=str(events_path), iterations=options.iterations,
+        events_path=str(files["events"]), iterations=options.iterations,
         record_ops=options.trace_path is not None, digests=options.digests,
         record_program=options.record_program,
         graph_path=str(options.graph_path.resolve()) if options.graph_path else None,
         trace_ranks=options.trace_ranks, snapshot_at=options.snapshot_at,
-        snapshot_every=options.snapshot_every,
-        control_path=str(control_path) if snapshots else None,
+        snapshot_every=options.snapshot_every, control_path=str(files["control"]),
+        bus=session.commands_endpoint, bus_curve=session.agent_curve,
+        start_paused=options.paused,
     )
     config_path = run_dir / "agent.json"
     config.write(config_path)
@@ -188,6 +225,9 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
             f"{options.rank % profile.gpus_per_node}) · hardware {profile.name} · "
             f"values {options.values} · seed {options.seed}")
     message(f"command: {shlex.join(options.command)}")
+    if session.commands_endpoint:
+        message(f"debugger: prism-debug attach --rank {options.rank} "
+                f"(session {session.info.session})")
 
     command = options.command
     if options.isolate:
@@ -195,25 +235,17 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
         # (CRIU refuses a session leader outside the namespace); restored
         # copies get namespaces of their own, so they can run beside it.
         command = ["unshare", "--pid", "--fork", "--kill-child", "setsid", *command]
-    with open(log_path, "ab") as log:
+    with open(files["log"], "ab") as log:
         try:
             child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as exc:
             raise LaunchError(f"cannot start {command[0]}: {exc}") from exc
-    if options.isolate:
-        child = _Isolated(child)
-    def on_snapshot(event: dict) -> None:
-        snapshotter.take(child.pid, event["iteration"], bool(event.get("cuda")))
-
-    if snapshotter is not None:
-        snapshotter.open_files = {"log": log_path, "events": events_path,
-                                  "control": control_path}
-    follower = _Follower(log_path, events_path, options.rank, message,
-                         on_snapshot if snapshotter is not None else None)
-    exit_code = _wait(child, follower)
-    events, report = finish(follower, events_path, exit_code, options.world_size, options.rank,
-                            options.command, profile.name, options.report_path,
+    session.child = _Isolated(child) if options.isolate else _Child(child)
+    follower = _Follower(files["log"], files["events"], options.rank, message, session)
+    exit_code = _wait(session, follower)
+    events, report = finish(follower, files["events"], exit_code, options.world_size,
+                            options.rank, options.command, profile.name, options.report_path,
                             options.trace_path, message)
     error = next((e["message"] for e in events if e["kind"] == "error"), None)
     if error is not None:
@@ -222,13 +254,13 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
         raise LaunchError(
             f"the prism-debug agent never loaded in the script's process (exit code "
             f"{exit_code}): run the script with a Python that imports torch and honours "
-            f"PYTHONPATH (not python -I or -E); its output is in {log_path}")
+            f"PYTHONPATH (not python -I or -E); its output is in {files['log']}")
     if not any(e["kind"] == "init" for e in events):
         raise LaunchError(
             f"the script never called torch.distributed.init_process_group (exit code "
             f"{exit_code}): prism-debug emulates one rank of a distributed job, so the "
-            f"command must start one; its output is in {log_path}")
-    return RunResult(report, exit_code, run_dir, snapshotter.taken if snapshotter else [])
+            f"command must start one; its output is in {files['log']}")
+    return RunResult(report, exit_code, run_dir, session.snapshots_taken)
 
 
 def finish(follower: "_Follower", events_path: Path, exit_code: int, world_size: int, rank: int,
@@ -255,36 +287,63 @@ def finish(follower: "_Follower", events_path: Path, exit_code: int, world_size:
     return events, report
 
 
-def _wait(child, follower: "_Follower") -> int:
-    """Wait for the rank, relaying as it goes.
+def _wait(session, follower: "_Follower") -> int:
+    """Wait for the rank, relaying as it goes and serving the debugger bus.
 
     The rank runs in its own session (CRIU needs that), so signals aimed at
     the controller do not reach it by themselves: Ctrl-C, SIGTERM and SIGHUP
     are passed on (a second Ctrl-C kills), and if the controller itself fails
-    the rank goes down with it rather than running on orphaned.
+    the rank goes down with it rather than running on orphaned.  The rank
+    may be replaced meanwhile (a restore from the console): ``session.child``
+    is always the one to follow.
     """
     def forward(signum, frame):
-        _signal_group(child, signum)
+        _signal_group(session.child, signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
     interrupted = 0
     try:
         while True:
             try:
+                child = session.child
                 code = child.poll()
                 follower.poll()
-                if code is not None:
-                    return code if code >= 0 else 128 - code
-                time.sleep(_POLL_S)
+                if code is not None and child is session.child:
+                    code = code if code >= 0 else 128 - code
+                    session.exited(code)
+                    return code
+                session.poll(_POLL_S)
             except KeyboardInterrupt:
                 interrupted += 1
-                _signal_group(child, signal.SIGINT if interrupted == 1 else signal.SIGKILL)
+                _signal_group(session.child, signal.SIGINT if interrupted == 1
+                              else signal.SIGKILL)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if child.poll() is None:
-            _signal_group(child, signal.SIGKILL)
-            child.wait()
+        if session.child.poll() is None:
+            kill_rank(session.child)
+
+
+def kill_rank(child) -> None:
+    _signal_group(child, signal.SIGKILL)
+    child.wait()
+
+
+class _Child:
+    """The rank as a plain child process."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+
+    def poll(self) -> int | None:
+        return self._popen.poll()
+
+    def wait(self) -> int:
+        return self._popen.wait()
+
+    def kill_rank(self) -> None:
+        kill_rank(self)
 
 
 class _Isolated:
@@ -324,6 +383,9 @@ class _Isolated:
         # Python), and SIGKILL and SIGSTOP from outside: stop it by force.
         os.killpg(self.pid, signum if signum == signal.SIGINT else signal.SIGKILL)
 
+    def kill_rank(self) -> None:
+        kill_rank(self)
+
 
 def _signal_group(child, signum: int) -> None:
     try:
@@ -336,21 +398,22 @@ def _signal_group(child, signum: int) -> None:
 
 
 class _Follower:
-    """Relays the rank's output and prints a table row per finished iteration."""
+    """Relays the rank's output and prints a table row per finished iteration;
+    the output goes on the bus too, and snapshot requests to the session."""
 
     def __init__(self, log_path: Path, events_path: Path, rank: int,
-                 message: Callable[[str], None],
-                 on_snapshot: Callable[[dict], None] | None = None) -> None:
+                 message: Callable[[str], None], session) -> None:
         self._log = _Tail(log_path)
         self._events = _Tail(events_path)
         self._prefix = f"[rank {rank}] "
         self._message = message
         self._header_shown = False
-        self._on_snapshot = on_snapshot
+        self._session = session
 
     def poll(self, final: bool = False) -> None:
         for line in self._log.lines(final):
             self._message(self._prefix + line)
+            self._session.output(line)
         for line in self._events.lines():
             try:
                 event = json.loads(line)
@@ -361,8 +424,8 @@ class _Follower:
                     self._message(reporting.table_header())
                     self._header_shown = True
                 self._message(reporting.table_row(event))
-            elif event.get("kind") == "snapshot" and self._on_snapshot is not None:
-                self._on_snapshot(event)
+            elif event.get("kind") == "snapshot" and not final:
+                self._session.take_snapshot(event)
 
 
 class _Tail:

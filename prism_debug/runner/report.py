@@ -28,7 +28,14 @@ def read_events(path: Path) -> list[dict]:
 
 def build_report(*, events: list[dict], world_size: int, rank: int, command: list[str],
                  exit_code: int | None, hardware: str, child_peak_rss: int) -> dict:
-    iterations = [e for e in events if e["kind"] == "iteration"]
+    iterations: list[dict] = []
+    for event in events:
+        if event["kind"] == "iteration":
+            iterations.append(event)
+        elif event["kind"] == "resumed":
+            # a copy restored into this run (from the console) goes on from
+            # its snapshot: what the replaced rank did after that is undone
+            iterations = [it for it in iterations if it["iteration"] <= event["iteration"]]
     families: list[dict] = []
     peak_rss = child_peak_rss
     backend = None

@@ -86,7 +86,16 @@ class Snapshotter:
         return cls(Store(options.store or DEFAULT_STORE), criu, base, message,
                    incremental=options.incremental, tracked=tracked)
 
-    def take(self, pid: int, iteration: int, cuda: bool = False) -> None:
+    @classmethod
+    def continuing(cls, manifest: Manifest, store: Store,
+                   message: Callable[[str], None]) -> "Snapshotter":
+        """For snapshots of a rank restored from ``manifest``: the same run's facts."""
+        base = {k: getattr(manifest, k) for k in (
+            "world_size", "rank", "command", "graph_digest", "script_digest",
+            "environment_digest", "hardware")}
+        return cls(store, criu_api.locate(), base, message)
+
+    def take(self, pid: int, iteration: int, cuda: bool = False) -> tuple[Manifest | None, str]:
         """Dump the rank stopped at an iteration boundary, then continue it,
         whatever the dump's fate.
 
@@ -95,6 +104,7 @@ class Snapshotter:
         runs (cuda-checkpoint hangs on a stopped process); then the rank is
         stopped, dumped, told to go on and continued; after that its CUDA state
         goes back to the GPU and is unlocked (CRIU's CUDA plugin's order).
+        Returns the snapshot's manifest, or None and why there is none.
         """
         snapshot_id = new_id(self.base["rank"], iteration)
         staging = None
@@ -125,25 +135,28 @@ class Snapshotter:
             path = self.store.commit(staging, manifest)
             staging = None
             self.taken.append(snapshot_id)
-            size = self.store.get(snapshot_id).image_bytes
-            self.message(f"snapshot {snapshot_id}: iteration {iteration}, {size / 2**20:.1f} MiB "
-                         f"in {dump_s:.2f} s → {path}")
+            manifest = self.store.get(snapshot_id)
+            self.message(f"snapshot {snapshot_id}: iteration {iteration}, "
+                         f"{manifest.image_bytes / 2**20:.1f} MiB in {dump_s:.2f} s → {path}")
+            return manifest, ""
         except (criu_api.CriuError, SnapshotError, OSError) as exc:
             # the run goes on: a failed snapshot costs the snapshot, not the run
             self.message(f"prism-debug: warning: no snapshot at iteration {iteration}: {exc}")
+            return None, str(exc)
         finally:
             if staging is not None:
                 self.store.discard(staging)
-            self._control({"stop_at": iteration, "phase": "go"})
+            write_control(self.open_files["control"], {"stop_at": iteration, "phase": "go"})
             _continue(pid)
             if cuda_locked is not None:
                 _resume_cuda(cuda_locked, pid, self.message)
 
-    def _control(self, content: dict) -> None:
-        """Rewrite the control file in place (the rank holds it open)."""
-        with open(self.open_files["control"], "r+") as f:
-            f.truncate(0)
-            f.write(json.dumps(content))
+
+def write_control(path: Path, content: dict) -> None:
+    """Rewrite the control file in place (the rank holds it open)."""
+    with open(path, "r+") as f:
+        f.truncate(0)
+        f.write(json.dumps(content))
 
 
 def _resume_cuda(tool: Path, pid: int, message: Callable[[str], None]) -> None:
@@ -188,6 +201,7 @@ class RestoreOptions:
     report_path: Path | None = None
     trace_path: Path | None = None
     run_dir: Path | None = None
+    bind: str | None = "127.0.0.1"  # the debugger bus (None: no bus)
 
     def __post_init__(self) -> None:
         if self.iterations is not None and self.iterations < 1:
@@ -198,8 +212,8 @@ class RestoreOptions:
                                   "not exist")
 
 
-class _RestoredChild:
-    """The restored rank, as launch._wait expects a child (poll, pid, wait)."""
+class RestoredChild:
+    """The restored rank, as launch's loop expects a child (poll, pid, wait)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -217,6 +231,9 @@ class _RestoredChild:
             time.sleep(0.01)
         return self.returncode
 
+    def kill_rank(self) -> None:
+        launch.kill_rank(self)
+
 
 def check_unchanged(manifest: Manifest) -> None:
     """Refuse to restore a rank whose script or graph changed since its snapshot."""
@@ -230,48 +247,69 @@ def check_unchanged(manifest: Manifest) -> None:
                                 "code on disk")
 
 
-def restore(options: RestoreOptions, message: Callable[[str], None]) -> launch.RunResult:
-    store = Store(options.store or DEFAULT_STORE)
-    manifest = store.verify(options.snapshot_id)
-    check_unchanged(manifest)
+def restore_process(store: Store, manifest: Manifest, files: dict[str, Path], *,
+                    iterations: int | None = None, record_ops: bool = False,
+                    bus: str | None = None, pause: bool = False,
+                    message: Callable[[str], None] = lambda line: None) -> int:
+    """Restore the rank of a (verified) snapshot as a child of this process,
+    writing to ``files`` (log, events, control) instead of the files it had
+    open, and continue it; the pid.  ``bus``: the endpoint the copy's agent
+    connects to; ``pause``: it stays paused where the snapshot was taken."""
     criu = criu_api.locate()
     if manifest.cuda:
         criu_api.cuda_checkpoint()  # missing: say so before restoring anything
-    run_dir = options.run_dir or launch.default_run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    paths = {"log": run_dir / "rank.log", "events": run_dir / "events.jsonl",
-             "control": run_dir / "control.json"}
-    for path in paths.values():
-        path.unlink(missing_ok=True)
-    limit = manifest.iteration + options.iterations if options.iterations else None
-    paths["control"].write_text(json.dumps({
+    limit = manifest.iteration + iterations if iterations else None
+    files["control"].write_text(json.dumps({
         "restored": True, "snapshot": manifest.id, "iterations": limit,
-        "record_ops": options.trace_path is not None,
+        "record_ops": record_ops, "bus": bus, "pause": pause,
         "stop_at": manifest.iteration, "phase": "go"}))
-    message(f"prism-debug: restoring snapshot {manifest.id} (rank {manifest.rank} of "
-            f"{manifest.world_size}, after iteration {manifest.iteration})")
     fds = {
-        "log": os.open(paths["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-        "events": os.open(paths["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-        "control": os.open(paths["control"], os.O_RDONLY),
+        "log": os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        "events": os.open(files["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        "control": os.open(files["control"], os.O_RDONLY),
     }
     started = time.perf_counter()
     try:
-        pid = criu_api.restore(criu, store.path(manifest.id), run_dir, {
+        pid = criu_api.restore(criu, store.path(manifest.id), files["log"].parent, {
             manifest.open_files[role].lstrip("/"): fd for role, fd in fds.items()})
     finally:
         for fd in fds.values():
             os.close(fd)
     message(f"restored pid {pid} in {time.perf_counter() - started:.2f} s "
             f"({manifest.image_bytes / 2**20:.1f} MiB of images)")
-    child = _RestoredChild(pid)
     _continue(pid)
     if manifest.cuda:  # its CUDA state was checkpointed to host memory: back to the GPU
         _resume_cuda(criu_api.cuda_checkpoint(), pid, message)
-    follower = launch._Follower(paths["log"], paths["events"], manifest.rank, message)
-    exit_code = launch._wait(child, follower)
-    _, report = launch.finish(
-        follower, paths["events"], exit_code, manifest.world_size, manifest.rank,
-        manifest.command, manifest.hardware, options.report_path, options.trace_path, message,
-        restored_from=manifest.id)
+    return pid
+
+
+def restore(options: RestoreOptions, message: Callable[[str], None]) -> launch.RunResult:
+    """``prism-debug snapshot restore``: a new run from a snapshot, with a bus of
+    its own (so a restored rank can be attached to as well)."""
+    store = Store(options.store or DEFAULT_STORE)
+    manifest = store.verify(options.snapshot_id)
+    check_unchanged(manifest)
+    run_dir = options.run_dir or launch.default_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    files = launch.run_files(run_dir)
+    message(f"prism-debug: restoring snapshot {manifest.id} (rank {manifest.rank} of "
+            f"{manifest.world_size}, after iteration {manifest.iteration})")
+    session = launch.open_session(manifest.rank, manifest.world_size, options.bind, files,
+                                  store.root, lambda: Snapshotter.continuing(manifest, store,
+                                                                             message), message)
+    try:
+        pid = restore_process(store, manifest, files, iterations=options.iterations,
+                              record_ops=options.trace_path is not None,
+                              bus=session.commands_endpoint,
+                              message=message)
+        session.child = RestoredChild(pid)
+        follower = launch._Follower(files["log"], files["events"], manifest.rank, message,
+                                    session)
+        exit_code = launch._wait(session, follower)
+        _, report = launch.finish(
+            follower, files["events"], exit_code, manifest.world_size, manifest.rank,
+            manifest.command, manifest.hardware, options.report_path, options.trace_path,
+            message, restored_from=manifest.id)
+    finally:
+        session.close()
     return launch.RunResult(report, exit_code, run_dir)

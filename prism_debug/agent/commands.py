@@ -1,0 +1,178 @@
+"""The bus verbs the rank answers itself, on the bus thread: what the
+debugger does (breakpoints, stepping) and what only the rank's process knows
+(its Python stack, its last iteration's collectives, the engine's view of
+its virtual peers)."""
+
+from __future__ import annotations
+
+import linecache
+import sys
+import threading
+
+from prism_debug.agent.debugger import DebuggerError
+from prism_debug.bus.protocol import BadArguments, InvalidState
+from prism_debug.errors import ConfigError
+from prism_debug.graph.selectors import select_ranks
+
+_MAX_PEERS = 64  # rows a peers answer lists
+
+
+class Commands:
+    def __init__(self, agent) -> None:
+        self._agent = agent
+        self._debugger = agent.debugger
+
+    def handle(self, verb: str, args: dict) -> dict:
+        method = getattr(self, "do_" + verb, None)
+        if method is None:
+            raise BadArguments(f"the rank does not answer {verb!r}")
+        try:
+            return method(**args)
+        except DebuggerError as exc:
+            raise InvalidState(str(exc)) from None
+        except ConfigError as exc:
+            raise BadArguments(str(exc)) from None
+
+    # -- state --------------------------------------------------------------------
+
+    def do_status(self) -> dict:
+        agent, debugger = self._agent, self._debugger
+        paused = debugger.paused_at
+        return {"state": "paused" if paused else "running", "rank": agent.config.rank,
+                "world_size": agent.config.world_size, "iteration": agent.tracker.iteration,
+                "emulated_s": agent.emulated_s(), "paused_at": paused, "breakpoints": len(debugger.breakpoints())}
+
+    def do_where(self) -> dict:
+        """The main thread's stack, outermost first, down to where it entered
+        prism-debug (the frames of a paused rank's debugger are not the script's)."""
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        stack = []
+        while frame is not None:
+            stack.append(frame)
+            frame = frame.f_back
+        frames = []
+        for frame in reversed(stack):
+            code = frame.f_code
+            if code.co_filename.startswith(_HARNESS):
+                break
+            frames.append({"file": code.co_filename, "line": frame.f_lineno,
+                           "function": code.co_name,
+                           "code": linecache.getline(code.co_filename, frame.f_lineno).strip()})
+        return {"frames": frames}
+
+    # -- breakpoints and stepping ----------------------------------------------------
+
+    def do_break(self, kind: str, iteration: int | None = None, op: str | None = None,
+                 family: str | None = None, seq: int | None = None,
+                 temporary: bool = False) -> dict:
+        bp = self._debugger.add_break(kind, iteration=iteration, op=op, family=family, seq=seq,
+                                      temporary=temporary)
+        return {"id": bp.id, "description": bp.description}
+
+    def do_breaks(self) -> dict:
+        return {"breakpoints": [{"id": bp.id, "description": bp.description,
+                                 "temporary": bp.temporary, "hits": bp.hits}
+                                for bp in self._debugger.breakpoints()]}
+
+    def do_delete(self, id: int | None = None) -> dict:  # noqa: A002 - the verb's name
+        return {"deleted": self._debugger.delete(id)}
+
+    # Each answer carries the number of the last pause: the stop it causes is
+    # a later one.
+    def do_continue(self) -> dict:
+        return self._resume(None)
+
+    def do_step(self) -> dict:
+        return self._resume("step")
+
+    def do_next(self) -> dict:
+        return self._resume("next")
+
+    def _resume(self, mode: str | None) -> dict:
+        after = self._debugger.num_pauses
+        self._debugger.resume(mode)
+        return {"state": "running", "after": after}
+
+    def do_pause(self) -> dict:
+        debugger = self._debugger
+        if debugger.paused_at is not None:  # already: that pause is the answer
+            return {"state": "paused", "after": debugger.num_pauses - 1}
+        after = debugger.num_pauses
+        debugger.pause()
+        return {"state": "pausing", "after": after}
+
+    def do_events(self, on: bool) -> dict:
+        self._debugger.set_events(on)
+        return {"events": on}
+
+    def do_detach(self) -> dict:
+        """The last client left: nobody would continue from a breakpoint."""
+        self._debugger.release()
+        return {}
+
+    # -- snapshots --------------------------------------------------------------------
+
+    def do_snapshot(self, name: str | None = None) -> dict:
+        """Paused where an iteration starts: the snapshot is taken there, now.
+        Otherwise at the end of the iteration in progress (snapshots are cut
+        at iteration boundaries, where nothing is in flight)."""
+        agent, debugger = self._agent, self._debugger
+        paused = debugger.paused_at
+        if paused is not None and paused["at"] == "iteration":
+            iteration = paused["iteration"] - 1
+            debugger.run_paused(lambda: agent._stop_for_snapshot(iteration))
+            return {"iteration": iteration, "when": "now"}
+        iteration = agent.tracker.iteration
+        agent._snapshots_asked.add(iteration)
+        return {"iteration": iteration, "when": "at the end of the iteration"}
+
+    # -- what the rank saw ------------------------------------------------------------
+
+    def do_timeline(self) -> dict:
+        agent = self._agent
+        last = agent.tracker.last_ops
+        if last is None:
+            raise InvalidState("no iteration has finished yet: next runs to the end of one")
+        iteration, start, ops = last
+        graph = agent.graph_engine
+        rows = []
+        for seq, (op, family, index, nbytes, arrival, work) in enumerate(ops, 1):
+            done = work.done
+            last_rank = None
+            if graph is not None and work._deferred is not None:
+                arrived = graph.last_arrival(work._deferred)
+                last_rank = arrived[0] if arrived else None
+            rows.append({"seq": seq, "op": op, "family": family, "index": index,
+                         "bytes": nbytes, "start_ms": (arrival - start) * 1e3,
+                         "duration_ms": (done - arrival) * 1e3 if done != float("inf")
+                         else None,
+                         "wait_ms": work.waited_s * 1e3, "last_rank": last_rank})
+        return {"iteration": iteration, "ops": rows}
+
+    def do_peers(self, selector: str | None = None) -> dict:
+        agent = self._agent
+        config = agent.config
+        ranks = (select_ranks(selector, config.world_size, config.gpus_per_node) if selector
+                 else _neighbours(config.rank, config.world_size, config.gpus_per_node))
+        shown = ranks[:_MAX_PEERS]
+        graph = agent.graph_engine
+        if graph is None:
+            return {"mode": "lockstep",
+                    "note": "no --graph: every virtual peer arrives with the real rank at "
+                            "every collective",
+                    "peers": [{"rank": r, "node": r // config.gpus_per_node, "class": None,
+                               "coords": {}, "time_ms": None, "perturbations": []}
+                              for r in shown]}
+        note = f"{len(ranks)} ranks selected" + (f", first {_MAX_PEERS} shown"
+                                                 if len(ranks) > _MAX_PEERS else "")
+        return {"mode": "graph", "note": note,
+                "peers": [graph.replay.describe(r) for r in shown]}
+
+
+def _neighbours(rank: int, world_size: int, gpus_per_node: int) -> list[int]:
+    """With no selector: the real rank's node."""
+    node = rank // gpus_per_node
+    return list(range(node * gpus_per_node, min(world_size, (node + 1) * gpus_per_node)))
+
+
+_HARNESS = __file__.rsplit("/agent/", 1)[0]  # prism_debug's own frames

@@ -1,0 +1,148 @@
+"""The rank's end of the bus: a DEALER on a thread of its own.
+
+It answers the commands the controller forwards (through the agent's
+``handle``), sends the agent's events and a heartbeat every second.  The
+rank's main thread never touches the socket: events go through a bounded
+queue that drops the oldest when the bus falls behind, so publishing never
+blocks training.
+
+Before a snapshot the link is stopped — socket closed, ZeroMQ context
+terminated, its threads gone — because CRIU cannot dump half of a TCP
+connection; afterwards (in the original and in every restored copy) a new
+link starts, to the endpoint the controller then names.  A controller that
+stops answering is reported once and the rank runs on.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import zmq
+
+from prism_debug.bus.protocol import (
+    BusError,
+    InternalError,
+    decode_request,
+    encode_error,
+    encode_reply,
+    encode_request,
+)
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 1.0
+CONTROLLER_SILENT_S = 5.0  # no word from the controller for this long: it is lost
+_OUTBOX = 10_000  # events kept while the bus falls behind; older ones are dropped
+_POLL_MS = 10
+
+
+class BusLink:
+    def __init__(self, endpoint: str, rank: int, pid: int,
+                 handle: Callable[[str, dict], dict],
+                 on_lost: Callable[[], None], curve: dict | None = None) -> None:
+        self.endpoint = endpoint
+        self._rank = rank
+        self._pid = pid
+        self._handle = handle
+        self._on_lost = on_lost
+        self._curve = curve  # {"server_public", "public", "secret"} when the bus uses CURVE
+        self._outbox: collections.deque = collections.deque(maxlen=_OUTBOX)
+        self.dropped = 0
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stopping.clear()
+        self._thread = threading.Thread(target=self._run, name="prism-debug-bus", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Close the connection and end the thread (before a snapshot, at exit)."""
+        if self._thread is not None:
+            self._stopping.set()
+            self._thread.join()
+            self._thread = None
+
+    def publish(self, kind: str, data: dict[str, Any]) -> None:
+        """Queue an event; never blocks (from any thread)."""
+        if len(self._outbox) == _OUTBOX:
+            self.dropped += 1
+        self._outbox.append((kind, data))
+
+    # -- the thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        context = zmq.Context()
+        socket = context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.IDENTITY, b"agent")
+        socket.setsockopt(zmq.SNDHWM, _OUTBOX)
+        if self._curve:
+            socket.curve_serverkey = self._curve["server_public"].encode()
+            socket.curve_publickey = self._curve["public"].encode()
+            socket.curve_secretkey = self._curve["secret"].encode()
+        socket.connect(self.endpoint)
+        try:
+            socket.send(encode_request("agent.hello", {"rank": self._rank, "pid": self._pid}))
+            heard = next_beat = time.monotonic()
+            lost = False
+            while not self._stopping.is_set():
+                if socket.poll(_POLL_MS):
+                    while True:
+                        try:
+                            frame = socket.recv(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        heard = time.monotonic()
+                        self._answer(socket, frame)
+                    if lost:
+                        lost = False
+                        log.warning("prism-debug: the controller answers again")
+                self._flush(socket)
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + HEARTBEAT_S
+                    socket.send(encode_request("agent.heartbeat"), zmq.NOBLOCK)
+                if not lost and now - heard > CONTROLLER_SILENT_S:
+                    lost = True
+                    self._on_lost()
+            self._flush(socket)
+        except zmq.ZMQError as exc:  # the bus is gone; the rank is not
+            log.warning("prism-debug: the debugger bus failed (%s); the rank runs on", exc)
+            self._on_lost()
+        finally:
+            socket.close(linger=200)  # let the last reply and events out
+            context.term()
+
+    def _answer(self, socket, frame: bytes) -> None:
+        """A command from the controller (replies to our own heartbeats and
+        hello need nothing)."""
+        if b'"ok"' in frame[:80]:
+            return
+        try:
+            request = decode_request(frame)
+        except BusError as exc:
+            socket.send(encode_error(exc.request_id, exc), zmq.NOBLOCK)
+            return
+        try:
+            result = self._handle(request.verb, request.args)
+            reply = encode_reply(request.id, result)
+        except BusError as exc:
+            reply = encode_error(request.id, exc)
+        except Exception as exc:  # a bug in a command must not kill the rank
+            log.exception("prism-debug: %s failed", request.verb)
+            reply = encode_error(request.id, InternalError(f"{type(exc).__name__}: {exc}"))
+        socket.send(reply, zmq.NOBLOCK)
+
+    def _flush(self, socket) -> None:
+        outbox = self._outbox
+        while outbox:
+            kind, data = outbox.popleft()
+            try:
+                socket.send(encode_request("agent.event", {"kind": kind, "data": data}),
+                            zmq.NOBLOCK)
+            except zmq.Again:
+                self.dropped += 1

@@ -1,0 +1,267 @@
+"""The controller's debugging session: the bus server, the session file that
+``prism-debug ps`` and ``attach`` find, and the verbs only the controller can
+answer — snapshots (it is the rank's parent and drives CRIU), restores (it
+replaces the rank by a restored copy and follows that instead), and what is
+left to say once the rank is gone.
+
+Everything here runs on the controller's main loop, between relaying the
+rank's output and reading its events: :meth:`Session.poll` stands in for the
+loop's sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+from prism_debug.bus import sessions
+from prism_debug.bus.protocol import InvalidState, RankUnavailable, SnapshotFailed
+from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
+from prism_debug.errors import PrismError
+from prism_debug.snapshot.store import now_text
+
+
+class Session:
+    def __init__(self, *, rank: int, world_size: int, host: str, run_files: dict[str, Path],
+                 store: Path | None, snapshotter_factory: Callable[[], object],
+                 message: Callable[[str], None]) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        self.server = BusServer(rank, host)
+        self.commands_endpoint = self.server.commands
+        self.agent_curve = self.server.agent_curve
+        self.run_files = run_files  # log, events, control: what a restored copy writes to
+        self.store = store
+        self._snapshotter_factory = snapshotter_factory
+        self._snapshotter = None
+        self._message = message
+        self.child = None  # the rank's process (launch's Popen-like), swapped by restores
+        self.exit_code: int | None = None
+        self._snapshot_waiters: dict[int, list[Pending]] = {}  # iteration -> clients
+        self.snapshotting = False
+        # restores answered once the restored copy's agent is back on the bus
+        self._restores: list[tuple[Pending, dict]] = []
+        self.info = sessions.SessionInfo(
+            session=sessions.new_session_id(), pid=os.getpid(),
+            commands=self.server.commands, events=self.server.events,
+            world_size=world_size, ranks=(rank,), started=now_text(),
+            curve_public=self.server.curve_public)
+        self.session_file = sessions.publish(self.info)
+        server = self.server
+        server.handle("hello", self._hello)
+        server.handle("status", self._status)
+        server.handle("snapshot", self._snapshot)
+        server.handle("snapshots", self._snapshots)
+        server.handle("restore", self._restore)
+        server.handle("detach", self._detach)
+        server.on_agent_hello = self._agent_back
+
+    # -- the loop's side ------------------------------------------------------------
+
+    def poll(self, timeout_s: float) -> None:
+        self.server.poll(timeout_s)
+
+    def output(self, line: str) -> None:
+        self.server.publish("output", {"line": line})
+
+    def exited(self, exit_code: int) -> None:
+        self.exit_code = exit_code
+        self.server.agent_gone()
+        for pending, _ in self._restores:
+            self.server.fail(pending, RankUnavailable(
+                f"the restored rank exited (code {exit_code}) before it reconnected"))
+        self._restores.clear()
+        self.server.publish("exited", {"exit_code": exit_code})
+        for waiters in self._snapshot_waiters.values():
+            for pending in waiters:
+                self.server.fail(pending, RankUnavailable(
+                    f"the rank exited (code {exit_code}) before the snapshot"))
+        self._snapshot_waiters.clear()
+
+    def close(self) -> None:
+        sessions.withdraw(self.info)
+        self.server.close()
+
+    @property
+    def snapshotter(self):
+        """Made on the first snapshot, so a run that takes none needs no CRIU."""
+        if self._snapshotter is None:
+            self._snapshotter = self._snapshotter_factory()
+            self._snapshotter.open_files = dict(self.run_files)
+        return self._snapshotter
+
+    @property
+    def snapshots_taken(self) -> list[str]:
+        return list(self._snapshotter.taken) if self._snapshotter is not None else []
+
+    def _store(self):
+        from prism_debug.runner.snapshots import DEFAULT_STORE
+        from prism_debug.snapshot.store import Store
+        return Store(self.store or DEFAULT_STORE)
+
+    def take_snapshot(self, event: dict) -> None:
+        """The rank idles at a boundary for a snapshot: dump it, tell who asked."""
+        iteration = event["iteration"]
+        self.server.agent_away()  # it closed its end of the bus for the dump
+        self.snapshotting = True
+        try:
+            snapshotter = self.snapshotter
+        except PrismError as exc:
+            # no CRIU: the rank must still be let go
+            self._release_rank(iteration)
+            manifest, error = None, str(exc)
+        else:
+            manifest, error = snapshotter.take(self.child.pid, iteration,
+                                               bool(event.get("cuda")))
+        finally:
+            self.snapshotting = False
+        waiters = self._snapshot_waiters.pop(iteration, [])
+        if manifest is None:
+            for pending in waiters:
+                self.server.fail(pending, SnapshotFailed(f"no snapshot at iteration "
+                                                         f"{iteration}: {error}"))
+            return
+        result = {"id": manifest.id, "iteration": manifest.iteration,
+                  "bytes": manifest.image_bytes, "dump_s": manifest.dump_s,
+                  "path": str(snapshotter.store.path(manifest.id))}
+        self.server.publish("snapshot", result)
+        for pending in waiters:
+            self.server.reply(pending, result)
+
+    def _release_rank(self, iteration: int) -> None:
+        from prism_debug.runner.snapshots import write_control
+        write_control(self.run_files["control"], {"stop_at": iteration, "phase": "go"})
+        try:
+            os.kill(self.child.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+    # -- verbs ------------------------------------------------------------------------
+
+    def _hello(self, client: bytes, args: dict) -> dict:
+        return {"session": self.info.session, "rank": self.rank, "world_size": self.world_size,
+                "pid": self.server.agent_pid or 0, "events": self.server.events}
+
+    def _status(self, client: bytes, args: dict) -> dict:
+        extra = {"session": self.info.session, "pid": self.server.agent_pid or 0,
+                 "clients": len(self.server.clients)}
+        if self.server.agent_connected:
+            def answer(pending: Pending) -> None:
+                def reply(message: dict) -> None:
+                    try:
+                        self.server.reply(pending, {**result_of(message), **extra})
+                    except PrismError as exc:
+                        self.server.fail(pending, exc)
+                self.server.ask_agent("status", {}, reply)
+            raise Deferred(answer)
+        state = ("exited" if self.exit_code is not None else
+                 "snapshotting" if self.snapshotting else "starting")
+        return {"state": state, "rank": self.rank, "world_size": self.world_size,
+                "iteration": None, "emulated_s": None, "paused_at": None, "breakpoints": 0,
+                "exit_code": self.exit_code, **extra}
+
+    def _snapshot(self, client: bytes, args: dict) -> dict:
+        if self.exit_code is not None:
+            raise RankUnavailable(f"the rank exited (code {self.exit_code}): restore a "
+                                  "snapshot to go on")
+        def answer(pending: Pending) -> None:
+            def scheduled(message: dict) -> None:
+                try:
+                    iteration = result_of(message)["iteration"]
+                except PrismError as exc:
+                    self.server.fail(pending, exc)
+                    return
+                self._snapshot_waiters.setdefault(iteration, []).append(pending)
+            self.server.ask_agent("snapshot", args, scheduled)
+        raise Deferred(answer)
+
+    def _snapshots(self, client: bytes, args: dict) -> dict:
+        manifests = self._store().list()
+        return {"snapshots": [{"id": m.id, "iteration": m.iteration, "parent": m.parent,
+                               "image_bytes": m.image_bytes, "created": m.created,
+                               "rank": m.rank, "world_size": m.world_size}
+                              for m in manifests]}
+
+    def _restore(self, client: bytes, args: dict) -> dict:
+        """Replace the rank by a copy restored from a snapshot, paused where
+        the snapshot was taken; the session follows the copy from then on."""
+        from prism_debug.runner import snapshots
+        store = self._store()
+        try:
+            manifest = store.verify(args["id"])
+            snapshots.check_unchanged(manifest)
+        except PrismError as exc:
+            raise InvalidState(str(exc)) from None
+        if (manifest.rank, manifest.world_size) != (self.rank, self.world_size):
+            raise InvalidState(f"snapshot {manifest.id} is of rank {manifest.rank} of "
+                               f"{manifest.world_size}; this session runs rank {self.rank} of "
+                               f"{self.world_size}")
+        self.server.agent_gone()
+        try:
+            if self.child is not None and self.child.poll() is None:
+                self.child.kill_rank()
+            pid = snapshots.restore_process(
+                store, manifest, self.run_files, bus=self.server.commands, pause=True)
+        except PrismError as exc:
+            raise SnapshotFailed(str(exc)) from None
+        self.server.agent_away()  # the copy's agent connects as it resumes
+        self.child = snapshots.RestoredChild(pid)
+        self.exit_code = None
+        result = {"id": manifest.id, "iteration": manifest.iteration, "pid": pid}
+        self.server.publish("restored", result)
+        self._message(f"prism-debug: restored snapshot {manifest.id} (after iteration "
+                      f"{manifest.iteration}) as pid {pid}")
+        # answered when the copy is back on the bus, so the next command reaches it
+        raise Deferred(lambda pending: self._restores.append((pending, result)))
+
+    def _agent_back(self, pid: int) -> None:
+        for pending, result in self._restores:
+            self.server.reply(pending, result)
+        self._restores.clear()
+
+    def _detach(self, client: bytes, args: dict) -> dict:
+        self.server.clients.pop(client, None)
+        if not self.server.clients and self.server.agent_connected:
+            # nobody is left to continue from a breakpoint: let the rank run
+            self.server.ask_agent("detach", {}, lambda message: None)
+        return {}
+
+
+class NoSession:
+    """What the loop uses when the run has no bus (``--no-bus``): snapshots
+    still, nothing else."""
+
+    commands_endpoint = None
+    agent_curve = None
+
+    def __init__(self, snapshotter_factory: Callable[[], object],
+                 run_files: dict[str, Path]) -> None:
+        self._snapshotter_factory = snapshotter_factory
+        self._snapshotter = None
+        self.child = None
+        self.run_files = run_files
+
+    def poll(self, timeout_s: float) -> None:
+        time.sleep(timeout_s)
+
+    def output(self, line: str) -> None:
+        pass
+
+    def exited(self, exit_code: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def snapshots_taken(self) -> list[str]:
+        return list(self._snapshotter.taken) if self._snapshotter is not None else []
+
+    def take_snapshot(self, event: dict) -> None:
+        if self._snapshotter is None:
+            self._snapshotter = self._snapshotter_factory()
+            self._snapshotter.open_files = dict(self.run_files)
+        self._snapshotter.take(self.child.pid, event["iteration"], bool(event.get("cuda")))

@@ -1,0 +1,355 @@
+"""The console against a fake client: exact text, JSON lines, errors, completion."""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+
+from prism_debug.console import Console
+from prism_debug.errors import PrismError
+
+RANK = 4097
+
+
+class FakeBusError(PrismError):
+    """Stands in for prism_debug.bus.protocol.BusError: a PrismError with a .type."""
+
+    def __init__(self, type: str, message: str) -> None:
+        super().__init__(message)
+        self.type = type
+
+
+class FakeClient:
+    """Records requests; answers from canned results; hands out queued events."""
+
+    def __init__(self, results: dict | None = None, stream: list[dict] = (),
+                 pending: list[dict] = ()) -> None:
+        self.results = results or {}  # verb -> result, exception, or a list of them in turn
+        self.stream = list(stream)  # what next_event() takes from, in order
+        self.pending = list(pending)  # what the next events() returns
+        self.requests: list[tuple[str, dict]] = []
+        self.missed = 0
+
+    def request(self, verb: str, timeout_s: float = 10.0, **args) -> dict:
+        self.requests.append((verb, args))
+        result = self.results.get(verb, {})
+        if isinstance(result, list):
+            result = result.pop(0)
+        if isinstance(result, Exception):
+            raise result
+        return copy.deepcopy(result)
+
+    def next_event(self, kinds: set[str], timeout_s: float) -> dict | None:
+        while self.stream:
+            event = self.stream.pop(0)
+            if event["kind"] in kinds:
+                return event
+        return None
+
+    def events(self, timeout_s: float = 0.0) -> list[dict]:
+        events, self.pending = self.pending, []
+        return events
+
+
+def event(seq: int, kind: str, /, **data) -> dict:
+    return {"seq": seq, "rank": RANK, "kind": kind, "wall": 1700000000.0 + seq, "data": data}
+
+
+def paused(seq: int, iteration: int, reason: str, op: str | None = None, family: str | None = None,
+           index: int | None = None, coll_seq: int | None = None) -> dict:
+    return event(seq, "paused", iteration=iteration, at="collective" if op else "iteration",
+                 op=op, family=family, index=index, seq=coll_seq, reason=reason)
+
+
+def run(client: FakeClient, script: str, json_mode: bool = False) -> tuple[Console, str]:
+    stdout = io.StringIO()
+    console = Console(client, RANK, stdin=io.StringIO(script), stdout=stdout,
+                      json_mode=json_mode, interactive=False)
+    console.cmdloop()
+    return console, stdout.getvalue()
+
+
+STATUS = {"state": "paused", "rank": RANK, "world_size": 8192, "iteration": 3,
+          "emulated_s": 12.3456, "breakpoints": 1, "session": "s-7f3a", "pid": 4242, "clients": 2,
+          "paused_at": paused(9, 3, "break 1")["data"]}
+
+TIMELINE = {"iteration": 3, "ops": [
+    {"seq": 12, "op": "all_reduce", "family": "dp", "index": 3, "bytes": 16 << 20,
+     "start_ms": 102.5, "duration_ms": 10.25, "wait_ms": 2.125, "last_rank": 4096},
+    {"seq": 13, "op": "send", "family": None, "index": None, "bytes": 512,
+     "start_ms": 113.0, "duration_ms": 1.0, "wait_ms": 0.0, "last_rank": None},
+]}
+
+
+def test_status_prints_key_value_lines():
+    _, out = run(FakeClient({"status": STATUS}), "status\n")
+    assert out == (
+        "rank: 4097 of 8192\n"
+        "state: paused at iteration 3 (break 1)\n"
+        "iteration: 3\n"
+        "emulated time: 12.346 s\n"
+        "breakpoints: 1\n"
+        "pid: 4242\n"
+        "session: s-7f3a\n"
+        "clients: 2\n")
+
+
+def test_break_info_breaks_and_delete():
+    client = FakeClient({
+        "break": [{"id": 1, "description": "iteration 3"},
+                  {"id": 2, "description": "all_reduce on dp seq 12"}],
+        "breaks": {"breakpoints": [
+            {"id": 1, "description": "iteration 3", "temporary": False, "hits": 0},
+            {"id": 2, "description": "all_reduce on dp seq 12", "temporary": True, "hits": 1}]},
+        "delete": [{"deleted": [1]}, {"deleted": [2]}],
+    })
+    _, out = run(client, "break iter 3\ntbreak coll all_reduce dp seq 12\ninfo breaks\n"
+                         "delete 1\ndelete\n")
+    assert out == (
+        "breakpoint 1: iteration 3\n"
+        "temporary breakpoint 2: all_reduce on dp seq 12\n"
+        "Num Type Disp Hits Where\n"
+        "1   iter keep 0    iteration 3\n"
+        "2   coll del  1    all_reduce on dp seq 12\n"
+        "deleted breakpoint 1\n"
+        "deleted breakpoint 2\n")
+    assert client.requests[:2] == [
+        ("break", {"kind": "iter", "iteration": 3, "temporary": False}),
+        ("break", {"kind": "coll", "op": "all_reduce", "family": "dp", "seq": 12, "temporary": True})]
+    assert client.requests[3:] == [("delete", {"id": 1}), ("delete", {}), ("detach", {})]
+
+
+def test_break_without_argument_lists_and_bad_breaks_print_usage():
+    client = FakeClient({"breaks": {"breakpoints": []}})
+    console, out = run(client, "b\nbreak iter x\nbreak coll\nbreak coll all_reduce seq\n")
+    usage = "*** usage: b(reak) iter N | coll OP [FAMILY] [seq N]\n"
+    assert out == "no breakpoints\n" + usage * 3
+    assert [verb for verb, _ in client.requests] == ["breaks", "detach"]
+    assert console.exit_status == 1
+
+
+def test_continue_stops_at_a_breakpoint():
+    client = FakeClient({"continue": {"state": "running"}},
+                        stream=[event(5, "iteration.start", iteration=2), paused(6, 3, "break 1")])
+    _, out = run(client, "c\n")
+    assert out == "paused at iteration 3 (break 1)\n"
+    assert client.requests == [("continue", {}), ("detach", {})]
+
+
+def test_step_and_next_print_where_they_stopped():
+    client = FakeClient({"step": {"state": "running"}, "next": {"state": "running"}},
+                        stream=[paused(7, 3, "step", "all_reduce", "dp", 3, 12),
+                                paused(8, 4, "next")])
+    _, out = run(client, "s\nn\n")
+    assert out == ("paused before all_reduce on dp[3] (seq 12) in iteration 3 (step)\n"
+                   "paused at iteration 4 (next)\n")
+
+
+def test_exit_ends_rank_commands_until_a_restore():
+    client = FakeClient({"continue": {"state": "running"},
+                         "restore": {"id": "s1", "iteration": 2, "pid": 5151},
+                         "where": {"frames": []}},
+                        stream=[event(9, "exited", exit_code=0)])
+    console, out = run(client, "c\nwhere\nc\nrestore s1\nwhere\n")
+    gone = "*** the rank exited with code 0; restore a snapshot (snapshots, restore ID) or quit\n"
+    assert out == ("the rank exited with code 0\n" + gone + gone
+                   + "restored snapshot s1: paused after iteration 2 (pid 5151)\n" + "no frames\n")
+    assert [verb for verb, _ in client.requests] == ["continue", "restore", "where", "detach"]
+
+
+def test_a_late_restore_pause_is_not_the_stop_of_a_run():
+    client = FakeClient({"continue": {"state": "running"}},
+                        pending=[paused(3, 2, "restore")],
+                        stream=[paused(4, 2, "restore"), paused(5, 3, "break 1")])
+    _, out = run(client, "c\n")
+    assert out == "paused at iteration 3 (break 1)\n"
+
+
+def test_where_marks_the_innermost_frame():
+    frames = [{"file": "train.py", "line": 40, "function": "<module>", "code": "main()"},
+              {"file": "train.py", "line": 12, "function": "train", "code": "  loss.backward()"}]
+    _, out = run(FakeClient({"where": {"frames": frames}}), "bt\n")
+    assert out == ('  File "train.py", line 40, in <module>\n'
+                   "    main()\n"
+                   '> File "train.py", line 12, in train\n'
+                   "    loss.backward()\n")
+
+
+def test_timeline_table_with_totals():
+    _, out = run(FakeClient({"timeline": TIMELINE}), "timeline\n")
+    assert out == (
+        "iteration 3: 2 collectives\n"
+        "  seq  op             group           bytes   start ms  duration ms   wait ms  last rank\n"
+        "   12  all_reduce     dp[3]        16.0 MiB    102.500       10.250     2.125       4096\n"
+        "   13  send           -               512 B    113.000        1.000     0.000          -\n"
+        "total                              16.0 MiB                  11.250     2.125\n")
+
+
+def test_peers_table():
+    peers = {"mode": "graph", "note": "members of dp[3]", "peers": [
+        {"rank": 4096, "node": 512, "class": 0, "coords": {"pp": 0, "dp": 3, "tp": 0},
+         "time_ms": 123.4567, "perturbations": []},
+        {"rank": 4098, "node": 512, "class": 1, "coords": {"pp": 1, "dp": 3, "tp": 0},
+         "time_ms": None, "perturbations": ["delay 5ms", "straggler"]}]}
+    client = FakeClient({"peers": peers})
+    _, out = run(client, "peers dp=3\n")
+    assert out == (
+        "mode: graph\n"
+        "members of dp[3]\n"
+        "  rank   node  class    time ms  coords          perturbations\n"
+        "  4096    512      0    123.457  pp=0 dp=3 tp=0  -\n"
+        "  4098    512      1          -  pp=1 dp=3 tp=0  delay 5ms, straggler\n")
+    assert client.requests[0] == ("peers", {"selector": "dp=3"})
+
+
+def test_events_on_prints_events_between_commands_and_while_running():
+    client = FakeClient({"events": [{"events": True}, {"events": False}],
+                         "continue": {"state": "running"}, "status": STATUS},
+                        stream=[event(4, "iteration.end", iteration=2, time_s=0.5, compute_s=0.4,
+                                      comm_wait_s=0.1, num_collectives=24, digest="ab"),
+                                event(5, "output", line="loss 0.25"),
+                                paused(6, 3, "break 1")])
+    console = Console(client, RANK, stdin=io.StringIO(), stdout=io.StringIO(), interactive=False)
+    console.onecmd("events")
+    console.onecmd("events on")
+    client.pending = [event(3, "snapshot", id="s1", iteration=2, bytes=3 << 30, dump_s=1.5,
+                            path="/snap/s1")]
+    client.missed = 2
+    console.postcmd(False, "")
+    console.onecmd("c")
+    console.onecmd("events off")
+    client.pending = [event(7, "resumed")]
+    console.postcmd(False, "")
+    assert console.stdout.getvalue() == (
+        "events are off\n"
+        "events on\n"
+        "[3] snapshot s1 taken after iteration 2 (3.0 GiB in 1.50 s)\n"
+        "(missed 2 events)\n"
+        "[4] iteration 2 ended: 500.000 ms (compute 400.000 ms, comm wait 100.000 ms, 24 collectives)\n"
+        "[5] output: loss 0.25\n"
+        "paused at iteration 3 (break 1)\n"
+        "events off\n")
+    assert client.requests == [("events", {"on": True}), ("continue", {}), ("events", {"on": False})]
+
+
+def test_snapshot_snapshots_restore():
+    client = FakeClient({
+        "snapshot": {"id": "s2", "iteration": 3, "bytes": 1536 << 20, "dump_s": 2.104,
+                     "path": "/snap/s2"},
+        "snapshots": {"snapshots": [
+            {"id": "s1", "iteration": 2, "image_bytes": 1 << 30, "created": "2025-01-02 10:11:12",
+             "parent": None},
+            {"id": "s2", "iteration": 3, "image_bytes": 1536 << 20, "created": "2025-01-02 10:12:00",
+             "parent": "s1"}]},
+        "restore": {"id": "s1", "iteration": 2, "pid": 5151},
+    })
+    _, out = run(client, "snapshot before-nan\nsnapshots\nrestore s1\n")
+    assert out == (
+        "snapshot s2: after iteration 3, 1.5 GiB in 2.10 s (/snap/s2)\n"
+        "id  iteration        size  created              parent\n"
+        "s1          2     1.0 GiB  2025-01-02 10:11:12  -\n"
+        "s2          3     1.5 GiB  2025-01-02 10:12:00  s1\n"
+        "restored snapshot s1: paused after iteration 2 (pid 5151)\n")
+    assert client.requests[0] == ("snapshot", {"name": "before-nan"})
+    assert client.requests[2] == ("restore", {"id": "s1"})
+
+
+def test_errors_print_stars_and_never_end_the_console():
+    client = FakeClient({"step": FakeBusError("InvalidState", "the rank is running; pause it first"),
+                         "status": STATUS})
+    console, out = run(client, "step\nfrobnicate\nrestore\nstatus\n")
+    assert out.splitlines()[:3] == [
+        "*** the rank is running; pause it first",
+        "*** unknown command 'frobnicate'; type help for the list",
+        "*** usage: restore ID"]
+    assert out.splitlines()[3] == "rank: 4097 of 8192"
+    assert console.exit_status == 1
+    assert client.requests[-1] == ("detach", {})
+
+
+def test_blank_line_repeats_the_last_command():
+    client = FakeClient({"next": {"state": "running"}},
+                        stream=[paused(1, 1, "next"), paused(2, 2, "next")])
+    _, out = run(client, "n\n\n")
+    assert out == "paused at iteration 1 (next)\npaused at iteration 2 (next)\n"
+    assert [verb for verb, _ in client.requests] == ["next", "next", "detach"]
+
+
+def test_semicolons_separate_commands():
+    client = FakeClient({"break": {"id": 1, "description": "iteration 3"},
+                         "continue": {"state": "running"}, "status": STATUS},
+                        stream=[paused(1, 3, "break 1")])
+    _, out = run(client, "break iter 3; c; status\n")
+    assert out.splitlines()[:3] == ["breakpoint 1: iteration 3", "paused at iteration 3 (break 1)",
+                                    "rank: 4097 of 8192"]
+    assert [verb for verb, _ in client.requests] == ["break", "continue", "status", "detach"]
+
+
+def test_json_mode_prints_one_json_line_per_command():
+    stop = paused(1, 3, "break 1")
+    client = FakeClient({"break": {"id": 1, "description": "iteration 3"},
+                         "continue": {"state": "running"}, "status": STATUS,
+                         "where": FakeBusError("InvalidState", "the rank is running")},
+                        stream=[stop])
+    _, out = run(client, "break iter 3; c; status; where; break nonsense; detach\n", json_mode=True)
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"id": 1, "description": "iteration 3"},
+        stop,
+        STATUS,
+        {"error": {"type": "InvalidState", "message": "the rank is running"}},
+        {"error": {"type": "BadArguments",
+                   "message": "usage: b(reak) iter N | coll OP [FAMILY] [seq N]"}},
+        {},
+    ]
+
+
+def test_run_commands_returns_the_exit_status_and_detaches():
+    client = FakeClient({"status": STATUS, "where": FakeBusError("Timeout", "no reply in 10 s")})
+    console = Console(client, RANK, stdout=io.StringIO(), interactive=False)
+    assert console.run_commands("status; status") == 0
+    assert client.requests[-1] == ("detach", {})
+    client = FakeClient({"status": STATUS, "where": FakeBusError("Timeout", "no reply in 10 s")})
+    console = Console(client, RANK, stdout=io.StringIO(), interactive=False)
+    assert console.run_commands("where; status") == 1
+    assert [verb for verb, _ in client.requests] == ["where", "status", "detach"]
+
+
+def test_end_of_input_detaches_quietly_and_quit_says_so():
+    client = FakeClient()
+    console, out = run(client, "")
+    assert (out, client.requests, console.detached) == ("", [("detach", {})], True)
+    client = FakeClient()
+    _, out = run(client, "q\nstatus\n")
+    assert out == "detached; rank 4097 keeps running\n"
+    assert client.requests == [("detach", {})]
+
+
+def test_tab_completion():
+    console = Console(FakeClient(), RANK, stdout=io.StringIO(), interactive=False)
+    assert console.complete_break("co", "break co", 6, 8) == ["coll"]
+    assert console.complete_b("all_", "b coll all_", 7, 11) == ["all_reduce", "all_gather", "all_to_all"]
+    assert console.complete_break("", "break coll all_reduce dp ", 25, 25) == ["seq"]
+    assert console.complete_events("o", "events o", 7, 8) == ["on", "off"]
+    assert console.completenames("sta") == ["status"]
+
+
+def test_help_shows_the_usage_line_first():
+    _, out = run(FakeClient(), "help c\n")
+    assert out.splitlines()[0] == "c(ont(inue))"
+
+
+def test_ctrl_c_while_running_pauses_the_rank():
+    class InterruptedOnce(FakeClient):
+        def next_event(self, kinds, timeout_s):
+            if not getattr(self, "interrupted", False):
+                self.interrupted = True
+                raise KeyboardInterrupt
+            return super().next_event(kinds, timeout_s)
+
+    client = InterruptedOnce({"continue": {"state": "running"}, "pause": {"state": "pausing"}},
+                             stream=[paused(8, 5, "pause", "all_gather", "tp", 0, 3)])
+    _, out = run(client, "c\n")
+    assert out == ("--KeyboardInterrupt-- pausing the rank (Ctrl-C again to stop waiting)\n"
+                   "paused before all_gather on tp[0] (seq 3) in iteration 5 (pause)\n")
+    assert [verb for verb, _ in client.requests] == ["continue", "pause", "detach"]
