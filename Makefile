@@ -21,6 +21,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python tools/bench_overhead.py
 	$(BIN)/python tools/bench_snapshot.py
+	$(BIN)/python tools/bench_bus.py
 	$(BIN)/python tools/bench_engine.py
 	$(BIN)/python tools/bench_fidelity.py
 

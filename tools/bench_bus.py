@@ -101,13 +101,22 @@ def blocks(info, clients: list[BusClient], num_blocks: int) -> tuple[list, list,
             if event is None or event["kind"] == "exited" or event["data"]["number"] > after:
                 break
         elapsed = time.perf_counter() - started
-        time.sleep(0.2)  # the tail of the block's events
-        received = [client.events() for client in clients]
+        # the block's last events, until the bus is quiet (a backlog still being
+        # published would slow the next block)
+        received = [[] for _ in clients]
+        while True:
+            batches = [client.events(timeout_s=0.3) for client in clients]
+            for got, batch in zip(received, batches):
+                got.extend(batch)
+            if not any(batches):
+                break
         lines = [e["data"]["line"] for e in received[0] if e["kind"] == "output"]
         us = [float(line.split()[-1]) for line in lines if line.startswith("block ")]
         if not us:
             continue
         (on_times if events_on else off_times).append(us[-1])
+        print(f"  {len(clients)} client(s), block {block + 1}, events {'on ' if events_on else 'off'}:"
+              f" {us[-1]:.2f} us per all-reduce", flush=True)
         if events_on:
             counts = [sum(e["kind"].startswith("coll.") for e in got) for got in received]
             rates.append(sum(counts) / len(clients) / elapsed)
@@ -146,7 +155,7 @@ def measure(rate: str, num_blocks: int, ops: int, rtt_count: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=6, help="blocks per client count (even)")
-    parser.add_argument("--ops", type=int, default=2000, help="all-reduces per block")
+    parser.add_argument("--ops", type=int, default=10000, help="all-reduces per block")
     parser.add_argument("--round-trips", type=int, default=2000)
     args = parser.parse_args()
     print("unsampled (every collective's events sent) …", flush=True)

@@ -43,8 +43,9 @@ from prism_debug.bus.protocol import (
 log = logging.getLogger(__name__)
 
 AGENT_IDENTITY = b"agent"
-# what the agent sends besides hello and heartbeats: events, no reply expected
-SERVER_VERBS = {**VERBS, "agent.event": {"kind": ((str,), True), "data": ((dict,), True)}}
+# what the agent sends besides hello and heartbeats: batches of events
+# ``[[kind, data], …]``, no reply expected
+SERVER_VERBS = {**VERBS, "agent.events": {"events": ((list,), True)}}
 FORWARD_TIMEOUT_S = 30.0  # a forwarded request the rank has not answered by then fails
 AGENT_SILENT_S = 5.0  # no heartbeat for this long: the agent is reported lost
 
@@ -87,7 +88,15 @@ class BusServer:
         # user's client keys (the rank runs as the same user)
         self.agent_curve: dict | None = None
         server_keys = curve_keys.server_keys_for(host)  # None on loopback
+        self._authenticator = None
         if server_keys is not None:
+            # encrypted, and only clients holding this user's client key get in
+            from zmq.auth.thread import ThreadAuthenticator
+
+            self._authenticator = ThreadAuthenticator(self._context)
+            self._authenticator.start()
+            self._authenticator.configure_curve(
+                domain="*", location=str(curve_keys.key_paths().client_public.parent))
             public, secret = server_keys
             for socket in (self._router, self._pub):
                 curve_keys.apply_server(socket, (public, secret))
@@ -250,8 +259,11 @@ class BusServer:
         if self._agent_lost_reported:
             self._agent_lost_reported = False
             self.publish("agent.back", {})
-        if request.verb == "agent.event":
-            self.publish(request.args["kind"], request.args["data"])
+        if request.verb == "agent.events":
+            for event in request.args["events"]:
+                if (type(event) is list and len(event) == 2 and type(event[0]) is str
+                        and type(event[1]) is dict):
+                    self.publish(event[0], event[1])
             return
         self._send(sender, encode_reply(request.id, {}))
         if request.verb == "agent.hello":
@@ -298,6 +310,8 @@ class BusServer:
             self.publish("agent.lost", {"silent_s": round(now - self._agent_seen, 1)})
 
     def close(self) -> None:
+        if self._authenticator is not None:
+            self._authenticator.stop()
         self._router.close(0)
         self._pub.close(0)
         self._context.term()

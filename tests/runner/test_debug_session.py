@@ -151,7 +151,7 @@ def test_malformed_frames_never_stop_the_controller(tmp_path, session_dir):
               b'{"v": 1, "id": "x", "verb": "nope"}',
               b'{"v": 1, "id": "x", "verb": "break", "args": {"kind": "iter"}}',
               b'{"v": 1, "id": "x", "verb": "agent.hello", "args": {"rank": 5, "pid": 1}}',
-              b'{"v": 1, "id": "x", "verb": "agent.event", "args": {"kind": "x", "data": {}}}',
+              b'{"v": 1, "id": "x", "verb": "agent.events", "args": {"events": [["x", {}]]}}',
               b"x" * (MAX_FRAME_BYTES + 1)]
     frames += [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
                for _ in range(200)]
@@ -249,6 +249,16 @@ def test_a_bus_beyond_loopback_needs_curve_keys(tmp_path, session_dir, monkeypat
     run = start(tmp_path, "--paused", "--bind", "0.0.0.0", iterations=2)
     info = wait_for_session(run)
     assert info.curve_public is not None
+    # a client with keys of its own knows the server's key, yet is not let in
+    from prism_debug.bus.keys import ClientCurve
+    from prism_debug.bus.protocol import BusTimeout
+
+    public, secret = zmq.curve_keypair()
+    stranger = ClientCurve(public=public, secret=secret,
+                           server_public=info.curve_public.encode())
+    with BusClient(info.commands, info.events, stranger) as client:
+        with pytest.raises(BusTimeout):
+            client.request("status", timeout_s=2.0)
     console = attach("--json", "--command", "status; c")
     assert console.returncode == 0, console.stderr
     status = json.loads(console.stdout.splitlines()[0])
