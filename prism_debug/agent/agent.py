@@ -86,18 +86,20 @@ class Agent:
         # debugger blocking the main thread while paused
         self.link = None
         self.debugger: Debugger | None = None
-        self.commands = None
         if config.bus:
-            from prism_debug.agent.commands import Commands
-            from prism_debug.agent.link import BusLink
+            self._open_bus()
 
-            self.debugger = Debugger(self.clock, self._publish, self._watch)
-            self.commands = Commands(self)
-            self.link = BusLink(config.bus, config.rank, os.getpid(), self.commands.handle,
-                                self._controller_lost, config.bus_curve)
-            self.tracker.keep_last_ops = True
-            self._tokens, self._tokens_at, self._skipped, self._sampled = 0.0, 0.0, 0, False
-            self._snapshots_asked: set[int] = set()  # iterations the console asked snapshots of
+    def _open_bus(self) -> None:
+        from prism_debug.agent.commands import Commands
+        from prism_debug.agent.link import BusLink
+
+        config = self.config
+        self.debugger = Debugger(self.clock, self._publish, self._watch)
+        self.link = BusLink(config.bus, config.rank, os.getpid(), Commands(self).handle,
+                            self._controller_lost, config.bus_curve)
+        self.tracker.keep_last_ops = True
+        self._tokens, self._tokens_at, self._skipped, self._sampled = 0.0, 0.0, 0, False
+        self._snapshots_asked: set[int] = set()  # iterations the console asked snapshots of
 
     def install(self) -> None:
         global _active
@@ -253,8 +255,9 @@ class Agent:
         debugger = self.debugger
         if debugger is not None:
             self._publish("iteration.end", {k: record[k] for k in _ITERATION_FIELDS})
-        if self.config.snapshot_due(iteration) or (debugger is not None
-                                                   and iteration in self._snapshots_asked):
+        # (a console's request may have been read just as the iteration ended)
+        asked = debugger is not None and any(k <= iteration for k in self._snapshots_asked)
+        if self.config.snapshot_due(iteration) or asked:
             self._stop_for_snapshot(iteration)
         if debugger is not None:
             self._publish("iteration.start", {"iteration": iteration + 1,
@@ -301,25 +304,30 @@ class Agent:
                 record_ops=bool(control.get("record_ops")),
                 snapshot_at=tuple(control.get("snapshot_at", ())),
                 snapshot_every=control.get("snapshot_every"),
-                bus=control.get("bus"))
+                bus=control.get("bus"), bus_curve=control.get("bus_curve"))
             self.tracker.record_ops = self.config.record_ops
-        if self.link is not None:
-            self._snapshots_asked.discard(iteration)
-            if control.get("restored"):
-                self._resume_link_restored(control)
-            else:
-                self.link.start()
+        if control.get("restored"):
+            self._resume_link_restored(control)
+        elif self.link is not None:
+            self._snapshots_asked = {k for k in self._snapshots_asked if k > iteration}
+            self.link.start()
 
     def _resume_link_restored(self, control: dict) -> None:
-        """A restored copy: talk to the controller that restored it, and keep
-        the debugger's state only when that controller's user asked for it
-        (restore from the console); a restore without one must not stop at
-        breakpoints nobody will continue from."""
+        """A restored copy: talk to the controller that restored it (even if
+        the original ran without a bus), and keep the debugger's state only
+        when that controller's user asked for it (restore from the console); a
+        restore without one must not stop at breakpoints nobody will continue
+        from."""
         if self.config.bus is None:
-            self.debugger.release()
+            if self.debugger is not None:
+                self.debugger.release()
             self.link = None
             return
+        if self.link is None:
+            self._open_bus()
+        self._snapshots_asked = set()
         self.link.endpoint = self.config.bus
+        self.link._curve = self.config.bus_curve
         self.link.start()
         if control.get("pause"):
             self.debugger.pause_again("restore")

@@ -89,25 +89,24 @@ class Commands:
         return self._resume("next")
 
     def _resume(self, mode: str | None) -> dict:
-        after = self._debugger.num_pauses
-        self._debugger.resume(mode)
-        return {"state": "running", "after": after}
+        return {"state": "running", "after": self._debugger.resume(mode)}
 
     def do_pause(self) -> dict:
-        debugger = self._debugger
-        if debugger.paused_at is not None:  # already: that pause is the answer
-            return {"state": "paused", "after": debugger.num_pauses - 1}
-        after = debugger.num_pauses
-        debugger.pause()
-        return {"state": "pausing", "after": after}
+        after = self._debugger.pause()
+        return {"state": "paused" if self._debugger.paused_at else "pausing", "after": after}
 
     def do_events(self, on: bool) -> dict:
         self._debugger.set_events(on)
         return {"events": on}
 
-    def do_detach(self) -> dict:
-        """The last client left: nobody would continue from a breakpoint."""
-        self._debugger.release()
+    def do_detach(self, resume: bool = True) -> dict:
+        """The last client left: nobody would continue from a breakpoint.  It
+        detached: the rank runs on.  It vanished: no new pause, but one in
+        progress stays until somebody attaches and continues."""
+        if resume:
+            self._debugger.release()
+        else:
+            self._debugger.disarm()
         return {}
 
     # -- snapshots --------------------------------------------------------------------
@@ -137,7 +136,9 @@ class Commands:
         graph = agent.graph_engine
         rows = []
         for seq, (op, family, index, nbytes, arrival, work) in enumerate(ops, 1):
-            done = work.done
+            # only what the rank itself resolved: asking the replay engine from
+            # this thread would race the rank's own use of it and of the clock
+            done = work._done if work._done is not None else float("inf")
             last_rank = None
             if graph is not None and work._deferred is not None:
                 arrived = graph.last_arrival(work._deferred)

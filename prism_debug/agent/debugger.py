@@ -112,22 +112,29 @@ class Debugger:
             self._update_watch()
             return deleted
 
-    def resume(self, mode: str | None) -> None:
+    def resume(self, mode: str | None) -> int:
         """continue (``None``), step (to the next collective) or next (to the
         next iteration).  On a running rank, step and next stop it at the next
-        collective or iteration; continue changes nothing."""
+        collective or iteration; continue changes nothing.  Returns the number
+        of the last pause: the stop this causes comes later."""
         with self._cond:
+            after = self.num_pauses
             self._mode = mode
             self._resume = True
             self._update_watch()
             self._cond.notify_all()
+            return after
 
-    def pause(self, reason: str = "pause") -> None:
+    def pause(self, reason: str = "pause") -> int:
+        """Pause at the next chance; the number of the last pause before it
+        (the pause in progress counts as the answer when already paused)."""
         with self._cond:
-            if self.paused_at is None:
-                self._mode = "pause"
-                self._pause_reason = reason
-                self._update_watch()
+            if self.paused_at is not None:
+                return self.num_pauses - 1
+            self._mode = "pause"
+            self._pause_reason = reason
+            self._update_watch()
+            return self.num_pauses
 
     def pause_again(self, reason: str) -> None:
         """Stay paused, or pause at the next chance, telling clients why (a
@@ -152,6 +159,14 @@ class Debugger:
     def set_events(self, on: bool) -> None:
         with self._cond:
             self.events_on = on
+            self._update_watch()
+
+    def disarm(self) -> None:
+        """Drop every breakpoint and pending step; a pause in progress stays."""
+        with self._cond:
+            self._breakpoints.clear()
+            self._mode = None
+            self.events_on = False
             self._update_watch()
 
     def release(self) -> None:

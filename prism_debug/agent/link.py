@@ -87,18 +87,14 @@ class BusLink:
             socket.curve_secretkey = self._curve["secret"].encode()
         socket.connect(self.endpoint)
         try:
-            socket.send(encode_request("agent.hello", {"rank": self._rank, "pid": self._pid}))
+            hello = encode_request("agent.hello", {"rank": self._rank, "pid": self._pid})
+            _send(socket, hello)
             heard = next_beat = time.monotonic()
-            lost = False
+            lost = greeted = False
             while not self._stopping.is_set():
-                if socket.poll(_POLL_MS):
-                    while True:
-                        try:
-                            frame = socket.recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        heard = time.monotonic()
-                        self._answer(socket, frame)
+                if socket.poll(_POLL_MS) and self._answer_all(socket):
+                    heard = time.monotonic()
+                    greeted = True
                     if lost:
                         lost = False
                         log.warning("prism-debug: the controller answers again")
@@ -106,10 +102,12 @@ class BusLink:
                 now = time.monotonic()
                 if now >= next_beat:
                     next_beat = now + HEARTBEAT_S
-                    socket.send(encode_request("agent.heartbeat"), zmq.NOBLOCK)
+                    # until the controller answers, hello again: it may have missed it
+                    _send(socket, encode_request("agent.heartbeat") if greeted else hello)
                 if not lost and now - heard > CONTROLLER_SILENT_S:
                     lost = True
                     self._on_lost()
+            self._answer_all(socket)  # what came in as the link closes is answered too
             self._flush(socket)
         except zmq.ZMQError as exc:  # the bus is gone; the rank is not
             log.warning("prism-debug: the debugger bus failed (%s); the rank runs on", exc)
@@ -118,15 +116,26 @@ class BusLink:
             socket.close(linger=200)  # let the last reply and events out
             context.term()
 
+    def _answer_all(self, socket) -> bool:
+        """Answer every frame waiting; whether there was any."""
+        heard = False
+        while True:
+            try:
+                frame = socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return heard
+            heard = True
+            self._answer(socket, frame)
+
     def _answer(self, socket, frame: bytes) -> None:
         """A command from the controller (replies to our own heartbeats and
         hello need nothing)."""
-        if b'"ok"' in frame[:80]:
-            return
         try:
             request = decode_request(frame)
         except BusError as exc:
-            socket.send(encode_error(exc.request_id, exc), zmq.NOBLOCK)
+            if b'"verb"' not in frame:  # a reply to us, not a request
+                return
+            _send(socket, encode_error(exc.request_id, exc))
             return
         try:
             result = self._handle(request.verb, request.args)
@@ -136,7 +145,7 @@ class BusLink:
         except Exception as exc:  # a bug in a command must not kill the rank
             log.exception("prism-debug: %s failed", request.verb)
             reply = encode_error(request.id, InternalError(f"{type(exc).__name__}: {exc}"))
-        socket.send(reply, zmq.NOBLOCK)
+        _send(socket, reply)
 
     def _flush(self, socket) -> None:
         """Send what queued up, in batches: one frame (one JSON encoding, one
@@ -144,7 +153,14 @@ class BusLink:
         outbox = self._outbox
         while outbox:
             batch = [outbox.popleft() for _ in range(min(len(outbox), _BATCH))]
-            try:
-                socket.send(encode_request("agent.events", {"events": batch}), zmq.NOBLOCK)
-            except zmq.Again:
+            if not _send(socket, encode_request("agent.events", {"events": batch})):
                 self.dropped += len(batch)
+
+
+def _send(socket, frame: bytes) -> bool:
+    """Send without blocking; False when the bus cannot take it now."""
+    try:
+        socket.send(frame, zmq.NOBLOCK)
+        return True
+    except zmq.Again:
+        return False

@@ -144,7 +144,7 @@ VERBS: Mapping[str, ArgSchema] = types.MappingProxyType({
     "snapshot": {"name": ((str,), False)},
     "snapshots": _NO_ARGS,
     "restore": {"id": ((str,), True)},
-    "detach": _NO_ARGS,
+    "detach": {"resume": ((bool,), False)},
     # the agent inside the rank speaks to the controller's ROUTER too
     "agent.hello": {"rank": ((int,), True), "pid": ((int,), True)},
     "agent.heartbeat": _NO_ARGS,

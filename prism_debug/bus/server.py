@@ -26,6 +26,7 @@ from typing import Any, Callable
 import zmq
 
 from prism_debug.bus import keys as curve_keys
+from prism_debug.errors import ConfigError
 from prism_debug.bus.protocol import (
     VERBS,
     BadMessage,
@@ -48,6 +49,10 @@ AGENT_IDENTITY = b"agent"
 SERVER_VERBS = {**VERBS, "agent.events": {"events": ((list,), True)}}
 FORWARD_TIMEOUT_S = 30.0  # a forwarded request the rank has not answered by then fails
 AGENT_SILENT_S = 5.0  # no heartbeat for this long: the agent is reported lost
+CLIENT_CHECK_S = 2.0  # how often clients that went away without detaching are noticed
+# sent to every client now and then: it drops a reply to no request of its own,
+# and the ROUTER raises EHOSTUNREACH for a client whose connection is gone
+_PING = b'{"v":1,"id":"~ping","ok":true,"result":{}}'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +76,9 @@ Handler = Callable[[bytes, dict], dict]
 
 class BusServer:
     def __init__(self, rank: int, host: str = "127.0.0.1") -> None:
+        if "://" in host or host.count(":") == 1 or not host:
+            raise ConfigError(f"--bind {host!r}: give an address only (127.0.0.1, 0.0.0.0, "
+                              "::1, …); the ports are chosen and written to the session file")
         self.rank = rank
         self._context = zmq.Context()
         self._router = self._context.socket(zmq.ROUTER)
@@ -109,8 +117,12 @@ class BusServer:
         if ":" in host:
             for socket in (self._router, self._pub):
                 socket.setsockopt(zmq.IPV6, 1)
-        self.commands = f"{url}:{self._router.bind_to_random_port(url)}"
-        self.events = f"{url}:{self._pub.bind_to_random_port(url)}"
+        try:
+            self.commands = f"{url}:{self._router.bind_to_random_port(url)}"
+            self.events = f"{url}:{self._pub.bind_to_random_port(url)}"
+        except zmq.ZMQError as exc:
+            self.close()
+            raise ConfigError(f"cannot bind the debugger bus to {host}: {exc}") from None
         self._handlers: dict[str, Handler] = {}
         # agent request id -> (what to do with the reply, when to give up)
         self._forwarded: dict[str, tuple[Callable[[dict], None], float]] = {}
@@ -125,6 +137,9 @@ class BusServer:
         self._agent_seen = 0.0
         self._agent_lost_reported = False
         self.on_agent_hello: Callable[[int], None] = lambda pid: None
+        # every client went away (detached, or vanished): nobody can resume the rank
+        self.on_last_client_gone: Callable[[], None] = lambda: None
+        self._clients_checked = time.monotonic()
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
 
@@ -199,7 +214,11 @@ class BusServer:
         try:
             self._router.send_multipart([client, frame], zmq.NOBLOCK)
         except zmq.ZMQError:  # the client went away (or cannot take more): its loss only
-            self.clients.pop(client, None)
+            self.forget_client(client)
+
+    def forget_client(self, client: bytes) -> None:
+        if self.clients.pop(client, None) is not None and not self.clients:
+            self.on_last_client_gone()
 
     # -- the loop -------------------------------------------------------------------
 
@@ -211,7 +230,10 @@ class BusServer:
                     frames = self._router.recv_multipart(zmq.NOBLOCK)
                 except zmq.Again:
                     break
-                self._serve(frames)
+                try:
+                    self._serve(frames)
+                except Exception:  # whatever arrives, the session goes on
+                    log.exception("serving a bus message failed")
         self._expire()
 
     def _serve(self, frames: list[bytes]) -> None:
@@ -239,7 +261,10 @@ class BusServer:
                 return
             result = handler(sender, request.args)
         except Deferred as deferred:
-            deferred.on_pending(Pending(sender, request.id))
+            try:
+                deferred.on_pending(Pending(sender, request.id))
+            except BusError as exc:
+                self._send(sender, encode_error(request.id, exc))
             return
         except BusError as exc:
             self._send(sender, encode_error(request.id, exc))
@@ -280,9 +305,9 @@ class BusServer:
         False when the frame is no reply (a request of the agent's own)."""
         try:
             message = json.loads(frame)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False
-        if type(message) is not dict or "ok" not in message:
+        if type(message) is not dict or "ok" not in message or type(message.get("id")) is not str:
             return False
         self._agent_seen = time.monotonic()
         forwarded = self._forwarded.pop(message.get("id"), None)
@@ -292,6 +317,10 @@ class BusServer:
 
     def _expire(self) -> None:
         now = time.monotonic()
+        if now - self._clients_checked > CLIENT_CHECK_S:
+            self._clients_checked = now
+            for client in list(self.clients):
+                self._send(client, _PING)
         late = [q for q in self._queued if now > q[3]]
         if late:
             self._queued = [q for q in self._queued if now <= q[3]]
@@ -310,7 +339,7 @@ class BusServer:
             self.publish("agent.lost", {"silent_s": round(now - self._agent_seen, 1)})
 
     def close(self) -> None:
-        if self._authenticator is not None:
+        if getattr(self, "_authenticator", None) is not None:
             self._authenticator.stop()
         self._router.close(0)
         self._pub.close(0)

@@ -21,6 +21,7 @@ from prism_debug.bus import sessions
 from prism_debug.bus.protocol import InvalidState, RankUnavailable, SnapshotFailed
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
 from prism_debug.errors import PrismError
+from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot.store import now_text
 
 
@@ -58,6 +59,9 @@ class Session:
         server.handle("restore", self._restore)
         server.handle("detach", self._detach)
         server.on_agent_hello = self._agent_back
+        server.on_last_client_gone = self._nobody_left
+        self._taken: dict[int, dict] = {}  # iteration -> the snapshot taken there, this rank
+        self._detaching = False
 
     # -- the loop's side ------------------------------------------------------------
 
@@ -75,10 +79,12 @@ class Session:
                 f"the restored rank exited (code {exit_code}) before it reconnected"))
         self._restores.clear()
         self.server.publish("exited", {"exit_code": exit_code})
+        self._fail_snapshot_waiters(f"the rank exited (code {exit_code}) before the snapshot")
+
+    def _fail_snapshot_waiters(self, why: str) -> None:
         for waiters in self._snapshot_waiters.values():
             for pending in waiters:
-                self.server.fail(pending, RankUnavailable(
-                    f"the rank exited (code {exit_code}) before the snapshot"))
+                self.server.fail(pending, RankUnavailable(why))
         self._snapshot_waiters.clear()
 
     def close(self) -> None:
@@ -118,7 +124,9 @@ class Session:
                                                bool(event.get("cuda")))
         finally:
             self.snapshotting = False
-        waiters = self._snapshot_waiters.pop(iteration, [])
+        # a request for an earlier iteration that the rank served late is served here
+        waiters = [pending for asked in sorted(self._snapshot_waiters) if asked <= iteration
+                   for pending in self._snapshot_waiters.pop(asked)]
         if manifest is None:
             for pending in waiters:
                 self.server.fail(pending, SnapshotFailed(f"no snapshot at iteration "
@@ -127,6 +135,7 @@ class Session:
         result = {"id": manifest.id, "iteration": manifest.iteration,
                   "bytes": manifest.image_bytes, "dump_s": manifest.dump_s,
                   "path": str(snapshotter.store.path(manifest.id))}
+        self._taken[iteration] = result
         self.server.publish("snapshot", result)
         for pending in waiters:
             self.server.reply(pending, result)
@@ -174,7 +183,10 @@ class Session:
                 except PrismError as exc:
                     self.server.fail(pending, exc)
                     return
-                self._snapshot_waiters.setdefault(iteration, []).append(pending)
+                if iteration in self._taken:  # the dump was quicker than this reply
+                    self.server.reply(pending, self._taken[iteration])
+                else:
+                    self._snapshot_waiters.setdefault(iteration, []).append(pending)
             self.server.ask_agent("snapshot", args, scheduled)
         raise Deferred(answer)
 
@@ -199,12 +211,21 @@ class Session:
             raise InvalidState(f"snapshot {manifest.id} is of rank {manifest.rank} of "
                                f"{manifest.world_size}; this session runs rank {self.rank} of "
                                f"{self.world_size}")
+        try:  # what a restore needs, checked before the running rank is given up
+            criu_api.locate()
+            if manifest.cuda:
+                criu_api.cuda_checkpoint()
+        except PrismError as exc:
+            raise SnapshotFailed(str(exc)) from None
         self.server.agent_gone()
+        self._fail_snapshot_waiters("the rank was replaced by a restored copy")
+        self._taken.clear()
         try:
             if self.child is not None and self.child.poll() is None:
                 self.child.kill_rank()
             pid = snapshots.restore_process(
-                store, manifest, self.run_files, bus=self.server.commands, pause=True)
+                store, manifest, self.run_files, bus=self.server.commands,
+                bus_curve=self.server.agent_curve, pause=True)
         except PrismError as exc:
             raise SnapshotFailed(str(exc)) from None
         self.server.agent_away()  # the copy's agent connects as it resumes
@@ -223,11 +244,23 @@ class Session:
         self._restores.clear()
 
     def _detach(self, client: bytes, args: dict) -> dict:
-        self.server.clients.pop(client, None)
-        if not self.server.clients and self.server.agent_connected:
-            # nobody is left to continue from a breakpoint: let the rank run
-            self.server.ask_agent("detach", {}, lambda message: None)
+        self._detaching = True
+        try:
+            self.server.forget_client(client)
+        finally:
+            self._detaching = False
         return {}
+
+    def _nobody_left(self) -> None:
+        """The last client left.  Detached: the rank runs on.  Vanished (killed,
+        or a one-off probe): no breakpoint will stop it again, but a pause in
+        progress holds until somebody attaches and continues."""
+        if self.exit_code is None:
+            try:
+                self.server.ask_agent("detach", {"resume": self._detaching},
+                                      lambda message: None)
+            except RankUnavailable:
+                pass
 
 
 class NoSession:

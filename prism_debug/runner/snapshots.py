@@ -249,7 +249,8 @@ def check_unchanged(manifest: Manifest) -> None:
 
 def restore_process(store: Store, manifest: Manifest, files: dict[str, Path], *,
                     iterations: int | None = None, record_ops: bool = False,
-                    bus: str | None = None, pause: bool = False,
+                    bus: str | None = None, bus_curve: dict | None = None,
+                    pause: bool = False,
                     message: Callable[[str], None] = lambda line: None) -> int:
     """Restore the rank of a (verified) snapshot as a child of this process,
     writing to ``files`` (log, events, control) instead of the files it had
@@ -261,7 +262,7 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path], *,
     limit = manifest.iteration + iterations if iterations else None
     files["control"].write_text(json.dumps({
         "restored": True, "snapshot": manifest.id, "iterations": limit,
-        "record_ops": record_ops, "bus": bus, "pause": pause,
+        "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve, "pause": pause,
         "stop_at": manifest.iteration, "phase": "go"}))
     fds = {
         "log": os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
@@ -300,7 +301,7 @@ def restore(options: RestoreOptions, message: Callable[[str], None]) -> launch.R
     try:
         pid = restore_process(store, manifest, files, iterations=options.iterations,
                               record_ops=options.trace_path is not None,
-                              bus=session.commands_endpoint,
+                              bus=session.commands_endpoint, bus_curve=session.agent_curve,
                               message=message)
         session.child = RestoredChild(pid)
         follower = launch._Follower(files["log"], files["events"], manifest.rank, message,

@@ -18,6 +18,7 @@ import zmq
 from prism_debug.bus import sessions
 from prism_debug.bus.client import BusClient
 from prism_debug.bus.protocol import MAX_FRAME_BYTES, encode_request
+from prism_debug.bus.server import CLIENT_CHECK_S
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 pytestmark = pytest.mark.slow
@@ -264,3 +265,31 @@ def test_a_bus_beyond_loopback_needs_curve_keys(tmp_path, session_dir, monkeypat
     status = json.loads(console.stdout.splitlines()[0])
     assert (status["state"], status["rank"]) == ("paused", 5)
     finish(run)
+
+
+def test_a_console_that_vanishes_leaves_no_breakpoint_behind(tmp_path, session_dir):
+    run = start(tmp_path, "--paused", iterations=4)
+    info = wait_for_session(run)
+    gone = BusClient.for_session(info)
+    gone.request("hello", client="test")
+    gone.request("break", kind="iter", iteration=3)
+    gone.close()  # killed, never detached
+    time.sleep(3 * CLIENT_CHECK_S)  # the controller notices within a check or two
+    with BusClient.for_session(info) as client:
+        assert client.request("breaks")["breakpoints"] == []
+        assert client.request("status")["state"] == "paused"  # the pause it held stays
+        client.request("continue")
+        stop = client.next_event({"paused", "exited"}, timeout_s=120)
+        assert (stop["kind"], stop["data"]) == ("exited", {"exit_code": 0})
+    finish(run)
+
+
+def test_bind_takes_an_address_only(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "prism_debug.cli", "run", "--world-size", "64", "--rank", "5",
+         "--bind", "127.0.0.1:5555", "--", sys.executable, str(SCRIPTS / "train_steps.py")],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr == ("prism-debug: error: --bind '127.0.0.1:5555': give an address only "
+                           "(127.0.0.1, 0.0.0.0, ::1, …); the ports are chosen and written to "
+                           "the session file\n")
