@@ -326,13 +326,15 @@ class Agent:
         if self.link is None:
             self._open_bus()
         self._snapshots_asked = set()
-        self.link.endpoint = self.config.bus
-        self.link._curve = self.config.bus_curve
-        self.link.start()
+        # the debugger's state first: the controller answers the restore (and
+        # the next command arrives) as soon as the link says hello
         if control.get("pause"):
             self.debugger.pause_again("restore")
         else:
             self.debugger.release()
+        self.link.endpoint = self.config.bus
+        self.link._curve = self.config.bus_curve
+        self.link.start()
 
     def _read_control(self) -> dict:
         if self._control is None:

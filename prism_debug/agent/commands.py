@@ -135,19 +135,19 @@ class Commands:
         iteration, start, ops = last
         graph = agent.graph_engine
         rows = []
-        for seq, (op, family, index, nbytes, arrival, work) in enumerate(ops, 1):
+        for seq, record in enumerate(ops, 1):
             # only what the rank itself resolved: asking the replay engine from
             # this thread would race the rank's own use of it and of the clock
-            done = work._done if work._done is not None else float("inf")
+            done = record.done_s
             last_rank = None
-            if graph is not None and work._deferred is not None:
-                arrived = graph.last_arrival(work._deferred)
+            if graph is not None and record.deferred is not None:
+                arrived = graph.last_arrival(record.deferred)
                 last_rank = arrived[0] if arrived else None
-            rows.append({"seq": seq, "op": op, "family": family, "index": index,
-                         "bytes": nbytes, "start_ms": (arrival - start) * 1e3,
-                         "duration_ms": (done - arrival) * 1e3 if done != float("inf")
-                         else None,
-                         "wait_ms": work.waited_s * 1e3, "last_rank": last_rank})
+            rows.append({"seq": seq, "op": record.op, "family": record.family,
+                         "index": record.index, "bytes": record.nbytes,
+                         "start_ms": (record.arrival - start) * 1e3,
+                         "duration_ms": None if done is None else (done - record.arrival) * 1e3,
+                         "wait_ms": record.waited_s * 1e3, "last_rank": last_rank})
         return {"iteration": iteration, "ops": rows}
 
     def do_peers(self, selector: str | None = None) -> dict:

@@ -12,13 +12,37 @@ import threading
 from typing import Callable
 
 
+class OpRecord:
+    """One collective of the iteration, as the trace and the debugger's
+    timeline see it.  Its Work fills in when it completed and how long the
+    script blocked on it; the record holds no tensors, so keeping an
+    iteration's records keeps none of its buffers alive."""
+
+    __slots__ = ("op", "family", "index", "nbytes", "arrival", "done_s", "deferred", "waited_s")
+
+    def __init__(self, op: str, family: str, index: int, nbytes: int, arrival: float,
+                 done) -> None:
+        self.op, self.family, self.index, self.nbytes, self.arrival = (
+            op, family, index, nbytes, arrival)
+        # a float, or the graph engine's deferred answer (resolved by the Work)
+        self.deferred = done if callable(done) else None
+        self.done_s: float | None = None if callable(done) else done
+        self.waited_s = 0.0
+
+    def resolve(self) -> float:
+        """When it completed (on the rank's main thread: may ask the engine)."""
+        if self.done_s is None:
+            return self.deferred()
+        return self.done_s
+
+
 class IterationTracker:
     def __init__(self, start: float, sink: Callable[[dict], None], record_ops: bool) -> None:
         self.iteration = 1  # the iteration in progress, 1-based like optimizer steps
         self.record_ops = record_ops  # per-op records go into the iteration's record
         # keep the last finished iteration's ops (the debugger's timeline)
         self.keep_last_ops = False
-        self.last_ops: tuple[int, float, list[tuple]] | None = None  # iteration, start, ops
+        self.last_ops: tuple[int, float, list[OpRecord]] | None = None  # iteration, start, ops
         self._sink = sink
         self._lock = threading.Lock()  # the future completer thread adds waits too
         self._reset(start)
@@ -29,17 +53,20 @@ class IterationTracker:
         self.comm_wait_s = 0.0
         # SHA-256: hardware-accelerated (SHA-NI) on current x86, twice BLAKE2b here
         self.hasher = hashlib.sha256()
-        self.ops: list[tuple] = []  # (op, family, index, nbytes, arrival, done) when recording
+        self.ops: list[OpRecord] = []  # when recording
         self.waits: list[tuple[float, float]] = []  # (start, end) when recording
 
     # -- the collective path (hot) ---------------------------------------------
 
-    def collective(self, op: str, ref, nbytes: int, arrival: float, work) -> None:
-        """``work.done``: when the op completes (the graph engine may only know
-        that later; it is read at the iteration's end)."""
+    def collective(self, op: str, ref, nbytes: int, arrival: float, done) -> OpRecord | None:
+        """``done``: when the op completes, or the graph engine's deferred
+        answer; the record (when recording) for the op's Work to complete."""
         self.num_collectives += 1
         if self.record_ops or self.keep_last_ops:
-            self.ops.append((op, ref.family, ref.index, nbytes, arrival, work))
+            record = OpRecord(op, ref.family, ref.index, nbytes, arrival, done)
+            self.ops.append(record)
+            return record
+        return None
 
     def waited(self, start: float, seconds: float) -> None:
         if seconds <= 0:
@@ -67,7 +94,8 @@ class IterationTracker:
                 **extra,
             }
             if self.record_ops:
-                record["ops"] = [(*op[:5], op[5].done) for op in self.ops]
+                record["ops"] = [(op.op, op.family, op.index, op.nbytes, op.arrival,
+                                  op.resolve()) for op in self.ops]
                 record["waits"] = self.waits
             if self.keep_last_ops:
                 self.last_ops = (self.iteration, self.start, self.ops)

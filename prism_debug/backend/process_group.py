@@ -95,7 +95,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         work = PrismWork(rt, done, result)
         if self._coalesced is not None:
             self._coalesced.append(work)
-        rt.tracker.collective(op, self.ref, nbytes, arrival, work)
+        work.record = rt.tracker.collective(op, self.ref, nbytes, arrival, done)
         if watch is not None:
             watch.exit(op, self.ref, rt.tracker.num_collectives, done)
         rt.mark_activity(arrival)

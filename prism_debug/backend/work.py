@@ -30,7 +30,7 @@ class PrismWork(dist._Work):
         self._future: Future | None = None
         self.source_rank: int | None = None  # group rank a recv came from
         self.recorded: tuple[int, int] | None = None  # its issue in the program being profiled
-        self.waited_s = 0.0  # how long the script blocked on it (the debugger's timeline)
+        self.record = None  # its OpRecord, while the iteration's ops are recorded
 
     def _source_rank(self) -> int:
         # torch asks for it after a recv without ``src``.
@@ -44,7 +44,8 @@ class PrismWork(dist._Work):
         runtime = self._runtime
         waited = runtime.wait_until(self.done)
         if waited:
-            self.waited_s += waited
+            if self.record is not None:
+                self.record.waited_s += waited
             if self._deferred is not None:
                 runtime.note_wait(waited, self._deferred)
         if self.recorded is not None:
@@ -65,6 +66,8 @@ class PrismWork(dist._Work):
                 # failed peer): ask again next time rather than keep it
                 return done
             self._done = done
+            if self.record is not None:
+                self.record.done_s = done
         return self._done
 
     def is_completed(self) -> bool:
