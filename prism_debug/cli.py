@@ -82,11 +82,18 @@ def main(verbose: int) -> None:
                    "it needs CURVE keys (prism-debug keys).")
 @click.option("--no-bus", is_flag=True, help="No debugger bus: the run cannot be attached to.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.option("--perturb", "perturbations", multiple=True,
+              help="Perturb virtual peers (needs --graph), e.g. 'fail 4099 at 3', "
+                   "'slow node:512 1.16', 'delay 4100 0.005 family dp'; repeatable.")
+@click.option("--collective-timeout", type=float, default=None,
+              help="Seconds before NCCL's watchdog gives up on a collective [default: the "
+                   "script's process-group timeout].")
 @click.option("--paused", is_flag=True,
               help="Pause the rank at init_process_group until prism-debug attach continues it.")
 def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path,
         trace_ranks, seed, values, no_digest, graph_path, snapshot_at, snapshot_every,
-        incremental, isolate, store, run_dir, bind, no_bus, paused, command) -> None:
+        incremental, isolate, store, run_dir, bind, no_bus, perturbations, collective_timeout,
+        paused, command) -> None:
     """Run COMMAND as one real rank of a WORLD_SIZE job.
 
     \b
@@ -113,7 +120,8 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
         values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
         trace_ranks=parse_ranks(trace_ranks), snapshot_at=parse_ranks(snapshot_at),
         snapshot_every=snapshot_every, incremental=incremental, isolate=isolate, store=store,
-        bind=None if no_bus else bind, paused=paused)
+        bind=None if no_bus else bind, paused=paused, perturbations=tuple(perturbations),
+        collective_timeout_s=collective_timeout)
     result = run_rank(options, click.echo)
     store_option = f" --store {store}" if store else ""
     if result.snapshots:

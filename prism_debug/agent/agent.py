@@ -30,6 +30,8 @@ from torch.optim.optimizer import (
 
 from prism_debug.agent.config import ENV_VAR, AgentConfig
 from prism_debug.agent.debugger import Debugger
+from prism_debug.backend.watchdog import ErrorHandling, Watchdog
+from prism_debug.engine.perturbations import parse_perturbation
 from prism_debug.agent.program import ProgramRecorder
 from prism_debug.agent.tracker import IterationTracker
 from prism_debug.backend.install import install
@@ -67,6 +69,8 @@ class Agent:
             replay = ReplayEngine(graph, lambda op, pl: model.time_s(op.kind, op.nbytes, pl),
                                   real_rank=config.rank, record=bool(config.trace_ranks))
             engine = self.graph_engine = GraphEngine(graph, replay, self._fatal)
+            for text in config.perturbations:
+                parse_perturbation(text, config.world_size, config.gpus_per_node).apply(replay)
         else:
             engine = LockstepEngine(CostModel(profile), profile.gpus_per_node)
         self.runtime = Runtime(
@@ -74,7 +78,10 @@ class Agent:
             engine=engine,
             values=Values(config.values, config.seed), tracker=self.tracker,
             families=self.families, digests=config.digests, stop_check=self._maybe_stop,
+            collective_timeout_s=config.collective_timeout_s,
+            watchdog=Watchdog(ErrorHandling.from_env(), on_fatal=self._watchdog_fired),
         )
+        self.perturbations_due: list = []  # asked while running: applied at the next boundary
         if config.record_program:
             self.runtime.recorder = ProgramRecorder(self.clock.now())
         self.initialised = False
@@ -203,6 +210,12 @@ class Agent:
                         "harness_excluded_s": self.clock.excluded_s})
         self._events.close()
 
+    def _watchdog_fired(self, message: str) -> None:
+        """The watchdog takes the process down: what the report needs first."""
+        self._emit({"kind": "watchdog", "iteration": self.tracker.iteration,
+                    "message": message})
+        self._events.flush()
+
     def _fatal(self, error: Exception) -> None:
         """End the rank at once with one error the controller reports."""
         self._emit({"kind": "error", "message": str(error)})
@@ -251,6 +264,8 @@ class Agent:
         record = self.tracker.boundary(t0, extra)
         if self.graph_engine is not None:
             self.graph_engine.iteration_end()
+            while self.perturbations_due:  # the engine is the main thread's
+                self.perturbations_due.pop(0).apply(self.graph_engine.replay)
         iteration = record["iteration"]
         debugger = self.debugger
         if debugger is not None:

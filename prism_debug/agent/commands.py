@@ -12,6 +12,7 @@ import threading
 from prism_debug.agent.debugger import DebuggerError
 from prism_debug.bus.protocol import BadArguments, InvalidState
 from prism_debug.errors import ConfigError
+from prism_debug.engine.perturbations import parse_perturbation
 from prism_debug.graph.selectors import select_ranks
 
 _MAX_PEERS = 64  # rows a peers answer lists
@@ -108,6 +109,27 @@ class Commands:
         else:
             self._debugger.disarm()
         return {}
+
+    # -- perturbations ------------------------------------------------------------------
+
+    def do_perturb(self, spec: str) -> dict:
+        """Perturb virtual peers through the replay engine: now when paused
+        (the engine belongs to the rank's main thread), else at the end of the
+        iteration in progress."""
+        agent, debugger = self._agent, self._debugger
+        if agent.graph_engine is None:
+            raise InvalidState("perturbations need virtual peers replayed from a graph: run "
+                               "with --graph (prism-debug profile makes one)")
+        config = agent.config
+        perturbation = parse_perturbation(spec, config.world_size, config.gpus_per_node)
+        if debugger.paused_at is not None:
+            debugger.run_paused(lambda: perturbation.apply(agent.graph_engine.replay))
+            when = "now"
+        else:
+            agent.perturbations_due.append(perturbation)
+            when = f"at the end of iteration {agent.tracker.iteration}"
+        return {"perturbation": perturbation.text, "ranks": len(perturbation.ranks),
+                "when": when}
 
     # -- snapshots --------------------------------------------------------------------
 

@@ -36,6 +36,8 @@ class AgentConfig:
     bus: str | None = None
     bus_curve: dict | None = None  # CURVE keys when the bus is not on loopback
     start_paused: bool = False  # pause at init_process_group until a client continues
+    perturbations: tuple[str, ...] = ()  # applied to the replay engine at the start
+    collective_timeout_s: float | None = None  # overrides every group's timeout
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -53,6 +55,7 @@ class AgentConfig:
         data = json.loads(Path(path).read_text())
         data["trace_ranks"] = tuple(data.get("trace_ranks", ()))
         data["snapshot_at"] = tuple(data.get("snapshot_at", ()))
+        data["perturbations"] = tuple(data.get("perturbations", ()))
         return cls(**data)
 
     @classmethod

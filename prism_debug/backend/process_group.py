@@ -39,6 +39,10 @@ class PrismProcessGroup(dist.ProcessGroup):
         self._coalesced: list[PrismWork] | None = None  # between _start/_end_coalescing
         self._group_name = ""
         self._group_desc = "undefined"
+        # the watchdog's view: this group's number, its ops so far, its timeout
+        self.pg_id = runtime.next_group_id()
+        self.num_issued = 0
+        self.timeout_s = runtime.collective_timeout_s or timeout.total_seconds()
 
     def __repr__(self) -> str:
         return (f"PrismProcessGroup({self.ref.family}[{self.ref.index}], "
@@ -93,6 +97,8 @@ class PrismProcessGroup(dist.ProcessGroup):
             t0 += watch.enter(op, self.ref, rt.tracker.num_collectives + 1, nbytes)
         done = rt.engine.collective(stream or self._stream, op, nbytes, arrival)
         work = PrismWork(rt, done, result)
+        self.num_issued += 1
+        work.group, work.seq, work.op, work.arrival = self, self.num_issued, op, arrival
         if self._coalesced is not None:
             self._coalesced.append(work)
         work.record = rt.tracker.collective(op, self.ref, nbytes, arrival, done)

@@ -39,11 +39,23 @@ class Runtime:
     # the debugger, while it watches collectives (breakpoints, stepping,
     # events): ``enter`` may pause and returns the wall seconds it did
     watch: object | None = dataclasses.field(default=None, init=False)
+    # overrides every group's timeout (a scenario's), in seconds
+    collective_timeout_s: float | None = None
+    watchdog: object = dataclasses.field(default=None)
+    _num_groups: int = dataclasses.field(default=0, init=False)
     completer: FutureCompleter = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self.completer = FutureCompleter(self.clock, self._future_completed)
         self._last_activity = self.clock.now()
+        if self.watchdog is None:
+            from prism_debug.backend.watchdog import ErrorHandling, Watchdog
+            self.watchdog = Watchdog(ErrorHandling.from_env())
+
+    def next_group_id(self) -> int:
+        """Process groups are numbered as torch numbers them: 0 is the default."""
+        self._num_groups += 1
+        return self._num_groups - 1
 
     def mark_activity(self, now: float) -> None:
         """The script just entered the harness at ``now``."""

@@ -38,11 +38,23 @@ class PrismWork(dist._Work):
             raise RuntimeError("source rank is only known for receives")
         return self.source_rank
 
+    # set by the group that issued it: what the watchdog needs to know
+    group = None
+    seq = 0
+    op = ""
+    arrival = 0.0
+
     def wait(self, timeout=None) -> bool:
-        # ``timeout`` cannot expire: lockstep peers always arrive.  Peers that
-        # never do, and timeouts, come with fault injection.
         runtime = self._runtime
-        waited = runtime.wait_until(self.done)
+        done = self.done
+        if self.group is not None and done > self.deadline:
+            # it will not finish in time (a peer that never arrives, or very
+            # late): the rank sits here until NCCL's watchdog would fire
+            runtime.wait_until(self.deadline)
+            error = runtime.watchdog.expired(self.timed_out())
+            if error is not None:
+                raise error
+        waited = runtime.wait_until(done)
         if waited:
             if self.record is not None:
                 self.record.waited_s += waited
@@ -70,6 +82,23 @@ class PrismWork(dist._Work):
                 self.record.done_s = done
         return self._done
 
+    @property
+    def deadline(self) -> float:
+        return self.arrival + self.group.timeout_s
+
+    def timed_out(self):
+        """The op as the watchdog reports it, at its deadline."""
+        from prism_debug.backend.watchdog import TimedOutOp
+
+        group = self.group
+        numel = sum(t.numel() for t in _tensors(self._result))
+        return TimedOutOp(
+            global_rank=self._runtime.rank, group_rank=group.rank(), pg_id=group.pg_id,
+            seq=self.seq, op=self.op, numel_in=numel, numel_out=numel,
+            timeout_ms=round(group.timeout_s * 1000),
+            ran_for_ms=round((self._runtime.clock.now() - self.arrival) * 1000),
+            last_enqueued=group.num_issued, last_completed=self.seq - 1)
+
     def is_completed(self) -> bool:
         return self._runtime.clock.now() >= self.done
 
@@ -94,7 +123,13 @@ class PrismWork(dist._Work):
                 self._runtime.recorder.future_requested(self.recorded)
                 self.recorded = None
             self._future = Future()
-            self._runtime.completer.complete_at(self._future, self.done, self._result)
+            if self.group is None:
+                self._runtime.completer.complete_at(self._future, self.done, self._result)
+            else:
+                runtime = self._runtime
+                self._runtime.completer.complete_at(
+                    self._future, self.done, self._result, self.deadline,
+                    lambda: runtime.watchdog.expired(self.timed_out()))
         return self._future
 
 
@@ -112,12 +147,20 @@ class FutureCompleter:
         self._closing = False
         self._main_tid = threading.main_thread().native_id
 
-    def complete_at(self, future: Future, done: float, value) -> None:
+    def complete_at(self, future: Future, done: float, value, deadline: float = math.inf,
+                    on_timeout=None) -> None:
+        """Complete ``future`` with ``value`` at ``done``; if that is past
+        ``deadline``, call ``on_timeout`` then instead (the watchdog: it may
+        take the process down).  A future that never completes is left
+        pending: failing it would crash torch (DDP's reducer)."""
         if done <= self._clock.now():
             future.set_result(value)
             return
+        wake = min(done, deadline)
+        if wake == math.inf:
+            return  # never: the op hangs, as NCCL's would, with no watchdog to fire
         with self._cond:
-            heapq.heappush(self._heap, (done, next(self._seq), future, value))
+            heapq.heappush(self._heap, (wake, next(self._seq), future, value, done, on_timeout))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="prism-futures", daemon=True)
                 self._thread.start()
@@ -143,12 +186,22 @@ class FutureCompleter:
                     self._cond.wait()
                 if self._closing:
                     return
-                done = self._heap[0][0]
-                remaining = done - self._clock.now()
+                wake = self._heap[0][0]
+                remaining = wake - self._clock.now()
                 if remaining > 0:
                     self._cond.wait(remaining)
                     continue
-                _, _, future, value = heapq.heappop(self._heap)
+                _, _, future, value, done, on_timeout = heapq.heappop(self._heap)
+            if done > wake:  # its deadline, not its completion
+                try:
+                    on_timeout()
+                except Exception:
+                    log.exception("prism-debug: the watchdog failed")
+                if done < math.inf:
+                    with self._cond:
+                        heapq.heappush(self._heap, (done, next(self._seq), future, value,
+                                                    done, None))
+                continue
             try:
                 self._on_blocked_wait(done, self._main_thread_waits_on_a_future())
                 future.set_result(value)
@@ -166,3 +219,14 @@ class FutureCompleter:
         except OSError:
             return False
 
+
+
+def _tensors(result) -> list:
+    """The tensors in a result list (lists of lists for gathers)."""
+    flat = []
+    for item in result:
+        if isinstance(item, (list, tuple)):
+            flat.extend(_tensors(item))
+        elif hasattr(item, "numel"):
+            flat.append(item)
+    return flat

@@ -145,6 +145,7 @@ VERBS: Mapping[str, ArgSchema] = types.MappingProxyType({
     "snapshots": _NO_ARGS,
     "restore": {"id": ((str,), True)},
     "detach": {"resume": ((bool,), False)},
+    "perturb": {"spec": ((str,), True)},
     # the agent inside the rank speaks to the controller's ROUTER too
     "agent.hello": {"rank": ((int,), True), "pid": ((int,), True)},
     "agent.heartbeat": _NO_ARGS,

@@ -241,6 +241,22 @@ class Console(cmd.Cmd):
             if result is not None:
                 self._show(result, format_peers)
 
+    def do_perturb(self, arg: str) -> None:
+        """perturb slow RANKS FACTOR [from I] [for N] | delay RANKS SECONDS [family F]
+        [from I] [for N] | fail RANKS [at I] | link NODES BANDWIDTH_FACTOR [LATENCY_US]
+
+        Perturb virtual peers (the run needs --graph): stragglers, late
+        arrivals, fail-stops, degraded links.  RANKS: R, A-B, lists, node:N.
+        Applied now when paused, else at the end of the iteration in progress.
+        """
+        if not arg.strip():
+            return self._usage("perturb")
+        if self._require_live():
+            result = self._request("perturb", spec=arg.strip())
+            if result is not None:
+                self._show(result, lambda r: f"perturbation {r['perturbation']!r} on "
+                                             f"{r['ranks']} rank(s): applied {r['when']}")
+
     # -- breakpoints ------------------------------------------------------------
 
     def do_break(self, arg: str, temporary: bool = False) -> None:

@@ -57,6 +57,8 @@ class RunOptions:
     isolate: bool = False  # the rank in its own pid namespace: restored copies run beside it
     bind: str | None = "127.0.0.1"  # the debugger bus's address (None: no bus)
     paused: bool = False  # the rank waits at init_process_group for a client to continue it
+    perturbations: tuple[str, ...] = ()  # virtual peers' perturbations (needs a graph)
+    collective_timeout_s: float | None = None  # overrides the script's group timeouts
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -83,6 +85,16 @@ class RunOptions:
                                                       and self.snapshot_every < 1):
             raise ConfigError("snapshot iterations count from 1: --snapshot-at and "
                               "--snapshot-every take positive numbers")
+        if self.perturbations:
+            if self.graph_path is None:
+                raise ConfigError("--perturb needs --graph: perturbations act on virtual peers "
+                                  "replayed from an execution graph (prism-debug profile)")
+            from prism_debug.engine.perturbations import parse_perturbation
+            for text in self.perturbations:
+                parse_perturbation(text, self.world_size, self.profile.gpus_per_node)
+        if self.collective_timeout_s is not None and self.collective_timeout_s <= 0:
+            raise ConfigError(f"--collective-timeout must be positive, got "
+                              f"{self.collective_timeout_s}")
         if self.paused and self.bind is None:
             raise ConfigError("--paused waits for prism-debug attach, which --no-bus rules out")
         if self.incremental and not (self.snapshot_at or self.snapshot_every):
@@ -207,7 +219,8 @@ def _run(options: RunOptions, session, files: dict[str, Path],
         trace_ranks=options.trace_ranks, snapshot_at=options.snapshot_at,
         snapshot_every=options.snapshot_every, control_path=str(files["control"]),
         bus=session.commands_endpoint, bus_curve=session.agent_curve,
-        start_paused=options.paused,
+        start_paused=options.paused, perturbations=options.perturbations,
+        collective_timeout_s=options.collective_timeout_s,
     )
     config_path = run_dir / "agent.json"
     config.write(config_path)

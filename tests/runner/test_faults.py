@@ -1,0 +1,82 @@
+"""Fault injection end to end: a data-parallel peer of the bundled example
+fail-stops, and the real rank meets NCCL's watchdog — its log lines, its
+``DistBackendError``, its SIGABRT — on the emulated clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+# rank 5 of 64 is (pp 0, dp 0, tp 5) in the example's tp=8 x pp=4 x dp=2: rank
+# 13 is its only data-parallel peer
+CAUGHT = ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=ALLREDUCE, "
+          "NumelIn=495040, NumelOut=495040, Timeout(ms)=2000) ran for 2000 milliseconds "
+          "before timing out.")
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prism_debug.cli", *args], capture_output=True,
+                          text=True, timeout=600, stdin=subprocess.DEVNULL,
+                          env=os.environ | (env or {}))
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    path = tmp_path_factory.mktemp("graph") / "example-64.prism"
+    proc = cli("profile", "--world-size", "64", "--out", str(path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return path
+
+
+def fail_run(graph, tmp_path, env=None):
+    return cli("run", "--world-size", "64", "--rank", "5", "--graph", str(graph),
+               "--perturb", "fail 13 at 3", "--collective-timeout", "2", "--report",
+               str(tmp_path / "report.json"), "--run-dir", str(tmp_path / "run"), env=env)
+
+
+def test_a_failed_peer_times_out_the_gradient_all_reduce_and_takes_the_rank_down(graph,
+                                                                                  tmp_path):
+    proc = fail_run(graph, tmp_path)
+    assert proc.returncode == 134, proc.stderr  # SIGABRT, as ProcessGroupNCCL's watchdog
+    said = [line.split("] ", 2)[-1] for line in proc.stdout.splitlines()
+            if "ProcessGroupNCCL.cpp" in line]
+    assert said == [
+        f"[Rank 0] {CAUGHT}",
+        "[PG ID 2 PG GUID 2 Rank 0]  failure detected by watchdog at work sequence id: 3 PG "
+        "status: last enqueued work: 3, last completed work: 2",
+        "Stack trace of the failed collective not found, potentially because FlightRecorder is "
+        "disabled. You can enable it by setting TORCH_NCCL_TRACE_BUFFER_SIZE to a non-zero "
+        "value.",
+        "[Rank 0] Some NCCL operations have failed or timed out. Due to the asynchronous nature "
+        "of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data.",
+        "[Rank 0] To avoid data inconsistency, we are taking the entire process down.",
+        f"[PG ID 2 PG GUID 2 Rank 0] Process group watchdog thread terminated with exception: "
+        f"[Rank 0] {CAUGHT}",
+    ]
+    assert ("[rank 5] terminate called after throwing an instance of 'c10::DistBackendError'"
+            in proc.stdout.splitlines())
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["exit_code"] == 134
+    assert [it["iteration"] for it in report["iterations"]] == [1, 2]
+
+
+def test_with_blocking_wait_the_script_gets_the_distbackenderror(graph, tmp_path):
+    proc = fail_run(graph, tmp_path, env={"TORCH_NCCL_BLOCKING_WAIT": "1"})
+    assert proc.returncode == 1, proc.stderr
+    # (torch prefixes an uncaught exception's lines with "[rank5]:" itself)
+    assert f"[rank 5] [rank5]: torch.distributed.DistBackendError: [Rank 0] {CAUGHT}" in \
+        proc.stdout.splitlines()
+
+
+def test_perturbations_need_a_graph(tmp_path):
+    proc = cli("run", "--world-size", "64", "--rank", "5", "--perturb", "fail 13")
+    assert proc.returncode == 2
+    assert proc.stderr == ("prism-debug: error: --perturb needs --graph: perturbations act on "
+                           "virtual peers replayed from an execution graph (prism-debug "
+                           "profile)\n")
