@@ -213,8 +213,8 @@ def test_an_unknown_verb_lists_the_known_ones():
     assert rejection(encode_request("stpe", id="q")) == (
         UnknownVerb, "q", "unknown verb 'stpe'; known verbs: agent.heartbeat, agent.hello, "
                           "break, breaks, continue, delete, detach, events, hello, next, "
-                          "pause, peers, restore, snapshot, snapshots, status, step, "
-                          "timeline, where")
+                          "pause, peers, perturb, restore, snapshot, snapshots, status, "
+                          "step, timeline, where")
 
 
 def test_a_caller_may_pass_its_own_verb_table():
@@ -272,7 +272,8 @@ def test_arguments_that_do_not_fit_the_schema_are_bad_arguments(verb, args, mess
 def test_every_spec_verb_has_a_schema():
     assert set(VERBS) == {"hello", "status", "where", "break", "breaks", "delete", "continue",
                           "step", "next", "pause", "timeline", "peers", "events", "snapshot",
-                          "snapshots", "restore", "detach", "agent.hello", "agent.heartbeat"}
+                          "snapshots", "restore", "detach", "perturb", "agent.hello",
+                          "agent.heartbeat"}
 
 
 def test_arguments_that_are_not_json_are_refused_when_encoding():
