@@ -1,0 +1,47 @@
+"""Scenarios: scripted faults and expectations for a run (pure core: no torch,
+ZeroMQ, CRIU or click)."""
+
+from prism_debug.scenario.loader import Problem, ScenarioError, lint, load_scenario, parse_scenario
+from prism_debug.scenario.model import (
+    DEFAULT_TOLERANCE,
+    EXPECTATION_TYPES,
+    FAULT_TYPES,
+    PROFILE_GRAPH,
+    Action,
+    CorruptFault,
+    DelayFault,
+    DesyncFault,
+    DesyncKind,
+    Duration,
+    Example,
+    ExpectDigests,
+    ExpectException,
+    Expectation,
+    ExpectExitCode,
+    ExpectFlightRecord,
+    ExpectIterationTime,
+    ExpectNanAt,
+    FailFault,
+    Fault,
+    HangFault,
+    InfFault,
+    Intermittent,
+    LinkFault,
+    NanFault,
+    Run,
+    Scenario,
+    Selector,
+    SlowFault,
+    Trigger,
+    World,
+)
+
+__all__ = [
+    "DEFAULT_TOLERANCE", "EXPECTATION_TYPES", "FAULT_TYPES", "PROFILE_GRAPH", "Action",
+    "CorruptFault", "DelayFault", "DesyncFault", "DesyncKind", "Duration", "Example",
+    "ExpectDigests", "ExpectException", "ExpectExitCode", "ExpectFlightRecord",
+    "ExpectIterationTime", "ExpectNanAt", "Expectation", "FailFault", "Fault", "HangFault",
+    "InfFault", "Intermittent", "LinkFault", "NanFault", "Problem", "Run", "Scenario",
+    "ScenarioError", "Selector", "SlowFault", "Trigger", "World", "lint", "load_scenario",
+    "parse_scenario",
+]

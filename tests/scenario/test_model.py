@@ -1,0 +1,185 @@
+"""The scenario dataclasses: their own validation, selector resolution, helpers."""
+
+import ast
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from prism_debug.errors import ConfigError
+from prism_debug.scenario import (
+    Example,
+    ExpectIterationTime,
+    FailFault,
+    LinkFault,
+    Run,
+    Scenario,
+    Selector,
+    SlowFault,
+    Trigger,
+    World,
+    parse_scenario,
+)
+
+EXAMPLE_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.py"
+
+
+# -- selectors ------------------------------------------------------------------------
+
+
+def test_rank_strings_resolve_through_select_ranks():
+    assert Selector(ranks_text="1,5-9,5").ranks(64, 8) == [1, 5, 6, 7, 8, 9]
+    assert Selector(ranks_text="node 2").ranks(64, 8) == list(range(16, 24))
+    with pytest.raises(ConfigError, match="^rank 64 is outside the world of 64 ranks$"):
+        Selector(ranks_text="60-64").ranks(64, 8)
+    with pytest.raises(ConfigError, match=r"^cannot read '²' as ranks$"):
+        Selector(ranks_text="²").ranks(64, 8)  # str.isdigit() says yes, int() says no
+
+
+def test_nodes_resolve_to_their_ranks_the_last_node_partly_filled():
+    assert Selector(node=3).ranks(64, 8) == list(range(24, 32))
+    assert Selector(nodes="3-4").ranks(64, 8) == list(range(24, 40))
+    assert Selector(nodes="4, 1").ranks(64, 8) == [*range(32, 40), *range(8, 16)]
+    assert Selector(node=2).ranks(20, 8) == [16, 17, 18, 19]
+    with pytest.raises(ConfigError, match="^node 3 is outside the world: nodes are 0-2$"):
+        Selector(node=3).ranks(20, 8)
+    with pytest.raises(ConfigError, match="^the range 4-1 runs backwards$"):
+        Selector(nodes="4-1").ranks(64, 8)
+    with pytest.raises(ConfigError, match="^cannot read 'x' as nodes: use N, A-B, or a list"):
+        Selector(nodes="1,x").ranks(64, 8)
+
+
+def test_fraction_is_drawn_with_the_seed():
+    first = Selector(fraction=0.01).ranks(8192, 8, seed=0)
+    assert len(first) == 82 and first == sorted(set(first))
+    assert all(0 <= rank < 8192 for rank in first)
+    assert Selector(fraction=0.01).ranks(8192, 8, seed=0) == first  # same seed, same ranks
+    assert Selector(fraction=0.01).ranks(8192, 8, seed=1) != first
+    assert Selector(fraction=0.001).ranks(64, 8) != []  # at least one rank
+    assert len(Selector(fraction=0.001).ranks(64, 8)) == 1
+    assert Selector(fraction=1.0).ranks(64, 8) == list(range(64))
+
+
+@settings(max_examples=100, deadline=None)
+@given(size=st.integers(1, 5000), fraction=st.floats(0.0001, 1.0), seed=st.integers(0, 2**32))
+def test_fraction_draws_are_reproducible_and_in_the_world(size, fraction, seed):
+    selector = Selector(fraction=fraction)
+    ranks = selector.ranks(size, 8, seed=seed)
+    assert ranks == selector.ranks(size, 8, seed=seed)
+    assert ranks == sorted(set(ranks)) and 0 <= ranks[0] and ranks[-1] < size
+    assert len(ranks) == max(1, round(fraction * size))
+
+
+def test_family_and_class_need_the_graph():
+    with pytest.raises(ConfigError, match="^selecting family dp group 3 needs the job's group "
+                                          "families: run with an execution graph$"):
+        Selector(family="dp", group=3).ranks(64, 8)
+    with pytest.raises(ConfigError, match="^selecting class 1 needs the job's rank classes: "
+                                          "run with an execution graph$"):
+        Selector(class_=1).ranks(64, 8)
+    groups = {("dp", 3): [3, 11, 19, 11]}
+    assert Selector(family="dp", group=3).ranks(
+        64, 8, families=lambda family, group: groups[family, group]) == [3, 11, 19]
+    assert Selector(class_=1).ranks(64, 8, classes=lambda c: range(c, 64, 4))[:3] == [1, 5, 9]
+
+
+def test_selector_kind_names_the_key_that_chose():
+    assert [Selector(ranks_text="1").kind, Selector(class_=0).kind,
+            Selector(family="tp", group=0).kind] == ["ranks", "class", "family"]
+
+
+def test_scenario_draws_each_fraction_fault_with_its_own_seed():
+    text = ("name: t\nworld: {size: 4096, rank: 5}\nrun: {command: [a]}\nseed: 9\nfaults:\n"
+            "  - {action: hang, select: {fraction: 0.01}}\n"
+            "  - {action: hang, select: {fraction: 0.01}}\n")
+    scenario = parse_scenario(text)
+    first, second = scenario.fault_ranks(0), scenario.fault_ranks(1)
+    assert len(first) == len(second) == 41 and first != second
+    assert parse_scenario(text).fault_ranks(0) == first
+    assert parse_scenario(text.replace("seed: 9", "seed: 10")).fault_ranks(0) != first
+
+
+# -- validation on construction ------------------------------------------------------------
+
+
+def test_dataclasses_validate_themselves():
+    with pytest.raises(ConfigError, match=r"^World: rank: rank 4 is outside the world of 4 ranks$"):
+        World(size=4, rank=4)
+    with pytest.raises(ConfigError, match=r"^World: size: must be >= 1, got 0; "
+                                          r"gpus_per_node: must be >= 1, got 0$"):
+        World(size=0, rank=0, gpus_per_node=0)
+    with pytest.raises(ConfigError, match="^Selector: give one of ranks, node, nodes, family, "
+                                          "class, fraction$"):
+        Selector()
+    with pytest.raises(ConfigError, match=r"^Selector: fraction: must be in \(0, 1\], got 0$"):
+        Selector(fraction=0)
+    with pytest.raises(ConfigError, match="^Trigger: collective: collective counts within an "
+                                          "iteration: give iteration too$"):
+        Trigger(time_s=1.0, collective=2)
+    with pytest.raises(ConfigError, match="^Run: give one of command, example, snapshot$"):
+        Run()
+    with pytest.raises(ConfigError, match="^SlowFault: factor: must be > 0, got -1$"):
+        SlowFault(select=Selector(ranks_text="1"), factor=-1)
+    with pytest.raises(ConfigError, match="^LinkFault: select: a link fault selects nodes"):
+        LinkFault(select=Selector(ranks_text="1"), latency_us=3.0)
+    with pytest.raises(ConfigError, match=r"^Scenario: faults\[0\]\.select\.ranks: rank 9 is "
+                                          "outside the world of 8 ranks$"):
+        Scenario(name="t", world=World(size=8, rank=0), run=Run(command=("a",)),
+                 faults=(FailFault(select=Selector(ranks_text="9")),))
+
+
+def test_dataclasses_are_frozen():
+    world = World(size=8, rank=1)
+    with pytest.raises(AttributeError):
+        world.rank = 2  # type: ignore[misc]
+
+
+def test_example_defaults_are_the_scripts():
+    text = EXAMPLE_SCRIPT.read_text()
+    script = {name.replace("-", "_"): ast.literal_eval(value) for name, value in
+              re.findall(r'add_argument\("--([\w-]+)", (?:type=\w+, )?default=([^,)]+)', text)}
+    assert script == {name: value for name, value in vars(Example()).items() if name != "timing"}
+    assert 'add_argument("--timing", action="store_true"' in text
+
+
+def test_example_argv():
+    assert Example(tp=2, pp=2, iterations=6, timing=True).argv() == [
+        "--iterations", "6", "--layers", "8", "--hidden", "256", "--heads", "8",
+        "--seq-len", "128", "--vocab", "1024", "--micro-batches", "8",
+        "--micro-batch-size", "2", "--tp", "2", "--pp", "2", "--backend", "gloo",
+        "--lr", "0.0003", "--seed", "0", "--timing"]
+
+
+def test_iteration_time_bounds():
+    assert ExpectIterationTime(max_s=1.5).bounds() == (0.0, 1.5)
+    assert ExpectIterationTime(min_s=0.5).bounds() == (0.5, math.inf)
+    low, high = ExpectIterationTime(relative=1.16, tolerance=0.02).bounds(2.0)
+    assert (low, high) == pytest.approx((2.28, 2.36))
+    low, high = ExpectIterationTime(relative=1.5).bounds(1.0)  # the default tolerance: 0.02
+    assert (low, high) == pytest.approx((1.48, 1.52))
+    with pytest.raises(ConfigError, match="needs the baseline run's iteration time"):
+        ExpectIterationTime(relative=1.5).bounds()
+
+
+def test_run_helpers():
+    assert Run(command=("a",), graph="profile").profile_graph
+    assert not Run(command=("a",), graph="gpt.prism").profile_graph
+    assert Run(example=Example()).last_iteration == 5
+    assert Run(example=Example(), iterations=3).last_iteration == 3
+    assert Run(command=("a",)).last_iteration is None
+    assert Run(snapshot="r5-it2-abcdef", iterations=3).last_iteration is None
+
+
+def test_the_scenario_package_is_pure():
+    """The scenario model is core: no torch, ZeroMQ, CRIU or click."""
+    code = ("import json, sys\nimport prism_debug.scenario\n"
+            "print(json.dumps(sorted(m for m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = {name.split(".")[0] for name in json.loads(out.stdout)}
+    assert loaded & {"torch", "zmq", "pycriu", "click"} == set()
