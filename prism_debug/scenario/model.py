@@ -319,6 +319,22 @@ class Selector(_Checked):
         if self.group is not None and self.family is None:
             yield ("group",), "group goes with family"
 
+    def problem(self, world_size: int, gpus_per_node: int) -> str | None:
+        """What is wrong with this selector in a world of ``world_size`` ranks,
+        or None; cheap for any world (nothing is expanded).  Family and class
+        selectors need a graph: None."""
+        if world_size < 1 or gpus_per_node < 1:
+            return f"no ranks in a world of {world_size} ({gpus_per_node} per node)"
+        try:
+            if self.ranks_text is not None:
+                return _rank_text_problem(self.ranks_text, world_size, gpus_per_node)
+            if self.node is not None or self.nodes is not None:
+                _node_spans(str(self.node) if self.nodes is None else self.nodes,
+                            -(-world_size // gpus_per_node))
+        except ConfigError as exc:
+            return str(exc)
+        return None
+
     def ranks(self, world_size: int, gpus_per_node: int, *,
               families: Callable[[str, int], Iterable[int]] | None = None,
               classes: Callable[[int], Iterable[int]] | None = None,
@@ -337,8 +353,9 @@ class Selector(_Checked):
             except ValueError as exc:  # digits str.isdigit() takes but int() does not
                 raise ConfigError(f"cannot read {self.ranks_text!r} as ranks") from exc
         if self.node is not None or self.nodes is not None:
-            nodes = _parse_nodes(str(self.node) if self.nodes is None else self.nodes,
-                                 -(-world_size // gpus_per_node))
+            spans = _node_spans(str(self.node) if self.nodes is None else self.nodes,
+                                -(-world_size // gpus_per_node))
+            nodes = dict.fromkeys(node for first, last in spans for node in range(first, last + 1))
             return [rank for node in nodes for rank in
                     range(node * gpus_per_node, min(world_size, (node + 1) * gpus_per_node))]
         if self.fraction is not None:
@@ -355,8 +372,9 @@ class Selector(_Checked):
         return list(dict.fromkeys(classes(self.class_)))
 
 
-def _parse_nodes(text: str, num_nodes: int) -> list[int]:
-    nodes: list[int] = []
+def _node_spans(text: str, num_nodes: int) -> list[tuple[int, int]]:
+    """The (first, last) node ranges ``text`` names, checked, not expanded."""
+    spans: list[tuple[int, int]] = []
     for part in text.replace(" ", "").split(","):
         low, dash, high = part.partition("-")
         if not low.isdecimal() or (dash and not high.isdecimal()):
@@ -367,8 +385,37 @@ def _parse_nodes(text: str, num_nodes: int) -> list[int]:
             raise ConfigError(f"the range {part} runs backwards")
         if last >= num_nodes:
             raise ConfigError(f"node {last} is outside the world: nodes are 0-{num_nodes - 1}")
-        nodes.extend(range(first, last + 1))
-    return list(dict.fromkeys(nodes))
+        spans.append((first, last))
+    return spans
+
+
+def _rank_text_problem(text: str, world_size: int, gpus_per_node: int) -> str | None:
+    """What select_ranks says is wrong with ``text``, without letting it expand
+    what it accepts (a range over millions of ranks): only the parts this
+    cannot vouch for go to it, and those it rejects before expanding."""
+    stripped = text.strip()
+    words = stripped.split()
+    if len(words) == 2 and words[0] == "node":
+        num_nodes = -(-world_size // gpus_per_node)
+        doubtful = [] if words[1].isdecimal() and int(words[1]) < num_nodes else [stripped]
+    else:  # between two 0s a part is read as in the list: not stripped, not as "node N"
+        doubtful = [f"0,{part},0" for part in stripped.replace(" ", "").split(",")
+                    if not _plain_range(part, world_size)]
+    for piece in doubtful:
+        try:
+            select_ranks(piece, world_size, gpus_per_node)
+        except ConfigError as exc:
+            return str(exc)
+        except ValueError:  # digits str.isdigit() takes but int() does not
+            return f"cannot read {text!r} as ranks"
+    return None
+
+
+def _plain_range(part: str, world_size: int) -> bool:
+    low, dash, high = part.partition("-")
+    if not low.isdecimal() or (dash and not high.isdecimal()):
+        return False
+    return int(low) <= int(high or low) < world_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -627,12 +674,8 @@ def cross_rules(world: World | None, run: Run | None, selects: Sequence[Selector
             yield ("run", "example", "tp"), (f"world size {world.size} is not divisible by "
                                              f"tp*pp = {example.tp}*{example.pp} = {product}")
         for i, select in enumerate(selects):
-            if select is None or select.family is not None or select.class_ is not None:
-                continue  # those need a graph
-            try:
-                select.ranks(world.size, world.gpus_per_node)
-            except ConfigError as exc:
-                yield ("faults", i, "select", select.kind), str(exc)
+            if select is not None and (problem := select.problem(world.size, world.gpus_per_node)):
+                yield ("faults", i, "select", select.kind), problem
         for i, expectation in enumerate(expect):
             if isinstance(expectation, ExpectFlightRecord):
                 for j, rank in enumerate(expectation.missing_ranks):

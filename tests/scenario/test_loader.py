@@ -351,6 +351,17 @@ def test_selected_ranks_and_nodes_must_be_in_the_world():
     ]
 
 
+def test_lint_resolves_no_selector_in_a_huge_world():
+    text = ("name: t\nworld: {size: 1000000000, rank: 0}\nrun: {command: [a]}\nfaults:\n"
+            "  - {action: hang, select: {fraction: 0.5}}\n"
+            "  - {action: hang, select: {ranks: 0-999999999}}\n"
+            "  - {action: hang, select: {nodes: 0-124999999}}\n"
+            "  - {action: hang, select: {nodes: 0-125000000}}\n")
+    assert problems(text) == [
+        "s.yaml:8:36: faults[3].select.nodes: node 125000000 is outside the world: "
+        "nodes are 0-124999999"]
+
+
 def test_text_values_that_must_mean_something():
     text = HEAD.replace("run: {command: [python, train.py]}",
                         "run: {command: [], env: {A-B: 1}}") + (

@@ -76,6 +76,34 @@ def test_fraction_draws_are_reproducible_and_in_the_world(size, fraction, seed):
     assert len(ranks) == max(1, round(fraction * size))
 
 
+rank_texts = st.lists(st.sampled_from(["0", "3", "7", "9", "12", "63", "64", "-", ",", " ",
+                                        "node", "node ", "x", "²", "٣", "\t", "\n"]),
+                      min_size=1, max_size=6).map("".join)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(text=rank_texts, size=st.integers(1, 70), gpus_per_node=st.integers(1, 9),
+       as_nodes=st.booleans())
+def test_problem_says_exactly_what_ranks_would_raise(text, size, gpus_per_node, as_nodes):
+    selector = Selector(nodes=text) if as_nodes else Selector(ranks_text=text)
+    try:
+        selector.ranks(size, gpus_per_node)
+    except ConfigError as exc:
+        assert selector.problem(size, gpus_per_node) == str(exc)
+    else:
+        assert selector.problem(size, gpus_per_node) is None
+
+
+def test_problem_expands_nothing_in_a_huge_world():
+    billion = 10**9
+    assert Selector(ranks_text="0-999999999").problem(billion, 8) is None
+    assert Selector(ranks_text="node 0").problem(billion, billion) is None
+    assert Selector(nodes="0-124999999").problem(billion, 8) is None
+    assert Selector(ranks_text="5-1000000000").problem(billion, 8) == (
+        "rank 1000000000 is outside the world of 1000000000 ranks")
+    assert Selector(fraction=0.5).problem(billion, 8) is None
+
+
 def test_family_and_class_need_the_graph():
     with pytest.raises(ConfigError, match="^selecting family dp group 3 needs the job's group "
                                           "families: run with an execution graph$"):
