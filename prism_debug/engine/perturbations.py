@@ -18,7 +18,7 @@ import dataclasses
 import math
 
 from prism_debug.errors import ConfigError
-from prism_debug.graph.selectors import select_ranks
+from prism_debug.graph.selectors import expand, node_spans, select_ranks
 
 USAGE = {
     "slow": "slow RANKS FACTOR [from ITERATION] [for ITERATIONS]",
@@ -65,8 +65,7 @@ def parse_perturbation(text: str, world_size: int, gpus_per_node: int) -> Pertur
         raise ConfigError(f"{action} needs ranks: {usage}")
     where, rest = rest[0], rest[1:]
     if action == "link":
-        nodes = -(-world_size // gpus_per_node)
-        targets = select_ranks(where, nodes, 1)
+        targets = expand(node_spans(where, -(-world_size // gpus_per_node)))
     elif where.startswith("node:"):
         targets = select_ranks("node " + where[5:], world_size, gpus_per_node)
     else:

@@ -1,34 +1,64 @@
 """Rank selectors, as people type them: ``4096``, ``4096-4103``, ``1,5,9-12``,
-``node 512`` (the ranks on node 512)."""
+``node 512`` (the ranks on node 512); node lists for links: ``512``,
+``512-515,600``.
+
+Parsing checks the text without expanding it (``0-999999999`` is cheap to
+check); :func:`select_ranks` expands what :func:`rank_spans` accepts."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 from prism_debug.errors import ConfigError
 
 
-def select_ranks(text: str, world_size: int, gpus_per_node: int) -> list[int]:
-    """The ranks ``text`` names, in order, each once; :class:`ConfigError`
-    saying what is wrong otherwise."""
+def rank_spans(text: str, world_size: int, gpus_per_node: int) -> list[tuple[int, int]]:
+    """The ``(first, last)`` rank ranges ``text`` names, checked but not
+    expanded; :class:`ConfigError` saying what is wrong otherwise."""
     text = text.strip()
     words = text.split()
     if len(words) == 2 and words[0] == "node":
-        if not words[1].isdigit():
+        if not words[1].isdecimal():
             raise ConfigError(f"node {words[1]!r} is not a number")
         node = int(words[1])
         nodes = -(-world_size // gpus_per_node)
         if node >= nodes:
             raise ConfigError(f"node {node} is outside the world: nodes are 0-{nodes - 1}")
-        return list(range(node * gpus_per_node, min(world_size, (node + 1) * gpus_per_node)))
-    ranks: list[int] = []
+        return [(node * gpus_per_node, min(world_size, (node + 1) * gpus_per_node) - 1)]
+    return _spans(text, world_size,
+                  "ranks: use R, A-B, a list of them separated by commas, or node N",
+                  lambda rank: f"rank {rank} is outside the world of {world_size} ranks")
+
+
+def node_spans(text: str, num_nodes: int) -> list[tuple[int, int]]:
+    """The ``(first, last)`` node ranges ``text`` names, checked but not expanded."""
+    return _spans(text, num_nodes, "nodes: use N, A-B, or a list of them separated by commas",
+                  lambda node: f"node {node} is outside the world: nodes are 0-{num_nodes - 1}")
+
+
+def expand(spans: list[tuple[int, int]]) -> list[int]:
+    """The numbers in ``spans``, in order, each once."""
+    return list(dict.fromkeys(n for first, last in spans for n in range(first, last + 1)))
+
+
+def select_ranks(text: str, world_size: int, gpus_per_node: int) -> list[int]:
+    """The ranks ``text`` names, in order, each once; :class:`ConfigError`
+    saying what is wrong otherwise."""
+    return expand(rank_spans(text, world_size, gpus_per_node))
+
+
+def _spans(text: str, count: int, readable_as: str,
+           outside: Callable[[int], str]) -> list[tuple[int, int]]:
+    spans = []
     for part in text.replace(" ", "").split(","):
         low, dash, high = part.partition("-")
-        if not low.isdigit() or (dash and not high.isdigit()):
-            raise ConfigError(f"cannot read {part!r} as ranks: use R, A-B, a list of them "
-                              "separated by commas, or node N")
+        # isdecimal, not isdigit: "²" is a digit int() cannot read
+        if not low.isdecimal() or (dash and not high.isdecimal()):
+            raise ConfigError(f"cannot read {part!r} as {readable_as}")
         first, last = int(low), int(high) if dash else int(low)
         if last < first:
             raise ConfigError(f"the range {part} runs backwards")
-        if last >= world_size:
-            raise ConfigError(f"rank {last} is outside the world of {world_size} ranks")
-        ranks.extend(range(first, last + 1))
-    return list(dict.fromkeys(ranks))
+        if last >= count:
+            raise ConfigError(outside(last))
+        spans.append((first, last))
+    return spans

@@ -68,7 +68,7 @@ from dataclasses import MISSING, dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Iterator, Sequence
 
 from prism_debug.errors import ConfigError
-from prism_debug.graph.selectors import select_ranks
+from prism_debug.graph.selectors import expand, node_spans, rank_spans, select_ranks
 
 PROFILE_GRAPH = "profile"  # run.graph: profile the script first, then replay that graph
 DEFAULT_TOLERANCE = 0.02  # iteration_time: relative's default tolerance
@@ -327,10 +327,10 @@ class Selector(_Checked):
             return f"no ranks in a world of {world_size} ({gpus_per_node} per node)"
         try:
             if self.ranks_text is not None:
-                return _rank_text_problem(self.ranks_text, world_size, gpus_per_node)
-            if self.node is not None or self.nodes is not None:
-                _node_spans(str(self.node) if self.nodes is None else self.nodes,
-                            -(-world_size // gpus_per_node))
+                rank_spans(self.ranks_text, world_size, gpus_per_node)
+            elif self.node is not None or self.nodes is not None:
+                node_spans(str(self.node) if self.nodes is None else self.nodes,
+                           -(-world_size // gpus_per_node))
         except ConfigError as exc:
             return str(exc)
         return None
@@ -346,16 +346,10 @@ class Selector(_Checked):
         if world_size < 1 or gpus_per_node < 1:
             raise ConfigError(f"no ranks in a world of {world_size} ({gpus_per_node} per node)")
         if self.ranks_text is not None:
-            try:
-                return select_ranks(self.ranks_text, world_size, gpus_per_node)
-            except ConfigError:
-                raise
-            except ValueError as exc:  # digits str.isdigit() takes but int() does not
-                raise ConfigError(f"cannot read {self.ranks_text!r} as ranks") from exc
+            return select_ranks(self.ranks_text, world_size, gpus_per_node)
         if self.node is not None or self.nodes is not None:
-            spans = _node_spans(str(self.node) if self.nodes is None else self.nodes,
-                                -(-world_size // gpus_per_node))
-            nodes = dict.fromkeys(node for first, last in spans for node in range(first, last + 1))
+            nodes = expand(node_spans(str(self.node) if self.nodes is None else self.nodes,
+                                      -(-world_size // gpus_per_node)))
             return [rank for node in nodes for rank in
                     range(node * gpus_per_node, min(world_size, (node + 1) * gpus_per_node))]
         if self.fraction is not None:
@@ -370,52 +364,6 @@ class Selector(_Checked):
             raise ConfigError(f"selecting class {self.class_} needs the job's rank classes: "
                               "run with an execution graph")
         return list(dict.fromkeys(classes(self.class_)))
-
-
-def _node_spans(text: str, num_nodes: int) -> list[tuple[int, int]]:
-    """The (first, last) node ranges ``text`` names, checked, not expanded."""
-    spans: list[tuple[int, int]] = []
-    for part in text.replace(" ", "").split(","):
-        low, dash, high = part.partition("-")
-        if not low.isdecimal() or (dash and not high.isdecimal()):
-            raise ConfigError(f"cannot read {part!r} as nodes: use N, A-B, or a list of them "
-                              "separated by commas")
-        first, last = int(low), int(high) if dash else int(low)
-        if last < first:
-            raise ConfigError(f"the range {part} runs backwards")
-        if last >= num_nodes:
-            raise ConfigError(f"node {last} is outside the world: nodes are 0-{num_nodes - 1}")
-        spans.append((first, last))
-    return spans
-
-
-def _rank_text_problem(text: str, world_size: int, gpus_per_node: int) -> str | None:
-    """What select_ranks says is wrong with ``text``, without letting it expand
-    what it accepts (a range over millions of ranks): only the parts this
-    cannot vouch for go to it, and those it rejects before expanding."""
-    stripped = text.strip()
-    words = stripped.split()
-    if len(words) == 2 and words[0] == "node":
-        num_nodes = -(-world_size // gpus_per_node)
-        doubtful = [] if words[1].isdecimal() and int(words[1]) < num_nodes else [stripped]
-    else:  # between two 0s a part is read as in the list: not stripped, not as "node N"
-        doubtful = [f"0,{part},0" for part in stripped.replace(" ", "").split(",")
-                    if not _plain_range(part, world_size)]
-    for piece in doubtful:
-        try:
-            select_ranks(piece, world_size, gpus_per_node)
-        except ConfigError as exc:
-            return str(exc)
-        except ValueError:  # digits str.isdigit() takes but int() does not
-            return f"cannot read {text!r} as ranks"
-    return None
-
-
-def _plain_range(part: str, world_size: int) -> bool:
-    low, dash, high = part.partition("-")
-    if not low.isdecimal() or (dash and not high.isdecimal()):
-        return False
-    return int(low) <= int(high or low) < world_size
 
 
 @dataclass(frozen=True, kw_only=True)

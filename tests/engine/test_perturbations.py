@@ -55,7 +55,7 @@ def test_each_perturbation_reaches_the_engine(text, call):
                     "ITERATIONS]"),
     ("fail 3 at soon", "at takes an iteration number, got 'soon': fail RANKS [at ITERATION]"),
     ("fail 3 from 2", "fail does not take from: fail RANKS [at ITERATION]"),
-    ("link 8 0.5", "rank 8 is outside the world of 8 ranks"),
+    ("link 8 0.5", "node 8 is outside the world: nodes are 0-7"),
 ])
 def test_a_bad_perturbation_says_what_is_expected(text, message):
     with pytest.raises(ConfigError) as info:

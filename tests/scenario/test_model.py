@@ -38,7 +38,8 @@ def test_rank_strings_resolve_through_select_ranks():
     assert Selector(ranks_text="node 2").ranks(64, 8) == list(range(16, 24))
     with pytest.raises(ConfigError, match="^rank 64 is outside the world of 64 ranks$"):
         Selector(ranks_text="60-64").ranks(64, 8)
-    with pytest.raises(ConfigError, match=r"^cannot read '²' as ranks$"):
+    with pytest.raises(ConfigError, match=r"^cannot read '²' as ranks: use R, A-B, a list of "
+                                          r"them separated by commas, or node N$"):
         Selector(ranks_text="²").ranks(64, 8)  # str.isdigit() says yes, int() says no
 
 
