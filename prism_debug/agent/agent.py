@@ -348,7 +348,7 @@ class Agent:
         else:
             self.debugger.release()
         self.link.endpoint = self.config.bus
-        self.link._curve = self.config.bus_curve
+        self.link.curve = self.config.bus_curve
         self.link.start()
 
     def _read_control(self) -> dict:

@@ -50,7 +50,7 @@ class BusLink:
         self._pid = pid
         self._handle = handle
         self._on_lost = on_lost
-        self._curve = curve  # {"server_public", "public", "secret"} when the bus uses CURVE
+        self.curve = curve  # {"server_public", "public", "secret"} when the bus uses CURVE
         self._outbox: collections.deque = collections.deque(maxlen=_OUTBOX)
         self.dropped = 0
         self._stopping = threading.Event()
@@ -81,10 +81,10 @@ class BusLink:
         socket = context.socket(zmq.DEALER)
         socket.setsockopt(zmq.IDENTITY, b"agent")
         socket.setsockopt(zmq.SNDHWM, _OUTBOX)
-        if self._curve:
-            socket.curve_serverkey = self._curve["server_public"].encode()
-            socket.curve_publickey = self._curve["public"].encode()
-            socket.curve_secretkey = self._curve["secret"].encode()
+        if self.curve:
+            socket.curve_serverkey = self.curve["server_public"].encode()
+            socket.curve_publickey = self.curve["public"].encode()
+            socket.curve_secretkey = self.curve["secret"].encode()
         socket.connect(self.endpoint)
         try:
             hello = encode_request("agent.hello", {"rank": self._rank, "pid": self._pid})

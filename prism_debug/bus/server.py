@@ -28,6 +28,7 @@ import zmq
 from prism_debug.bus import keys as curve_keys
 from prism_debug.errors import ConfigError
 from prism_debug.bus.protocol import (
+    PROTOCOL_VERSION,
     VERBS,
     BadMessage,
     BusError,
@@ -347,7 +348,7 @@ class BusServer:
 
 
 def _error_message(error: BusError) -> dict:
-    return {"v": 1, "id": None, "ok": False,
+    return {"v": PROTOCOL_VERSION, "id": None, "ok": False,
             "error": {"type": error.type, "message": error.message}}
 
 

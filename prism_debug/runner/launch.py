@@ -191,7 +191,6 @@ def run(options: RunOptions, message: Callable[[str], None]) -> RunResult:
     run_dir = options.run_dir or default_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     files = run_files(run_dir)
-    profile = options.profile
 
     def snapshotter_factory():
         from prism_debug.runner.snapshots import Snapshotter

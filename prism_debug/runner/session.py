@@ -12,7 +12,6 @@ loop's sleep.
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,7 +20,6 @@ from prism_debug.bus import sessions
 from prism_debug.bus.protocol import InvalidState, RankUnavailable, SnapshotFailed
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
 from prism_debug.errors import PrismError
-from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot.store import now_text
 
 
@@ -141,12 +139,9 @@ class Session:
             self.server.reply(pending, result)
 
     def _release_rank(self, iteration: int) -> None:
-        from prism_debug.runner.snapshots import write_control
+        from prism_debug.runner.snapshots import continue_rank, write_control
         write_control(self.run_files["control"], {"stop_at": iteration, "phase": "go"})
-        try:
-            os.kill(self.child.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
+        continue_rank(self.child.pid)
 
     # -- verbs ------------------------------------------------------------------------
 
@@ -211,10 +206,8 @@ class Session:
             raise InvalidState(f"snapshot {manifest.id} is of rank {manifest.rank} of "
                                f"{manifest.world_size}; this session runs rank {self.rank} of "
                                f"{self.world_size}")
-        try:  # what a restore needs, checked before the running rank is given up
-            criu_api.locate()
-            if manifest.cuda:
-                criu_api.cuda_checkpoint()
+        try:  # checked before the running rank is given up
+            criu = snapshots.restore_tools(manifest)
         except PrismError as exc:
             raise SnapshotFailed(str(exc)) from None
         self.server.agent_gone()
@@ -224,7 +217,7 @@ class Session:
             if self.child is not None and self.child.poll() is None:
                 self.child.kill_rank()
             pid = snapshots.restore_process(
-                store, manifest, self.run_files, bus=self.server.commands,
+                store, manifest, self.run_files, criu, bus=self.server.commands,
                 bus_curve=self.server.agent_curve, pause=True)
         except PrismError as exc:
             raise SnapshotFailed(str(exc)) from None

@@ -147,7 +147,7 @@ class Snapshotter:
             if staging is not None:
                 self.store.discard(staging)
             write_control(self.open_files["control"], {"stop_at": iteration, "phase": "go"})
-            _continue(pid)
+            continue_rank(pid)
             if cuda_locked is not None:
                 _resume_cuda(cuda_locked, pid, self.message)
 
@@ -183,7 +183,7 @@ def _state(pid: int) -> str | None:
         return None
 
 
-def _continue(pid: int) -> None:
+def continue_rank(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:
@@ -247,18 +247,25 @@ def check_unchanged(manifest: Manifest) -> None:
                                 "code on disk")
 
 
-def restore_process(store: Store, manifest: Manifest, files: dict[str, Path], *,
-                    iterations: int | None = None, record_ops: bool = False,
-                    bus: str | None = None, bus_curve: dict | None = None,
-                    pause: bool = False,
+def restore_tools(manifest: Manifest) -> criu_api.Criu:
+    """The CRIU a restore of ``manifest`` uses, once what it needs is there
+    (cuda-checkpoint too, for a CUDA rank): asked before anything is given up."""
+    criu = criu_api.locate()
+    if manifest.cuda:
+        criu_api.cuda_checkpoint()
+    return criu
+
+
+def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
+                    criu: criu_api.Criu, *, iterations: int | None = None,
+                    record_ops: bool = False, bus: str | None = None,
+                    bus_curve: dict | None = None, pause: bool = False,
                     message: Callable[[str], None] = lambda line: None) -> int:
     """Restore the rank of a (verified) snapshot as a child of this process,
     writing to ``files`` (log, events, control) instead of the files it had
-    open, and continue it; the pid.  ``bus``: the endpoint the copy's agent
-    connects to; ``pause``: it stays paused where the snapshot was taken."""
-    criu = criu_api.locate()
-    if manifest.cuda:
-        criu_api.cuda_checkpoint()  # missing: say so before restoring anything
+    open, and continue it; the pid.  ``criu``: :func:`restore_tools`'s;
+    ``bus``: the endpoint the copy's agent connects to; ``pause``: it stays
+    paused where the snapshot was taken."""
     limit = manifest.iteration + iterations if iterations else None
     files["control"].write_text(json.dumps({
         "restored": True, "snapshot": manifest.id, "iterations": limit,
@@ -278,7 +285,7 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path], *,
             os.close(fd)
     message(f"restored pid {pid} in {time.perf_counter() - started:.2f} s "
             f"({manifest.image_bytes / 2**20:.1f} MiB of images)")
-    _continue(pid)
+    continue_rank(pid)
     if manifest.cuda:  # its CUDA state was checkpointed to host memory: back to the GPU
         _resume_cuda(criu_api.cuda_checkpoint(), pid, message)
     return pid
@@ -290,6 +297,7 @@ def restore(options: RestoreOptions, message: Callable[[str], None]) -> launch.R
     store = Store(options.store or DEFAULT_STORE)
     manifest = store.verify(options.snapshot_id)
     check_unchanged(manifest)
+    criu = restore_tools(manifest)
     run_dir = options.run_dir or launch.default_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
     files = launch.run_files(run_dir)
@@ -299,7 +307,7 @@ def restore(options: RestoreOptions, message: Callable[[str], None]) -> launch.R
                                   store.root, lambda: Snapshotter.continuing(manifest, store,
                                                                              message), message)
     try:
-        pid = restore_process(store, manifest, files, iterations=options.iterations,
+        pid = restore_process(store, manifest, files, criu, iterations=options.iterations,
                               record_ops=options.trace_path is not None,
                               bus=session.commands_endpoint, bus_curve=session.agent_curve,
                               message=message)
