@@ -34,22 +34,41 @@ CostFn = Callable[[OpSpec, Placement], float]
 _REAL_DONE_ITERATIONS = 2
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)
 class _Perturbation:
     kind: str  # "slow", "delay", "fail"
     mask: np.ndarray  # mesh-shaped bool: the ranks it applies to
     value: float  # factor (slow) or seconds (delay)
     first_iteration: int = 1
     last_iteration: float = math.inf
-    family: str | None = None  # delay: only ops on this family
+    family: str | None = None  # delay, fail: only ops on this family
+    # Op-level bounds, as (iteration, op): the op counts the class's ops
+    # issued in that iteration from 0.  A window covers the ops from
+    # (first_iteration, first_op) to (last_iteration, last_op), both included.
+    first_op: int = 0
+    last_op: float = math.inf
     parts: dict = dataclasses.field(default_factory=dict)  # class id -> its mask, internal order
 
+    def covers(self, iteration: int, op: int) -> bool:
+        return ((iteration, op) >= (self.first_iteration, self.first_op)
+                and (iteration, op) <= (self.last_iteration, self.last_op))
 
-@dataclasses.dataclass
+
+@dataclasses.dataclass(eq=False)
 class _LinkPerturbation:
     nodes: frozenset[int]
     bandwidth_factor: float  # cost is divided by it
     added_latency_s: float
+    first_iteration: int = 1
+    last_iteration: float = math.inf
+    # intermittent: degraded for ``duty`` of every ``period_s`` of emulated time
+    period_s: float | None = None
+    duty: float = 1.0
+
+    def active(self, iteration: int, now: float) -> bool:
+        if not self.first_iteration <= iteration <= self.last_iteration:
+            return False
+        return self.period_s is None or (now % self.period_s) < self.duty * self.period_s
 
 
 @dataclasses.dataclass
@@ -91,6 +110,7 @@ class _ClassState:
         self.epoch = 0  # bumped whenever ``t`` changes
         self.issued_at: dict[int, tuple[int, float]] = {}
         self.pc = 0
+        self.issued = 0  # ops issued this iteration: where op-level perturbations start
         self.iteration = 1
         self.gap_applied = False
         self.arrivals: dict[int, Time] = {}
@@ -142,6 +162,8 @@ class ReplayEngine:
         self._kinds: set[str] = set()  # kinds present, so the common case skips the scan
         self._arrivals_perturbed = False  # a delay or fail exists: form per-rank arrivals
         self._links: list[_LinkPerturbation] = []
+        # a link whose state changes with time or iteration: op costs are not kept
+        self._volatile_links = False
         self._rendezvous: dict[tuple, dict[int, tuple[int, Time]]] = {}
         self._placements: dict[tuple, Placement] = {}
         self._costs: dict[tuple[int, int], tuple[Time, float]] = {}  # (class, op) -> cost, min
@@ -293,59 +315,118 @@ class ReplayEngine:
 
     # -- the perturbation interface (driven by fault injection) -----------------------
 
+    # Each call returns a handle that :meth:`remove` takes back.  Removing
+    # stops a perturbation's effect from the next event on; what it already did
+    # stays done (an op a failed peer missed stays missed).
+
     def slow(self, ranks, factor: float, *, first_iteration: int = 1,
-             iterations: float = math.inf) -> None:
+             iterations: float = math.inf) -> object:
         """Multiply the compute of ``ranks`` by ``factor`` (stragglers, a hot node)."""
         if factor <= 0:
             raise ValueError(f"a compute factor must be positive, got {factor}")
         self._kinds.add("slow")
         mask = self._mask(ranks)
         self._set_columns(mask)
+        self._settle_compute()
+        perturbation = _Perturbation(
+            "slow", mask, factor, first_iteration, first_iteration + iterations - 1)
+        self._perturbations.append(perturbation)
+        return perturbation
+
+    def _settle_compute(self) -> None:
+        """Compute done so far ran at the old factors: bring every class's
+        times up to date before the factors change."""
         for state in self._states:
             if state.pending:
                 # compute already done ran at the old factor: settle it first
                 state.t = self._now(state)
                 state.pending = 0.0
                 state.epoch += 1
-            state.factor = None  # recomputed with this perturbation at the next event
+            state.factor = None  # recomputed with the new factors at the next event
             state.factor_max.clear()
             state.factor_top = None
-        self._perturbations.append(_Perturbation(
-            "slow", mask, factor, first_iteration, first_iteration + iterations - 1))
 
     def delay(self, ranks, seconds: float, *, family: str | None = None,
-              first_iteration: int = 1, iterations: float = math.inf) -> None:
-        """Delay the arrival of ``ranks`` at every op (of ``family``) by ``seconds``."""
+              first_iteration: int = 1, iterations: float = math.inf,
+              first_op: int = 0, ops: float = math.inf) -> object:
+        """Delay the arrival of ``ranks`` at every op (of ``family``) by
+        ``seconds``; ``first_op``/``ops`` bound it to ops of the first
+        iteration (a stall at one collective: ``iterations=1, ops=1``)."""
         if seconds < 0:
             raise ValueError(f"a delay cannot be negative, got {seconds}")
-        self._kinds.add("delay")
+        return self._arrival_perturbation("delay", ranks, seconds, family, first_iteration,
+                                          iterations, first_op, ops)
+
+    def fail(self, ranks, *, at_iteration: int = 1, at_op: int = 0,
+             family: str | None = None) -> object:
+        """From op ``at_op`` of ``at_iteration`` on (ops of ``family``, when
+        given), ``ranks`` never arrive: a fail-stop, a hang, or a collective
+        they issue differently (a desync), which no peer can complete."""
+        return self._arrival_perturbation("fail", ranks, math.inf, family, at_iteration,
+                                          math.inf, at_op, math.inf)
+
+    def _arrival_perturbation(self, kind, ranks, value, family, first_iteration, iterations,
+                              first_op, ops) -> _Perturbation:
+        if first_iteration < 1 or first_op < 0:
+            raise ValueError(f"iterations count from 1 and ops from 0, got iteration "
+                             f"{first_iteration} op {first_op}")
+        self._kinds.add(kind)
         self._arrivals_perturbed = True
         mask = self._mask(ranks)
         self._set_columns(mask)
-        self._perturbations.append(_Perturbation(
-            "delay", mask, seconds, first_iteration, first_iteration + iterations - 1, family))
+        last_op = first_op + ops - 1 if iterations == 1 else math.inf
+        perturbation = _Perturbation(kind, mask, value, first_iteration,
+                                     first_iteration + iterations - 1, family, first_op, last_op)
+        self._perturbations.append(perturbation)
+        return perturbation
 
-    def fail(self, ranks, *, at_iteration: int = 1) -> None:
-        """Fail-stop ``ranks`` from ``at_iteration`` on: they never arrive again."""
-        self._kinds.add("fail")
-        self._arrivals_perturbed = True
-        mask = self._mask(ranks)
-        self._set_columns(mask)
-        self._perturbations.append(_Perturbation("fail", mask, math.inf, at_iteration))
-
-    def link(self, nodes, *, bandwidth_factor: float = 1.0, added_latency_s: float = 0.0) -> None:
-        """Degrade collectives whose groups span any of ``nodes``."""
+    def link(self, nodes, *, bandwidth_factor: float = 1.0, added_latency_s: float = 0.0,
+             first_iteration: int = 1, iterations: float = math.inf,
+             period_s: float | None = None, duty: float = 1.0) -> object:
+        """Degrade collectives whose groups span any of ``nodes``: cost divided
+        by ``bandwidth_factor`` plus ``added_latency_s``; with ``period_s``,
+        only during the first ``duty`` of every period (a flapping link)."""
         if bandwidth_factor <= 0:
             raise ValueError(f"a bandwidth factor must be positive, got {bandwidth_factor}")
-        self._links.append(_LinkPerturbation(frozenset(nodes), bandwidth_factor, added_latency_s))
+        if period_s is not None and not (period_s > 0 and 0 < duty <= 1):
+            raise ValueError(f"an intermittent link needs period_s > 0 and 0 < duty <= 1, "
+                             f"got {period_s} and {duty}")
+        link = _LinkPerturbation(frozenset(nodes), bandwidth_factor, added_latency_s,
+                                 first_iteration, first_iteration + iterations - 1, period_s, duty)
+        self._links.append(link)
+        self._links_changed()
         self._set_columns(np.isin(self._nodes(), list(nodes)))
+        return link
+
+    def _links_changed(self) -> None:
+        self._volatile_links = any(link.period_s is not None or link.first_iteration > 1
+                                   or link.last_iteration < math.inf for link in self._links)
         self._costs.clear()
+
+    def remove(self, handle: object) -> None:
+        """Take back a perturbation (a handle from slow, delay, fail or link)."""
+        if isinstance(handle, _LinkPerturbation) and handle in self._links:
+            self._links.remove(handle)
+            self._links_changed()
+        elif isinstance(handle, _Perturbation) and handle in self._perturbations:
+            if handle.kind == "slow":
+                self._settle_compute()
+            self._perturbations.remove(handle)
+            self._kinds = {p.kind for p in self._perturbations}
+            self._arrivals_perturbed = bool(self._kinds & {"delay", "fail"})
+        else:
+            raise ValueError("no such perturbation (removed already?)")
+
+    def clear(self) -> None:
+        """Take back every perturbation."""
+        for handle in [*self._perturbations, *self._links]:
+            self.remove(handle)
 
     def _active(self, kind: str, state: _ClassState, family: str | None = None):
         if kind not in self._kinds:
             return
         for p in self._perturbations:
-            if (p.kind == kind and p.first_iteration <= state.iteration <= p.last_iteration
+            if (p.kind == kind and p.covers(state.iteration, state.issued)
                     and (p.family is None or p.family == family)):
                 part = p.parts.get(state.program.class_id)
                 if part is None:
@@ -507,15 +588,17 @@ class ReplayEngine:
             if p.mask[coords]:
                 span = (f"from iteration {p.first_iteration}" if p.last_iteration == math.inf
                         else f"iterations {p.first_iteration}-{p.last_iteration:g}")
-                what = {"slow": f"slow x{p.value:g}",
-                        "delay": f"delay {p.value * 1e3:g} ms" + (f" on {p.family}"
-                                                                  if p.family else ""),
-                        "fail": "fail-stop"}[p.kind]
+                if p.first_op:
+                    span += f" (op {p.first_op + 1} on)"
+                what = {"slow": f"slow x{p.value:g}", "delay": f"delay {p.value * 1e3:g} ms",
+                        "fail": "never arrives"}[p.kind] + (f" on {p.family}" if p.family else "")
                 perturbations.append(f"{what} {span}")
         for link in self._links:
             if node in link.nodes:
+                flapping = (f" for {link.duty:g} of every {link.period_s:g} s"
+                            if link.period_s is not None else "")
                 perturbations.append(f"link x{link.bandwidth_factor:g} bandwidth "
-                                     f"+{link.added_latency_s * 1e6:g} us")
+                                     f"+{link.added_latency_s * 1e6:g} us{flapping}")
         times = self.iteration_times(rank)
         return {"rank": rank, "node": node, "class": self.graph.class_of(rank),
                 "coords": dict(zip(self.mesh.names, coords)),
@@ -615,6 +698,7 @@ class ReplayEngine:
         state.epoch += 1
         state.iteration += 1
         state.pc = 0
+        state.issued = 0
         state.arrivals.clear()
         state.issued_at.clear()
         state.sequence.clear()
@@ -638,6 +722,8 @@ class ReplayEngine:
         info = state.ops[event.op]
         op = info.spec
         state.issued_at[event.op] = (state.epoch, state.gap_clock)
+        if self._volatile_links:  # a link's state depends on when the op runs
+            self._costs.pop((state.program.class_id, event.op), None)
         real_here = is_real and self._real_pending is not None \
             and self._real_pending[0] == state.pc
         if info.local and not (self.record or real_here or self._arrivals_perturbed):
@@ -645,17 +731,19 @@ class ReplayEngine:
             cost, least = self._op_cost(state, event.op)
             self._complete(state, event.op, self._group_last(state, op.family, info.axes) + cost,
                            slack=least)
+            state.issued += 1
             return
         arrival = self._now(state)
         for p, part in self._active("delay", state, op.family):
             arrival = arrival + np.where(part, p.value, 0.0)
-        for p, part in self._active("fail", state):
+        for p, part in self._active("fail", state, op.family):
             arrival = np.where(part, math.inf, arrival)
         if real_here:
             arrival = np.array(np.broadcast_to(arrival, self.class_shape), dtype=float)
             arrival[self._real_index] = self._real_pending[1]
             self._real_pending = None
         state.arrivals[event.op] = arrival
+        state.issued += 1
         if op.is_p2p:
             self._issue_p2p(state, event.op, op)
         elif info.spans_classes:
@@ -822,7 +910,10 @@ class ReplayEngine:
         nodes = self._nodes()
         axes = self.graph.family_axes(op.family)
         cost: Time = base
+        now = _least(self._now(state))  # when the op is issued
         for link in self._links:
+            if not link.active(state.iteration, now):
+                continue
             touched = np.isin(nodes, list(link.nodes))
             if op.is_p2p:
                 # the pair of each rank: its peer ``op.peer`` steps along the axis

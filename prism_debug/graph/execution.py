@@ -164,6 +164,34 @@ class ExecutionGraph:
             return 0
         return self.mesh.coordinates(rank)[self.mesh.axis(self.class_axis)]
 
+    def class_ranks(self, class_id: int) -> list[int]:
+        """The ranks of one class (a pipeline stage, say), in order."""
+        count = len(self.programs)
+        if not 0 <= class_id < count:
+            raise GraphError(f"class {class_id} does not exist: the graph has classes 0-"
+                             f"{count - 1}")
+        if self.class_axis is None:
+            return list(range(self.world_size))
+        axis = self.mesh.axis(self.class_axis)
+        return [rank for rank in range(self.world_size)
+                if self.mesh.coordinates(rank)[axis] == class_id]
+
+    def family_group(self, name: str, index: int) -> list[int]:
+        """Group ``index`` of family ``name``, groups counted from 0 in the
+        order of their lowest ranks."""
+        if name not in self.families:
+            raise GraphError(f"no family {name!r}: the graph has {', '.join(self.families)}")
+        axes = self.family_axes(name)
+        others = [a for a in range(len(self.mesh.shape)) if a not in axes]
+        count = math.prod(self.mesh.shape[a] for a in others)
+        if not 0 <= index < count:
+            raise GraphError(f"family {name} has groups 0-{count - 1}, not {index}")
+        coords = [0] * len(self.mesh.shape)
+        for a in reversed(others):  # row-major, as ranks are: lowest ranks first
+            coords[a] = index % self.mesh.shape[a]
+            index //= self.mesh.shape[a]
+        return self.mesh.group_ranks(axes, self.mesh.rank(coords))
+
     # -- the file ------------------------------------------------------------
 
     def to_dict(self) -> dict:
