@@ -30,8 +30,9 @@ from torch.optim.optimizer import (
 
 from prism_debug.agent.config import ENV_VAR, AgentConfig
 from prism_debug.agent.debugger import Debugger
+from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog
-from prism_debug.engine.perturbations import parse_perturbation
+from prism_debug.engine.perturbations import Selectors, parse_perturbation
 from prism_debug.agent.program import ProgramRecorder
 from prism_debug.agent.tracker import IterationTracker
 from prism_debug.backend.install import install
@@ -69,8 +70,6 @@ class Agent:
             replay = ReplayEngine(graph, lambda op, pl: model.time_s(op.kind, op.nbytes, pl),
                                   real_rank=config.rank, record=bool(config.trace_ranks))
             engine = self.graph_engine = GraphEngine(graph, replay, self._fatal)
-            for text in config.perturbations:
-                parse_perturbation(text, config.world_size, config.gpus_per_node).apply(replay)
         else:
             engine = LockstepEngine(CostModel(profile), profile.gpus_per_node)
         self.runtime = Runtime(
@@ -79,9 +78,21 @@ class Agent:
             values=Values(config.values, config.seed), tracker=self.tracker,
             families=self.families, digests=config.digests, stop_check=self._maybe_stop,
             collective_timeout_s=config.collective_timeout_s,
-            watchdog=Watchdog(ErrorHandling.from_env(), on_fatal=self._watchdog_fired),
+            watchdog=Watchdog(ErrorHandling.from_env(), on_fatal=self._watchdog_fired,
+                              dump_flight_record=self._dump_flight_record),
+            flight=FlightLog.from_env(config.rank, self.clock),
+            on_nonfinite=self._first_nonfinite if config.watch_nonfinite else None,
         )
-        self.perturbations_due: list = []  # asked while running: applied at the next boundary
+        # perturbations in force, with the replay engine's handles; changes
+        # asked while the rank runs wait for the next boundary (the engine is
+        # the main thread's)
+        self.perturbations: list[tuple] = []
+        self.perturbations_due: list = []
+        self.selectors = Selectors()
+        if self.graph_engine is not None:
+            self.selectors = Selectors.of_graph(self.graph_engine.graph)
+            for text in config.perturbations:
+                self.perturb(self.parse_perturbation(text))
         if config.record_program:
             self.runtime.recorder = ProgramRecorder(self.clock.now())
         self.initialised = False
@@ -210,6 +221,53 @@ class Agent:
                         "harness_excluded_s": self.clock.excluded_s})
         self._events.close()
 
+    # -- perturbations -------------------------------------------------------------------
+
+    def parse_perturbation(self, text: str):
+        config = self.config
+        return parse_perturbation(text, config.world_size, config.gpus_per_node, self.selectors)
+
+    def perturb(self, perturbation) -> None:
+        """Put a perturbation in force (on the main thread, or while it is paused)."""
+        handle = perturbation.apply(self.graph_engine.replay)
+        self.perturbations.append((perturbation, handle))
+        self.runtime.peer_faults.set(p for p, _ in self.perturbations)
+
+    def unperturb(self, index: int | None = None) -> list:
+        """Take back perturbation ``index`` (from 0), or all of them; those taken back."""
+        chosen = self.perturbations if index is None else [self.perturbations[index]]
+        for perturbation, handle in chosen:
+            if handle is not None:
+                self.graph_engine.replay.remove(handle)
+        self.perturbations = [entry for entry in self.perturbations if entry not in chosen]
+        self.runtime.peer_faults.set(p for p, _ in self.perturbations)
+        return [p for p, _ in chosen]
+
+    def _dump_flight_record(self, op) -> str | None:
+        """The watchdog's flight-record dump: the real rank's and its group's peers'."""
+        flight = self.runtime.flight
+        if flight is None:
+            return None
+        written = flight.dump(op.pg_id, op.seq, [p for p, _ in self.perturbations])
+        if written is None:
+            return None
+        path, absent = written
+        folder = path.parent
+        flag = " --allow-incomplete-ranks" if absent else ""
+        print(f"prism-debug: flight record of the timed-out group written to {path} (virtual "
+              f"peers' beside it in {folder / 'peers'}"
+              + (f"; no dump from fail-stopped ranks {absent}" if absent else "")
+              + f"); analyse: python -m torch.distributed.flight_recorder.fr_trace {folder}"
+              f"{flag}", file=sys.stderr, flush=True)
+        self._emit({"kind": "flight_record", "path": str(path), "dir": str(folder),
+                    "prefix": path.name.removesuffix(str(self.config.rank)),
+                    "absent": absent})
+        self._events.flush()
+        return str(path)
+
+    def _first_nonfinite(self, iteration: int) -> None:
+        self._emit({"kind": "nonfinite", "iteration": iteration})
+
     def _watchdog_fired(self, message: str) -> None:
         """The watchdog takes the process down: what the report needs first."""
         self._emit({"kind": "watchdog", "iteration": self.tracker.iteration,
@@ -265,7 +323,7 @@ class Agent:
         if self.graph_engine is not None:
             self.graph_engine.iteration_end()
             while self.perturbations_due:  # the engine is the main thread's
-                self.perturbations_due.pop(0).apply(self.graph_engine.replay)
+                self.perturbations_due.pop(0)()
         iteration = record["iteration"]
         debugger = self.debugger
         if debugger is not None:

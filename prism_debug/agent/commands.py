@@ -12,7 +12,6 @@ import threading
 from prism_debug.agent.debugger import DebuggerError
 from prism_debug.bus.protocol import BadArguments, InvalidState
 from prism_debug.errors import ConfigError
-from prism_debug.engine.perturbations import parse_perturbation
 from prism_debug.graph.selectors import select_ranks
 
 _MAX_PEERS = 64  # rows a peers answer lists
@@ -113,22 +112,39 @@ class Commands:
     # -- perturbations ------------------------------------------------------------------
 
     def do_perturb(self, spec: str) -> dict:
-        """Perturb virtual peers through the replay engine: now when paused
-        (the engine belongs to the rank's main thread), else at the end of the
-        iteration in progress."""
+        """Perturb virtual peers through the replay engine (``list`` them,
+        ``clear`` one or all): now when paused (the engine belongs to the
+        rank's main thread), else at the end of the iteration in progress."""
         agent, debugger = self._agent, self._debugger
         if agent.graph_engine is None:
             raise InvalidState("perturbations need virtual peers replayed from a graph: run "
                                "with --graph (prism-debug profile makes one)")
-        config = agent.config
-        perturbation = parse_perturbation(spec, config.world_size, config.gpus_per_node)
+        words = spec.split()
+        if words and words[0] == "list":
+            return {"perturbations": [{"index": i, "text": p.text, "summary": p.summary()}
+                                      for i, (p, _) in enumerate(agent.perturbations)]}
+        if words and words[0] == "clear":
+            index = None
+            if len(words) > 2 or (len(words) == 2 and not words[1].isdigit()):
+                raise BadArguments("perturb clear [N]: N is a number perturb list shows")
+            if len(words) == 2:
+                index = int(words[1])
+                if index >= len(agent.perturbations):
+                    raise BadArguments(f"no perturbation {index}: perturb list shows "
+                                       f"{len(agent.perturbations)}")
+            change, what = (lambda: agent.unperturb(index)), (
+                "every perturbation" if index is None
+                else agent.perturbations[index][0].text)
+        else:
+            perturbation = agent.parse_perturbation(spec)
+            change, what = (lambda: agent.perturb(perturbation)), perturbation.text
         if debugger.paused_at is not None:
-            debugger.run_paused(lambda: perturbation.apply(agent.graph_engine.replay))
+            debugger.run_paused(change)
             when = "now"
         else:
-            agent.perturbations_due.append(perturbation)
+            agent.perturbations_due.append(change)
             when = f"at the end of iteration {agent.tracker.iteration}"
-        return {"perturbation": perturbation.text, "ranks": len(perturbation.ranks),
+        return {"perturbation": what, "cleared": bool(words and words[0] == "clear"),
                 "when": when}
 
     # -- snapshots --------------------------------------------------------------------

@@ -38,6 +38,7 @@ class AgentConfig:
     start_paused: bool = False  # pause at init_process_group until a client continues
     perturbations: tuple[str, ...] = ()  # applied to the replay engine at the start
     collective_timeout_s: float | None = None  # overrides every group's timeout
+    watch_nonfinite: bool = False  # report the first iteration the rank sends NaN/inf
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:

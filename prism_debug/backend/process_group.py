@@ -90,8 +90,16 @@ class PrismProcessGroup(dist.ProcessGroup):
         return t0, t0 - self._rt.clock.excluded_s
 
     def _complete(self, op: str, nbytes: int, t0: float, arrival: float, result: list,
-                  stream=None, peer: int | None = None) -> PrismWork:
+                  stream=None, peer: int | None = None, inputs: list | None = None,
+                  source: int | None = None) -> PrismWork:
+        """``inputs``: the op's inputs where they are not ``result`` (gathers,
+        reduce-scatter); ``source``: the group rank the data came from (a
+        broadcast's root, a receive's peer)."""
         rt = self._rt
+        if rt.peer_faults.active and op != "send" and rt.peer_faults.apply(
+                self, op, result, rt.tracker.iteration, rt.tracker.num_collectives + 1,
+                peer if source is None else source):
+            rt.digest(_flat(result))  # what a faulty peer changed is part of the values
         watch = rt.watch
         if watch is not None:  # a paused rank's pause is not harness time either
             t0 += watch.enter(op, self.ref, rt.tracker.num_collectives + 1, nbytes)
@@ -105,6 +113,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         if watch is not None:
             watch.exit(op, self.ref, rt.tracker.num_collectives, done)
         rt.mark_activity(arrival)
+        if rt.flight is not None:
+            rt.flight.note(self, op, result, inputs, peer, done, rt.tracker.iteration)
         if rt.recorder is not None:
             delta = 0 if peer is None else self.global_ranks[peer] - rt.rank
             work.recorded = rt.recorder.issue(arrival, op, self.ref.family, nbytes,
@@ -122,7 +132,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         t0, arrival = self._arrive()
         rt = self._rt
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        rt.digest(tensors)
+        rt.inputs(tensors)
         key = self._key()
         for i, tensor in enumerate(tensors):
             rt.values.reduce_peers(tensor, op, self._n, (*key, i))
@@ -135,7 +145,7 @@ class PrismProcessGroup(dist.ProcessGroup):
     def reduce(self, tensors, opts):
         t0, arrival = self._arrive()
         rt = self._rt
-        rt.digest(tensors)
+        rt.inputs(tensors)
         if opts.rootRank == self._me:
             key = self._key()
             for i, tensor in enumerate(tensors):
@@ -148,12 +158,13 @@ class PrismProcessGroup(dist.ProcessGroup):
         rt = self._rt
         key = self._key()
         for i, (out, inputs) in enumerate(zip(output_tensors, input_lists)):
-            rt.digest(inputs)
+            rt.inputs(inputs)
             out.copy_(inputs[self._me])
             rt.values.reduce_peers(out, opts.reduceOp, self._n, (*key, i))
         rt.digest(output_tensors)
         nbytes = sum(_nbytes(inputs) for inputs in input_lists)
-        return self._complete("reduce_scatter", nbytes, t0, arrival, output_tensors)
+        return self._complete("reduce_scatter", nbytes, t0, arrival, output_tensors,
+                              inputs=input_lists)
 
     def reduce_scatter_single(self, output, input, opts):
         return self.reduce_scatter_single_coalesced([output], [input], opts)
@@ -161,13 +172,14 @@ class PrismProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
         t0, arrival = self._arrive()
         rt = self._rt
-        rt.digest(inputs)
+        rt.inputs(inputs)
         key = self._key()
         for i, (out, inp) in enumerate(zip(outputs, inputs)):
             out.copy_(_chunk(inp, self._n, self._me).view_as(out))
             rt.values.reduce_peers(out, opts.reduceOp, self._n, (*key, i))
         rt.digest(outputs)
-        return self._complete("reduce_scatter", _nbytes(inputs), t0, arrival, outputs)
+        return self._complete("reduce_scatter", _nbytes(inputs), t0, arrival, outputs,
+                              inputs=inputs)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -176,12 +188,13 @@ class PrismProcessGroup(dist.ProcessGroup):
     def allgather(self, output_lists, input_tensors, opts=None):
         t0, arrival = self._arrive()
         rt = self._rt
-        rt.digest(input_tensors)
+        rt.inputs(input_tensors)
         key = self._key()
         for i, (outs, inp) in enumerate(zip(output_lists, input_tensors)):
             self._gather_into(outs, inp, (*key, i))
         nbytes = _nbytes(input_tensors) * self._n
-        return self._complete("all_gather", nbytes, t0, arrival, output_lists)
+        return self._complete("all_gather", nbytes, t0, arrival, output_lists,
+                              inputs=input_tensors)
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         # Here the outer list is by rank and the inner by input, the other way
@@ -195,7 +208,7 @@ class PrismProcessGroup(dist.ProcessGroup):
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
         t0, arrival = self._arrive()
         rt = self._rt
-        rt.digest(inputs)
+        rt.inputs(inputs)
         key = self._key()
         for i, (out, inp) in enumerate(zip(outputs, inputs)):
             chunks = out.view(self._n, -1)
@@ -206,7 +219,8 @@ class PrismProcessGroup(dist.ProcessGroup):
                 rt.values.peer_copy(chunks, mine.expand(self._n, -1), (*key, i))
                 chunks[self._me].copy_(mine[0])
         rt.digest(outputs)
-        return self._complete("all_gather", _nbytes(outputs), t0, arrival, outputs)
+        return self._complete("all_gather", _nbytes(outputs), t0, arrival, outputs,
+                              inputs=inputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -222,7 +236,7 @@ class PrismProcessGroup(dist.ProcessGroup):
     def gather(self, output_lists, input_tensors, opts):
         t0, arrival = self._arrive()
         rt = self._rt
-        rt.digest(input_tensors)
+        rt.inputs(input_tensors)
         if opts.rootRank == self._me:
             key = self._key()
             for i, (outs, inp) in enumerate(zip(output_lists, input_tensors)):
@@ -236,14 +250,15 @@ class PrismProcessGroup(dist.ProcessGroup):
         key = self._key()
         for i, out in enumerate(output_tensors):
             if opts.rootRank == self._me:
-                rt.digest(input_lists[i])
+                rt.inputs(input_lists[i])
                 out.copy_(input_lists[i][self._me])
             else:
                 # The root's data is its own; no model of the real rank knows it.
                 rt.values.fill_seeded(out, (*key, i))
         rt.digest(output_tensors)
         nbytes = _nbytes(output_tensors) * self._n
-        return self._complete("scatter", nbytes, t0, arrival, output_tensors)
+        return self._complete("scatter", nbytes, t0, arrival, output_tensors,
+                              source=opts.rootRank)
 
     def broadcast(self, tensors, opts):
         t0, arrival = self._arrive()
@@ -254,14 +269,15 @@ class PrismProcessGroup(dist.ProcessGroup):
             for i, tensor in enumerate(tensors):
                 rt.values.peer_copy(tensor, tensor, (*key, i))
         rt.digest(tensors)
-        return self._complete("broadcast", _nbytes(tensors), t0, arrival, tensors)
+        return self._complete("broadcast", _nbytes(tensors), t0, arrival, tensors,
+                              source=opts.rootRank)
 
     # -- all-to-all -------------------------------------------------------------
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         t0, arrival = self._arrive()
         rt = self._rt
-        rt.digest(input_tensors)
+        rt.inputs(input_tensors)
         key = self._key()
         mine = input_tensors[self._me]
         for peer, out in enumerate(output_tensors):
@@ -272,7 +288,7 @@ class PrismProcessGroup(dist.ProcessGroup):
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         t0, arrival = self._arrive()
         rt = self._rt
-        rt.digest([input])
+        rt.inputs([input])
         key = self._key()
         ins = _split(input, input_split_sizes, self._n)
         outs = _split(output, output_split_sizes, self._n)
@@ -302,7 +318,7 @@ class PrismProcessGroup(dist.ProcessGroup):
     def send(self, tensors, dst, tag=0):
         t0, arrival = self._arrive()
         rt = self._rt
-        rt.digest(tensors)
+        rt.inputs(tensors)
         return self._complete("send", _nbytes(tensors), t0, arrival, tensors, self._peer(dst), dst)
 
     def recv(self, tensors, src, tag=0):
@@ -353,6 +369,13 @@ def _dtype(result: list) -> str:
     while isinstance(result, (list, tuple)) and result:
         result = result[0]
     return str(result.dtype).removeprefix("torch.") if isinstance(result, torch.Tensor) else ""
+
+
+def _flat(result: list) -> list:
+    flat = []
+    for item in result:
+        flat.extend(_flat(item) if isinstance(item, (list, tuple)) else [item])
+    return flat
 
 
 def _nbytes(tensors) -> int:

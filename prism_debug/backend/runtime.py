@@ -42,6 +42,13 @@ class Runtime:
     # overrides every group's timeout (a scenario's), in seconds
     collective_timeout_s: float | None = None
     watchdog: object = dataclasses.field(default=None)
+    # what faulty peers hand the real rank (nan, inf, corrupt)
+    peer_faults: object = dataclasses.field(default=None)
+    # the flight recorder (backend/flight_log.py), when the env turns it on
+    flight: object | None = None
+    # called once with the iteration in which the rank first hands a collective
+    # a NaN or inf of its own (None: nobody asks, nothing is checked)
+    on_nonfinite: Callable[[int], None] | None = None
     _num_groups: int = dataclasses.field(default=0, init=False)
     completer: FutureCompleter = dataclasses.field(init=False)
 
@@ -51,6 +58,9 @@ class Runtime:
         if self.watchdog is None:
             from prism_debug.backend.watchdog import ErrorHandling, Watchdog
             self.watchdog = Watchdog(ErrorHandling.from_env())
+        if self.peer_faults is None:
+            from prism_debug.backend.peer_faults import PeerFaults
+            self.peer_faults = PeerFaults(self.rank)
 
     def next_group_id(self) -> int:
         """Process groups are numbered as torch numbers them: 0 is the default."""
@@ -88,6 +98,14 @@ class Runtime:
             self.tracker.waited(since, max(0.0, done - since))
             self._last_activity = done  # counted up to here; don't count it twice
 
+    def inputs(self, tensors) -> None:
+        """The rank hands ``tensors`` to a collective: digest them, and look
+        for the first NaN or inf of its own when asked to."""
+        if self.on_nonfinite is not None and _nonfinite(tensors):
+            report, self.on_nonfinite = self.on_nonfinite, None
+            report(self.tracker.iteration)
+        self.digest(tensors)
+
     def digest(self, tensors) -> None:
         """Fold the values of ``tensors`` into this iteration's digest."""
         if not self.digests:
@@ -100,6 +118,16 @@ class Runtime:
                     update(_buffer_type(nbytes).from_address(tensor.data_ptr()))
             else:
                 update(tensor_bytes(tensor))
+
+
+def _nonfinite(tensors) -> bool:
+    for t in tensors:
+        if isinstance(t, (list, tuple)):
+            if _nonfinite(t):
+                return True
+        elif t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+            return True
+    return False
 
 
 @functools.lru_cache(maxsize=1024)

@@ -90,7 +90,7 @@ class Watchdog:
     None when no flight recorder is configured."""
 
     def __init__(self, handling: ErrorHandling, *,
-                 dump_flight_record: Callable[[], str | None] = lambda: None,
+                 dump_flight_record: Callable[[TimedOutOp], str | None] = lambda op: None,
                  on_fatal: Callable[[str], None] = lambda message: None,
                  stream: TextIO | None = None) -> None:
         self.handling = handling
@@ -111,6 +111,7 @@ class Watchdog:
         from torch.distributed import DistBackendError
 
         self._log(op, 629, op.caught)
+        dumped = self._dump(op)  # on timeout, in every mode (TORCH_NCCL_DUMP_ON_TIMEOUT)
         if self.handling.blocking_wait:
             return DistBackendError(op.caught)
         if self.handling.async_mode == 0:
@@ -118,7 +119,6 @@ class Watchdog:
         self._log(op, 2168, f"{op.pg_prefix}  failure detected by watchdog at work sequence "
                             f"id: {op.seq} PG status: last enqueued work: {op.last_enqueued}, "
                             f"last completed work: {op.last_completed}")
-        dumped = self._dump()
         if dumped is None:
             self._log(op, 667, "Stack trace of the failed collective not found, potentially "
                                "because FlightRecorder is disabled. You can enable it by "

@@ -242,20 +242,29 @@ class Console(cmd.Cmd):
                 self._show(result, format_peers)
 
     def do_perturb(self, arg: str) -> None:
-        """perturb slow RANKS FACTOR [from I] [for N] | delay RANKS SECONDS [family F]
-        [from I] [for N] | fail RANKS [at I] | link NODES BANDWIDTH_FACTOR [LATENCY_US]
+        """perturb ACTION RANKS ... | list | clear [N]
 
-        Perturb virtual peers (the run needs --graph): stragglers, late
-        arrivals, fail-stops, degraded links.  RANKS: R, A-B, lists, node:N.
-        Applied now when paused, else at the end of the iteration in progress.
+        Perturb virtual peers (the run needs --graph).  Applied now when
+        paused, else at the end of the iteration in progress.
+
+          slow RANKS FACTOR [from I] [for N]           stragglers, a hot node
+          delay RANKS SECONDS [family F] [from I] [for N]   late arrivals
+          link NODES BANDWIDTH [LATENCY_US] [from I] [for N] [flap PERIOD_S DUTY]
+          fail RANKS [at I] [op K]                     fail-stop
+          hang RANKS [at I] [op K] [for SECONDS]       stop at a collective
+          nan|inf RANKS [family F] [at I] [op K] [for N]   bad contributions
+          corrupt RANKS SCALE [family F] [at I] [op K] [for N]
+          desync RANKS size|dtype|op|skip [family F] [at I] [op K]
+
+        RANKS: R, A-B, lists, node:N, family:F:G, class:C, fraction:P[:SEED].
+        list shows those in force, numbered; clear N takes one back, clear all.
         """
         if not arg.strip():
             return self._usage("perturb")
         if self._require_live():
             result = self._request("perturb", spec=arg.strip())
             if result is not None:
-                self._show(result, lambda r: f"perturbation {r['perturbation']!r} on "
-                                             f"{r['ranks']} rank(s): applied {r['when']}")
+                self._show(result, format_perturb)
 
     # -- breakpoints ------------------------------------------------------------
 
@@ -759,6 +768,14 @@ def format_timeline(timeline: dict) -> str:
 
 def _ms(value: float | None) -> str:
     return "never" if value is None else f"{value:.3f}"  # an op that never completes
+
+
+def format_perturb(result: dict) -> str:
+    if "perturbations" in result:
+        return "\n".join(f"{p['index']}: {p['summary']}" for p in result["perturbations"]) \
+            or "no perturbations"
+    verb = "cleared" if result["cleared"] else "applied"
+    return f"{result['perturbation']}: {verb} {result['when']}"
 
 
 def format_peers(peers: dict) -> str:

@@ -59,6 +59,8 @@ class RunOptions:
     paused: bool = False  # the rank waits at init_process_group for a client to continue it
     perturbations: tuple[str, ...] = ()  # virtual peers' perturbations (needs a graph)
     collective_timeout_s: float | None = None  # overrides the script's group timeouts
+    watch_nonfinite: bool = False  # report the first iteration the rank sends NaN or inf
+    env: tuple[tuple[str, str], ...] = ()  # set in the rank's environment (scenarios)
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -89,9 +91,10 @@ class RunOptions:
             if self.graph_path is None:
                 raise ConfigError("--perturb needs --graph: perturbations act on virtual peers "
                                   "replayed from an execution graph (prism-debug profile)")
-            from prism_debug.engine.perturbations import parse_perturbation
+            from prism_debug.engine.perturbations import Selectors, parse_perturbation
+            selectors = Selectors.of_graph(ExecutionGraph.load(self.graph_path))
             for text in self.perturbations:
-                parse_perturbation(text, self.world_size, self.profile.gpus_per_node)
+                parse_perturbation(text, self.world_size, self.profile.gpus_per_node, selectors)
         if self.collective_timeout_s is not None and self.collective_timeout_s <= 0:
             raise ConfigError(f"--collective-timeout must be positive, got "
                               f"{self.collective_timeout_s}")
@@ -220,12 +223,14 @@ def _run(options: RunOptions, session, files: dict[str, Path],
         bus=session.commands_endpoint, bus_curve=session.agent_curve,
         start_paused=options.paused, perturbations=options.perturbations,
         collective_timeout_s=options.collective_timeout_s,
+        watch_nonfinite=options.watch_nonfinite,
     )
     config_path = run_dir / "agent.json"
     config.write(config_path)
 
     env = dict(os.environ)
     env.update(torchrun_environment(options.rank, options.world_size, profile.gpus_per_node))
+    env.update(options.env)
     env[ENV_VAR] = str(config_path)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(HOOKS_DIR), str(SOURCE_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])

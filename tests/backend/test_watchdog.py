@@ -52,7 +52,7 @@ def test_no_handling_logs_and_lets_the_op_hang():
 def test_clean_up_only_raises_at_the_next_wait_after_the_watchdogs_lines():
     stream = io.StringIO()
     error = Watchdog(ErrorHandling(False, 2), stream=stream,
-                     dump_flight_record=lambda: "/tmp/fr_4097").expired(OP)
+                     dump_flight_record=lambda op: "/tmp/fr_4097").expired(OP)
     assert isinstance(error, DistBackendError)
     assert lines(stream) == [
         CAUGHT,

@@ -1,0 +1,209 @@
+"""The real rank's flight recorder, and the dump its watchdog writes.
+
+On with ``TORCH_FR_BUFFER_SIZE`` (or ``TORCH_NCCL_TRACE_BUFFER_SIZE``) set to
+a positive size, as torch's ProcessGroupNCCL records and dumps.  Every op the
+rank issues is noted as a tuple in a ring of that size: sizes, dtype, group,
+sequence numbers and how to learn its completion, never its tensors.  The
+entries torch writes are built only at the dump, by
+:class:`~prism_debug.backend.flight_recorder.FlightRecorder`.
+
+When the watchdog fires, the dump holds the timed-out op's group: the real
+rank's file at ``TORCH_FR_DUMP_TEMP_FILE`` + rank, and one per virtual peer
+of the group beside it (``peers/``), each the real rank's record as that peer
+would have written it:
+
+* a peer that fail-stopped writes nothing (a dead process dumps nothing);
+* a hung peer never issued the timed-out collective: its record ends before;
+* a desynchronised peer issued another one: a different size, dtype or
+  collective, or the one after it (skip);
+* every other peer issued what the real rank did.
+
+So ``python -m torch.distributed.flight_recorder.fr_trace DIR`` names the
+missing ranks or the mismatch, as it would for the full-size job.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from prism_debug.backend.flight_recorder import (
+    BUFFER_SIZE_ENV, FlightRecorder, dump_prefix_from_env, scalar_type_name, write_group_dumps,
+)
+
+log = logging.getLogger(__name__)
+
+_PROFILING = {"barrier": "all_reduce"}  # NCCL's barrier is a one-element all-reduce
+_OTHER_DTYPE = {"Float": "BFloat16", "BFloat16": "Float", "Half": "Float", "Double": "Float"}
+_OTHER_OP = {"all_reduce": "all_gather", "all_gather": "all_reduce",
+             "reduce_scatter": "all_reduce", "broadcast": "all_reduce"}
+
+
+class FlightLog:
+    def __init__(self, rank: int, buffer_size: int, prefix: str, clock) -> None:
+        self.rank = rank
+        self.prefix = prefix
+        self._clock = clock
+        self._ring: collections.deque = collections.deque(maxlen=buffer_size)
+        self._groups: dict[int, tuple[str, str, tuple[int, ...]]] = {}
+        self._counters: dict[int, list[int]] = {}  # pg_id -> [collectives, p2p ops, ops]
+
+    @classmethod
+    def from_env(cls, rank: int, clock, env=os.environ) -> "FlightLog | None":
+        """On when a buffer size is set and positive (0 or unset: off)."""
+        if not any(name in env for name in BUFFER_SIZE_ENV):
+            return None
+        from prism_debug.backend.flight_recorder import buffer_size_from_env
+        size = buffer_size_from_env(env)
+        return cls(rank, size, dump_prefix_from_env(env), clock) if size > 0 else None
+
+    # -- the hot path -------------------------------------------------------------
+
+    def note(self, pg, op: str, outputs: list, inputs: list | None, peer: int | None,
+             done, iteration: int) -> None:
+        """One op issued; ``done`` is its completion (a float, or a callable
+        that resolves it, inf while not known)."""
+        pg_id = pg.pg_id
+        counters = self._counters.get(pg_id)
+        if counters is None:
+            counters = self._counters[pg_id] = [0, 0, 0]
+            self._groups[pg_id] = (pg.getGroupName() or str(pg_id), pg.getGroupDesc(),
+                                   tuple(pg.global_ranks))
+        is_p2p = peer is not None
+        counters[1 if is_p2p else 0] += 1
+        counters[2] += 1
+        out_sizes, dtype = _sizes(outputs)
+        in_sizes = out_sizes if inputs is None else _sizes(inputs)[0]
+        self._ring.append((pg_id, op, counters[0], counters[1], counters[2], in_sizes,
+                           out_sizes, dtype, time.time_ns(), round(pg.timeout_s * 1000),
+                           peer, pg.rank(), done, iteration))
+
+    # -- the dump -------------------------------------------------------------------
+
+    def dump(self, pg_id: int, seq: int, faults) -> tuple[Path, list[int]] | None:
+        """Write the dumps of group ``pg_id`` timed out at its op ``seq`` (the
+        group's op count); where the real rank's went and the ranks with no
+        file.  ``faults`` are the perturbations in force."""
+        if pg_id not in self._groups:
+            return None
+        name, desc, members = self._groups[pg_id]
+        recorder = FlightRecorder(self.rank, len(self._ring) or 1)
+        now_ns = time.time_ns()
+        current = max((r[13] for r in self._ring), default=1)
+        stuck_at = None  # the timed-out op's collective sequence number
+        frames = _main_thread_frames()
+        for (ring_pg, op, coll, p2p, op_id, in_sizes, out_sizes, dtype, created, timeout_ms,
+             peer, me, done, iteration) in self._ring:
+            if ring_pg != pg_id:
+                continue
+            if callable(done):
+                done = done()
+            # An op the engine has forgotten (older than two iterations) ended
+            # long ago: the rank got past it.
+            finished = done <= self._clock.now() or (done == math.inf and iteration < current - 1)
+            timed_out = op_id == seq
+            if timed_out:
+                stuck_at = coll
+            profiling = "nccl:" + _PROFILING.get(op, op) + (
+                f" {me}->{peer}" if op == "send" else f" {peer}->{me}" if op == "recv" else "")
+            entry = recorder.record(
+                pg_id=pg_id, pg_name=name, pg_desc=desc, ranks=members, collective_seq_id=coll,
+                p2p_seq_id=p2p, op_id=op_id, profiling_name=profiling, input_sizes=in_sizes,
+                input_dtypes=[dtype] * len(in_sizes), output_sizes=out_sizes,
+                output_dtypes=[dtype] * len(out_sizes), timeout_ms=timeout_ms,
+                is_p2p=peer is not None, time_created_ns=created,
+                frames=frames if timed_out else ())
+            if finished and not timed_out:
+                recorder.completed(entry, min(now_ns, created + 1))
+        if stuck_at is None:
+            return None
+        own = recorder.entries()
+        by_rank: dict[int, list[dict]] = {}
+        absent: list[int] = []
+        for member in members:
+            if member == self.rank:
+                by_rank[member] = own
+                continue
+            fault = _fault_of(member, faults)
+            if fault is None:
+                by_rank[member] = own
+            elif fault.action == "fail":
+                absent.append(member)
+            else:
+                by_rank[member] = _as_peer(own, stuck_at, fault)
+        paths = write_group_dumps(self.prefix, by_rank, pg_config=recorder.pg_config(),
+                                  pg_name=name, lead_rank=self.rank)
+        return paths[self.rank], absent
+
+
+def _fault_of(rank: int, faults):
+    """The fault that keeps ``rank`` from the timed-out collective, if any."""
+    for p in faults:
+        if p.action in ("fail", "hang", "desync") and p.stall_s is None and rank in p.ranks:
+            return p
+    return None
+
+
+def _as_peer(entries: list[dict], stuck_at: int, fault) -> list[dict]:
+    """The real rank's record as a hung or desynchronised peer would hold it."""
+    before = [dict(e) for e in entries if e["is_p2p"] or e["collective_seq_id"] < stuck_at]
+    if fault.action == "hang":
+        return before
+    later = [e for e in entries if not e["is_p2p"] and e["collective_seq_id"] >= stuck_at]
+    if not later:
+        return before
+    mine = dict(later[0])
+    kind = fault.kind
+    if kind == "size":
+        mine["input_sizes"] = [[2 * s[0], *s[1:]] if s else [2] for s in mine["input_sizes"]]
+        mine["output_sizes"] = [[2 * s[0], *s[1:]] if s else [2] for s in mine["output_sizes"]]
+    elif kind == "dtype":
+        mine["input_dtypes"] = [_OTHER_DTYPE.get(d, "Float") for d in mine["input_dtypes"]]
+        mine["output_dtypes"] = [_OTHER_DTYPE.get(d, "Float") for d in mine["output_dtypes"]]
+    elif kind == "op":
+        op = mine["profiling_name"].removeprefix("nccl:")
+        mine["profiling_name"] = "nccl:" + _OTHER_OP.get(op, "all_reduce")
+    elif kind == "skip":
+        if len(later) < 2:
+            return before  # what it issued instead is not in the real rank's record
+        mine = dict(later[1], collective_seq_id=stuck_at, state=later[0]["state"],
+                    time_discovered_completed_ns=None, retired=False)
+    return before + [mine]
+
+
+def _sizes(tensors) -> tuple[list[list[int]], str]:
+    sizes: list[list[int]] = []
+    dtype = ""
+    for t in tensors:
+        if isinstance(t, (list, tuple)):
+            inner, inner_dtype = _sizes(t)
+            sizes.extend(inner)
+            dtype = dtype or inner_dtype
+        elif hasattr(t, "shape"):
+            sizes.append(list(t.shape))
+            dtype = dtype or str(t.dtype)
+    try:
+        name = scalar_type_name(dtype) if dtype else "Float"
+    except Exception:
+        name = "Float"
+    return sizes, name
+
+
+def _main_thread_frames(limit: int = 32) -> list[dict]:
+    """The script's stack where it waits (innermost first), without the harness's frames."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    harness = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frames = []
+    while frame is not None and len(frames) < limit:
+        code = frame.f_code
+        if not code.co_filename.startswith(harness):
+            frames.append({"name": code.co_name, "filename": code.co_filename,
+                           "line": frame.f_lineno})
+        frame = frame.f_back
+    return frames

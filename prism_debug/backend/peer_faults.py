@@ -1,0 +1,128 @@
+"""What faulty virtual peers hand the real rank: NaN, inf, or corrupted data.
+
+A ``nan``, ``inf`` or ``corrupt`` perturbation acts on the real rank's
+collectives whose group holds one of its ranks, within its window (iteration
+and collective, counted as the real rank counts them) and, when it names one,
+on that family only.  The outputs change as the peer's contribution would
+change them, on NCCL's arithmetic:
+
+* reductions (all-reduce, reduce, reduce-scatter): a NaN contribution makes
+  every element NaN (MAX and MIN included: NCCL's min/max propagate NaN), an
+  inf one makes a sum +inf; a contribution scaled by ``s`` adds ``(s-1)`` times
+  the peer's share, which under the values policy's assumption that peers hold
+  what the real rank holds (``mirror``) is ``out/n``: ``out *= 1 + k(s-1)/n``
+  for ``k`` faulty peers of ``n``;
+* gathers, all-to-all, broadcast from, receive from, scatter from a faulty
+  peer: that peer's block is NaN, inf, or scaled.
+
+Integer tensors are left alone (they hold no NaN; corrupt control values are
+another failure).  Only direct contributions are modelled: a NaN that a
+faulty peer passes to a third rank reaches the real rank only through the
+real rank's own later collectives with that rank when it is selected too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from prism_debug.engine.perturbations import VALUE_ACTIONS, Perturbation
+
+_REDUCTIONS = frozenset({"all_reduce", "reduce", "reduce_scatter"})
+
+
+class PeerFaults:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank  # the real rank: never its own faulty peer
+        self.active: tuple[Perturbation, ...] = ()  # the value faults, for the hot path's test
+        self._groups: dict[int, list[tuple[Perturbation, list[int]]]] = {}
+
+    def set(self, perturbations) -> None:
+        """The perturbations in force (all kinds; the value ones are kept)."""
+        self.active = tuple(p for p in perturbations if p.action in VALUE_ACTIONS)
+        self._groups.clear()
+
+    def _in_group(self, pg) -> list[tuple[Perturbation, list[int]]]:
+        """Each fault with members of ``pg``, and their group ranks (kept per group)."""
+        found = self._groups.get(id(pg))
+        if found is None:
+            index = {rank: i for i, rank in enumerate(pg.global_ranks)}
+            found = []
+            for p in self.active:
+                members = sorted(index[r] for r in p.ranks if r in index and r != self.rank)
+                if members:
+                    found.append((p, members))
+            self._groups[id(pg)] = found
+        return found
+
+    def apply(self, pg, op: str, result: list, iteration: int, collective: int,
+              source: int | None = None) -> bool:
+        """Change ``result`` (the op's outputs) as the faulty peers would; whether
+        anything changed.  ``source`` is the group rank data came from (broadcast
+        root, receive peer, scatter root)."""
+        changed = False
+        for p, members in self._in_group(pg):
+            if p.family is not None and p.family != pg.ref.family:
+                continue
+            if not p.covers(iteration, collective):
+                continue
+            changed |= _corrupt(op, result, members, pg.size(), p, source)
+        return changed
+
+
+def _corrupt(op: str, result: list, members: list[int], n: int, p: Perturbation,
+             source: int | None) -> bool:
+    if op in _REDUCTIONS:
+        return _each(result, lambda t: _reduced(t, p, len(members), n))
+    if source is not None:  # one sender: it is faulty or not
+        return source in members and _each(result, lambda t: _block(t, p))
+    if op in ("all_gather", "gather", "all_to_all"):
+        changed = False
+        for out in result:
+            if isinstance(out, (list, tuple)):  # one output tensor per group rank
+                for peer in members:
+                    if peer < len(out):
+                        changed |= _block(out[peer], p)
+            elif op != "all_to_all" or out.shape[0] % n == 0:
+                blocks = out.reshape(n, -1) if out.is_contiguous() else None
+                if blocks is None:
+                    continue
+                for peer in members:
+                    changed |= _block(blocks[peer], p)
+        return changed
+    return False
+
+
+def _each(tensors, change) -> bool:
+    changed = False
+    for t in tensors:
+        if isinstance(t, (list, tuple)):
+            changed |= _each(t, change)
+        elif isinstance(t, torch.Tensor):
+            changed |= change(t)
+    return changed
+
+
+def _reduced(t: torch.Tensor, p: Perturbation, k: int, n: int) -> bool:
+    if not t.is_floating_point():
+        return False
+    if p.action == "nan":
+        t.fill_(math.nan)
+    elif p.action == "inf":
+        t.add_(math.inf)
+    else:
+        t.mul_(1 + k * (p.value - 1) / n)
+    return True
+
+
+def _block(t: torch.Tensor, p: Perturbation) -> bool:
+    if not t.is_floating_point():
+        return False
+    if p.action == "nan":
+        t.fill_(math.nan)
+    elif p.action == "inf":
+        t.fill_(math.inf)
+    else:
+        t.mul_(p.value)
+    return True
