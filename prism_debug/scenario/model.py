@@ -22,14 +22,17 @@ a file with its line and column, like a compiler.  The schema::
         select: {ranks: "4"}             # exactly one of:
           # ranks: "1,5-9" | node: 3 | nodes: "3-4" | family: dp, group: 0 | class: 2
           # | fraction: 0.01 (that share of the world, at least one rank, drawn with seed)
-        at: {iteration: 3}               # {iteration: N} | {iteration: N, collective: K}
-                                         # | {time_s: T}; absent: from iteration 1
-        for: {iterations: 2}             # {iterations: N} | {time_s: T}; absent: to the end
+        at: {iteration: 3}               # {iteration: N} | {iteration: N, collective: K};
+                                         # absent: from iteration 1
+        for: {iterations: 2}             # {iterations: N}; a hang's {time_s: T} is a stall;
+                                         # absent: to the end
     expect:                              # each item has exactly one key
       - exception: {type: DistBackendError, match: "Watchdog caught"}  # match: re.search
       - exit_code: 134
       - iteration_time: {iteration: 4, max_s: 1.5}     # and/or min_s; no iteration: every one
       - iteration_time: {relative: 1.16, tolerance: 0.02}  # vs an unperturbed baseline run
+      - iteration_time: {predicted: true, tolerance: 0.05}  # the ratio the engine predicts
+        # (relative and predicted without iteration compare the medians after iteration 1)
       - flight_record: {missing_ranks: [4], mismatch: size}  # either or both
       - nan_at: {iteration: 3}           # the first iteration whose values hold a NaN
       - digests: {4: 6d86199fb54262f3}   # iteration -> the report's digest (or a prefix)
@@ -51,8 +54,9 @@ desync      ``kind``: size | dtype | op | skip: they call a mismatched collectiv
             (or skip one); ``family`` optional
 ==========  ==================================================================
 
-Iterations are 1-based, like optimizer steps; ``collective`` counts the real
-rank's collectives within the iteration from 1.  Scalars read as text
+Iterations are 1-based, like optimizer steps; ``collective`` counts the
+selected ranks' collectives within the iteration from 1 (for the real rank's
+data-parallel peers, the real rank's count).  Scalars read as text
 (``command``, ``env``, names, digests) are taken as written: ``3e-4`` stays
 ``"3e-4"``.
 """
@@ -411,6 +415,20 @@ class Fault(_Checked):
     duration: Duration | None = _f("object", of=Duration, key="for", default=None)
     line: int = field(default=0, compare=False)  # where the file defines it, for reports
 
+    def _rules(self):
+        # The replay engine counts iterations and collectives, not seconds:
+        # only a hang's stall is a time.
+        if self.at.time_s is not None:
+            yield ("at", "time_s"), ("faults start at an iteration (and a collective in it); "
+                                     "time_s triggers are not supported")
+        if self.duration is not None:
+            if self.action == Action.HANG and self.duration.iterations is not None:
+                yield ("for", "iterations"), ("a hang stalls for time_s seconds, or lasts "
+                                              "for good without for")
+            elif self.action != Action.HANG and self.duration.time_s is not None:
+                yield ("for", "time_s"), (f"a {self.action} fault lasts whole iterations: "
+                                          "for: {iterations: N} (time_s is a hang's stall)")
+
 
 @dataclass(frozen=True, kw_only=True)
 class DelayFault(Fault):
@@ -433,6 +451,7 @@ class LinkFault(Fault):
     intermittent: Intermittent | None = _f("object", of=Intermittent, default=None)
 
     def _rules(self):
+        yield from super()._rules()
         if self.bandwidth_factor is None and self.latency_us is None:
             yield (), "a link fault needs bandwidth_factor, latency_us or both"
         if self.select.node is None and self.select.nodes is None:
@@ -444,6 +463,8 @@ class FailFault(Fault):
     action = Action.FAIL
 
     def _rules(self):
+        if self.at.time_s is not None:
+            yield from super()._rules()
         if self.duration is not None:
             yield ("for",), "a failed rank does not come back: remove for (hang with for resumes)"
 
@@ -518,10 +539,24 @@ class ExpectIterationTime(Expectation):
     min_s: float | None = _f("float", default=None, check=_non_negative)
     max_s: float | None = _f("float", default=None, check=_positive)
     relative: float | None = _f("float", default=None, check=_positive)
+    # relative to the baseline by the ratio the replay engine predicts
+    predicted: bool | None = _f("bool", default=None)
     tolerance: float | None = _f("float", default=None, check=_non_negative)
 
-    def bounds(self, baseline_s: float | None = None) -> tuple[float, float]:
+    @property
+    def is_relative(self) -> bool:
+        return self.relative is not None or bool(self.predicted)
+
+    def bounds(self, baseline_s: float | None = None,
+               predicted_ratio: float | None = None) -> tuple[float, float]:
         """The allowed iteration time, in seconds."""
+        if self.predicted:
+            if baseline_s is None or predicted_ratio is None:
+                raise ConfigError("iteration_time predicted needs the baseline run and the "
+                                  "replay engine's prediction")
+            tolerance = DEFAULT_TOLERANCE if self.tolerance is None else self.tolerance
+            return ((predicted_ratio - tolerance) * baseline_s,
+                    (predicted_ratio + tolerance) * baseline_s)
         if self.relative is None:
             return (self.min_s or 0.0, math.inf if self.max_s is None else self.max_s)
         if baseline_s is None:
@@ -530,13 +565,18 @@ class ExpectIterationTime(Expectation):
         return ((self.relative - tolerance) * baseline_s, (self.relative + tolerance) * baseline_s)
 
     def _rules(self):
-        if self.relative is None and self.min_s is None and self.max_s is None:
-            yield (), "give max_s, min_s, or relative (to a baseline run)"
-        elif self.relative is not None and (self.min_s is not None or self.max_s is not None):
+        if self.predicted is False:
+            yield ("predicted",), "predicted: true, or leave it out"
+        if not self.is_relative and self.min_s is None and self.max_s is None:
+            yield (), "give max_s, min_s, relative (to a baseline run) or predicted: true"
+        elif self.is_relative and (self.min_s is not None or self.max_s is not None):
             bound = "min_s" if self.min_s is not None else "max_s"
-            yield ("relative",), f"give relative or {bound}, not both"
-        if self.tolerance is not None and self.relative is None:
-            yield ("tolerance",), "tolerance goes with relative"
+            first = "relative" if self.relative is not None else "predicted"
+            yield (first,), f"give {first} or {bound}, not both"
+        if self.relative is not None and self.predicted:
+            yield ("predicted",), "give relative or predicted, not both"
+        if self.tolerance is not None and not self.is_relative:
+            yield ("tolerance",), "tolerance goes with relative or predicted"
         if self.min_s is not None and self.max_s is not None and self.min_s > self.max_s:
             yield ("max_s",), f"max_s {self.max_s} is less than min_s {self.min_s}"
 

@@ -68,8 +68,8 @@ VALID = textwrap.dedent("""\
         factor: 1.5
       - action: link
         select: {nodes: "3,4"}
-        at: {time_s: 1.5}
-        for: {time_s: 10}
+        at: {iteration: 2}
+        for: {iterations: 3}
         bandwidth_factor: 0.25
         latency_us: 20
         intermittent: {period_s: 2, duty: 0.5}
@@ -122,8 +122,8 @@ def test_valid_scenario_reads_into_the_dataclasses_exactly():
                        at=Trigger(iteration=2, collective=5), duration=Duration(iterations=2),
                        seconds=0.25, family="dp"),
             SlowFault(select=Selector(fraction=0.01), factor=1.5),
-            LinkFault(select=Selector(nodes="3,4"), at=Trigger(time_s=1.5),
-                      duration=Duration(time_s=10.0), bandwidth_factor=0.25, latency_us=20.0,
+            LinkFault(select=Selector(nodes="3,4"), at=Trigger(iteration=2),
+                      duration=Duration(iterations=3), bandwidth_factor=0.25, latency_us=20.0,
                       intermittent=Intermittent(period_s=2.0, duty=0.5)),
             HangFault(select=Selector(node=2)),
             NanFault(select=Selector(class_=1)),
@@ -450,10 +450,30 @@ def test_expectation_conflicts():
                    "  - flight_record: {}\n")
     assert problems(text) == [
         "s.yaml:5:32: expect[0].iteration_time.relative: give relative or max_s, not both",
-        "s.yaml:6:43: expect[1].iteration_time.tolerance: tolerance goes with relative",
+        "s.yaml:6:43: expect[1].iteration_time.tolerance: tolerance goes with relative or "
+        "predicted",
         "s.yaml:7:39: expect[2].iteration_time.max_s: max_s 2.0 is less than min_s 3.0",
-        "s.yaml:8:5: expect[3].iteration_time: give max_s, min_s, or relative (to a baseline run)",
+        "s.yaml:8:5: expect[3].iteration_time: give max_s, min_s, relative (to a baseline run) "
+        "or predicted: true",
         "s.yaml:9:5: expect[4].flight_record: give missing_ranks, mismatch or both",
+    ]
+
+
+def test_time_is_a_trigger_only_for_a_hangs_stall():
+    text = HEAD + ("faults:\n"
+                   "  - {action: slow, factor: 2, select: {ranks: '1'}, at: {time_s: 3}}\n"
+                   "  - {action: slow, factor: 2, select: {ranks: '1'}, for: {time_s: 3}}\n"
+                   "  - {action: hang, select: {ranks: '1'}, for: {iterations: 2}}\n"
+                   "  - {action: hang, select: {ranks: '1'}, for: {time_s: 0.5}}\n"
+                   "expect:\n  - iteration_time: {predicted: true, relative: 1.1}\n")
+    assert problems(text) == [
+        "s.yaml:5:66: faults[0].at.time_s: faults start at an iteration (and a collective in "
+        "it); time_s triggers are not supported",
+        "s.yaml:6:67: faults[1].for.time_s: a slow fault lasts whole iterations: for: "
+        "{iterations: N} (time_s is a hang's stall)",
+        "s.yaml:7:60: faults[2].for.iterations: a hang stalls for time_s seconds, or lasts for "
+        "good without for",
+        "s.yaml:10:33: expect[0].iteration_time.predicted: give relative or predicted, not both",
     ]
 
 
