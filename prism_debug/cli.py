@@ -556,5 +556,72 @@ def cost(hardware, op, size, ranks, gpus_per_node, as_json) -> None:
                f"busbw {estimate.busbw_gbs:.1f} GB/s ({estimate.algorithm}/{estimate.protocol})")
 
 
+@main.group()
+def scenario() -> None:
+    """Check and run fault-injection scenarios (YAML files; see the README)."""
+
+
+@scenario.command("lint")
+@click.argument("files", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, path_type=Path))
+def scenario_lint(files) -> None:
+    """Report every error in FILES, each with its line and column."""
+    from prism_debug.scenario import ScenarioError, lint
+
+    problems = 0
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
+            raise ScenarioError([], f"cannot read scenario {path}: {why}") from exc
+        found = lint(text, str(path))
+        for problem in found:
+            click.echo(str(problem))
+        problems += len(found)
+        if not found:
+            click.echo(f"{path}: ok")
+    if problems:
+        click.echo(f"{problems} problem(s)", err=True)
+        sys.exit(1)
+
+
+@scenario.command("run")
+@click.argument("files", nargs=-1, required=True,
+                type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the verdicts as JSON here.")
+@click.option("--junit", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write a JUnit XML report here (a test case per expectation).")
+@click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep the runs' files here (one folder per scenario).")
+def scenario_run(files, report_path, junit_path, run_dir) -> None:
+    """Run each scenario headless: one PASS/FAIL line per expectation; exit
+    code 0 only when all pass."""
+    from prism_debug.runner.scenario_run import junit_xml, run_scenario
+    from prism_debug.scenario import load_scenario
+
+    for option, path in (("--report", report_path), ("--junit", junit_path)):
+        if path is not None and not path.resolve().parent.is_dir():
+            raise ConfigError(f"{option} {path}: directory {path.resolve().parent} does not exist")
+    scenarios = [load_scenario(path) for path in files]  # every file checked before any run
+    results = []
+    for i, loaded in enumerate(scenarios):
+        folder = run_dir / f"{i + 1}-{loaded.name}" if run_dir else None
+        click.echo(f"scenario {loaded.name} ({loaded.source})")
+        result = run_scenario(loaded, click.echo, run_dir=folder)
+        results.append(result)
+        for verdict in result.verdicts:
+            click.echo(verdict.line())
+        click.echo(f"{'PASSED' if result.passed else 'FAILED'}: {loaded.name} "
+                   f"({sum(v.passed for v in result.verdicts)}/{len(result.verdicts)} "
+                   f"expectations, {result.duration_s:.1f} s; files in {result.run_dir})")
+    if report_path:
+        report_path.write_text(json.dumps([r.to_dict() for r in results], indent=1) + "\n")
+    if junit_path:
+        junit_path.write_text(junit_xml(results))
+    sys.exit(0 if all(r.passed for r in results) else 1)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,229 @@
+"""``prism-debug scenario run``: run a scenario headless and judge it.
+
+The faults become perturbation lines (``scenario/plan.py``) handed to an
+ordinary ``prism-debug run`` of the scenario's command; a baseline run
+without them comes first when an expectation compares iteration times.  What
+the runs showed (exit code, the exception in the rank's output, the report,
+the flight record torch's analyzer reads) goes back to the pure verdicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+from xml.sax.saxutils import escape, quoteattr
+
+from prism_debug.cost import DEFAULT_PROFILE, CostModel, load_profile
+from prism_debug.engine.perturbations import Selectors
+from prism_debug.errors import ConfigError
+from prism_debug.graph import ExecutionGraph
+from prism_debug.runner import report as reporting
+from prism_debug.runner.launch import (
+    SOURCE_ROOT, RunOptions, default_run_dir, python_command, run,
+)
+from prism_debug.scenario import Scenario, plan
+from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt
+
+BUNDLED_EXAMPLE = SOURCE_ROOT / "examples" / "train_gpt.py"
+GRAPH_CACHE_ENV = "PRISM_DEBUG_GRAPH_CACHE"
+_FR_TRACE_TIMEOUT_S = 300
+
+
+@dataclasses.dataclass
+class ScenarioResult:
+    scenario: Scenario
+    verdicts: list[plan.Verdict]
+    run_dir: Path
+    duration_s: float
+    predicted_ratio: float | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(v.passed for v in self.verdicts)
+
+    def to_dict(self) -> dict:
+        return {"scenario": self.scenario.name, "source": self.scenario.source,
+                "passed": self.passed, "run_dir": str(self.run_dir),
+                "duration_s": round(self.duration_s, 3),
+                "predicted_ratio": self.predicted_ratio,
+                "expectations": [{"kind": v.expectation.kind, "line": v.expectation.line,
+                                  "passed": v.passed, "detail": v.detail}
+                                 for v in self.verdicts]}
+
+
+def run_scenario(scenario: Scenario, message: Callable[[str], None], *,
+                 run_dir: Path | None = None) -> ScenarioResult:
+    started = time.monotonic()
+    run_dir = (run_dir or default_run_dir()).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = scenario.run
+    world = scenario.world
+    if spec.snapshot is not None:
+        raise ConfigError(f"{scenario.source}: run.snapshot: scenarios start from a command or "
+                          "the example for now; restore the snapshot with prism-debug snapshot "
+                          "restore and perturb it from the console")
+    profile = load_profile(spec.hardware or DEFAULT_PROFILE)
+    profile = dataclasses.replace(profile, gpus_per_node=world.gpus_per_node)
+    command = _command(scenario)
+    graph_path = _graph(scenario, command, run_dir, message)
+    graph = ExecutionGraph.load(graph_path) if graph_path else None
+    if scenario.faults and graph is None:
+        raise ConfigError(f"{scenario.source}: faults act on virtual peers replayed from an "
+                          "execution graph: give run.graph (a file, or profile)")
+    texts = plan.perturbation_texts(scenario, Selectors.of_graph(graph) if graph else None)
+    for text in texts:
+        message(f"scenario: perturb {text}")
+    flight_env = {}
+    if any(isinstance(e, ExpectFlightRecord) for e in scenario.expect):
+        # torch records only when asked; the dump goes into the run's folder
+        flight_env = {"TORCH_FR_BUFFER_SIZE": "2000",
+                      "TORCH_FR_DUMP_TEMP_FILE": str(run_dir / "flight" / "trace_rank_")}
+    env = tuple(spec.env) + tuple((k, v) for k, v in flight_env.items()
+                                  if k not in dict(spec.env))
+    options = dict(command=command, rank=world.rank, world_size=world.size, profile=profile,
+                   iterations=spec.iterations, seed=scenario.seed, graph_path=graph_path,
+                   bind=None, collective_timeout_s=spec.timeout_s)
+
+    baseline = None
+    if plan.needs_baseline(scenario):
+        message("scenario: baseline run, without the faults")
+        baseline = _observe(run(RunOptions(**options, run_dir=run_dir / "baseline",
+                                           env=tuple(spec.env)), _quiet(message)))
+    predicted = None
+    if plan.needs_prediction(scenario):
+        model = CostModel(profile)
+        predicted = plan.predicted_ratio(
+            graph, lambda op, pl: model.time_s(op.kind, op.nbytes, pl), world.rank, texts,
+            spec.last_iteration or 4)
+        message(f"scenario: the replay engine predicts iterations x{predicted:.3f}")
+    message(f"scenario: {scenario.name}: run with the faults")
+    result = run(RunOptions(
+        **options, run_dir=run_dir / "run", perturbations=tuple(texts), env=env,
+        report_path=run_dir / "report.json",
+        watch_nonfinite=any(isinstance(e, ExpectNanAt) for e in scenario.expect)), message)
+    observed = _observe(result)
+    verdicts = plan.evaluate(scenario, observed, baseline, predicted)
+    return ScenarioResult(scenario, verdicts, run_dir, time.monotonic() - started, predicted)
+
+
+def _command(scenario: Scenario) -> list[str]:
+    spec = scenario.run
+    if spec.example is not None:
+        return python_command(BUNDLED_EXAMPLE, spec.example.argv())
+    command = list(spec.command)
+    # a script named relative to the scenario file
+    base = Path(scenario.source).resolve().parent
+    for i, word in enumerate(command):
+        if word.endswith(".py") and not Path(word).is_absolute() and (base / word).is_file():
+            command[i] = str(base / word)
+    if command and command[0] in ("python", "python3"):
+        command[0] = sys.executable
+    return command
+
+
+def _graph(scenario: Scenario, command: list[str], run_dir: Path,
+           message: Callable[[str], None]) -> Path | None:
+    """The graph file: the scenario's (relative to its file), or one profiled
+    for it and cached by command and layout, so scenarios of one job share it."""
+    spec, world = scenario.run, scenario.world
+    if spec.graph is None:
+        return None
+    if not spec.profile_graph:
+        path = Path(spec.graph)
+        if not path.is_absolute():
+            path = Path(scenario.source).resolve().parent / path
+        if not path.is_file():
+            raise ConfigError(f"{scenario.source}: run.graph {spec.graph}: no such file "
+                              f"({path}); make one with prism-debug profile, or write profile")
+        return path
+    from prism_debug.runner.profile import ProfileOptions, profile
+
+    script = Path(command[1]) if len(command) > 1 else None
+    key = hashlib.sha256(json.dumps([
+        [Path(c).name if c == sys.executable else c for c in command],
+        world.size, world.gpus_per_node,
+        hashlib.sha256(script.read_bytes()).hexdigest() if script and script.is_file() else "",
+    ]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get(GRAPH_CACHE_ENV) or
+                 Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+                 / "prism-debug" / "graphs")
+    path = cache / f"{key}.prism"
+    if path.is_file():
+        message(f"scenario: graph {path} (profiled before for this command and layout)")
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    message(f"scenario: profiling the job's classes into {path}")
+    partial = path.with_suffix(".partial.prism")
+    profile(ProfileOptions(command=command, world_size=world.size,
+                           gpus_per_node=world.gpus_per_node, iterations=4, out=partial,
+                           run_dir=run_dir / "profile"), _quiet(message))
+    os.replace(partial, path)
+    return path
+
+
+def _observe(result) -> plan.Observed:
+    run_dir = result.run_dir
+    events = reporting.read_events(run_dir / "events.jsonl")
+    log = (run_dir / "rank.log").read_text(encoding="utf-8", errors="replace").splitlines()
+    flight = None
+    dumped = next((e for e in events if e["kind"] == "flight_record"), None)
+    if dumped is not None:
+        flight = _analyse_flight_record(dumped)
+    nonfinite = next((e["iteration"] for e in events if e["kind"] == "nonfinite"), None)
+    iterations = result.report["iterations"]
+    return plan.Observed(
+        exit_code=result.exit_code, exception=plan.exception_from_output(log),
+        iteration_times={it["iteration"]: it["time_s"] for it in iterations},
+        digests={it["iteration"]: it["digest"] for it in iterations if it.get("digest")},
+        nonfinite_iteration=nonfinite, flight=flight)
+
+
+def _analyse_flight_record(dumped: dict) -> plan.FlightFindings:
+    """Torch's own analyzer on the dump: what it names is what the scenario judges."""
+    args = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", dumped["dir"],
+            "--prefix", dumped["prefix"]]
+    if dumped["absent"]:
+        args.append("--allow-incomplete-ranks")
+    try:
+        out = subprocess.run(args, capture_output=True, text=True, timeout=_FR_TRACE_TIMEOUT_S,
+                             stdin=subprocess.DEVNULL)
+        text = out.stdout + out.stderr
+    except subprocess.TimeoutExpired:
+        text = f"fr_trace did not finish in {_FR_TRACE_TIMEOUT_S} s"
+    return plan.flight_findings(text, dumped["absent"])
+
+
+def _quiet(message: Callable[[str], None]) -> Callable[[str], None]:
+    """Only the summary lines of the runs that support the scenario."""
+    return lambda line: message("  " + line) if line.startswith(("summary:", "profile: wrote")) \
+        else None
+
+
+def junit_xml(results: list[ScenarioResult]) -> str:
+    """A JUnit report: one suite, a test case per expectation."""
+    cases = []
+    failures = 0
+    for result in results:
+        for verdict in result.verdicts:
+            e = verdict.expectation
+            name = quoteattr(f"{e.kind} (line {e.line})")
+            classname = quoteattr(f"scenario.{result.scenario.name}")
+            body = ""
+            if not verdict.passed:
+                failures += 1
+                body = (f"<failure message={quoteattr(verdict.detail)}>"
+                        f"{escape(verdict.detail)}</failure>")
+            cases.append(f'  <testcase classname={classname} name={name} '
+                         f'time="{result.duration_s:.3f}">{body}</testcase>')
+    total = sum(len(r.verdicts) for r in results)
+    duration = sum(r.duration_s for r in results)
+    return ('<?xml version="1.0" encoding="utf-8"?>\n'
+            f'<testsuite name="prism-debug scenarios" tests="{total}" failures="{failures}" '
+            f'errors="0" time="{duration:.3f}">\n' + "\n".join(cases) + "\n</testsuite>\n")

@@ -1,0 +1,295 @@
+"""From a scenario to a run, and from what the run showed to verdicts.
+
+Pure core: the adapter that launches the rank (``runner/scenario_run.py``)
+hands in what it observed as an :class:`Observed`; everything that decides
+PASS or FAIL is here, so it is tested without running anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import statistics
+from typing import Callable, Iterable
+
+from prism_debug.engine.perturbations import Selectors, rank_text
+from prism_debug.scenario.model import (
+    Action,
+    DesyncKind,
+    ExpectDigests,
+    ExpectException,
+    Expectation,
+    ExpectExitCode,
+    ExpectFlightRecord,
+    ExpectIterationTime,
+    ExpectNanAt,
+    Fault,
+    Scenario,
+)
+
+# fr_trace's error types, by the desync kind that causes them
+MISMATCH_ERRORS = {
+    "SIZE_OR_SYNTAX_MISMATCH": DesyncKind.SIZE,
+    "COLLECTIVE_DTYPE_MISMATCH": DesyncKind.DTYPE,
+    "COLLECTIVE_TYPE_MISMATCH": DesyncKind.OP,
+    "COLLECTIVE_OPERATION_MISMATCH": DesyncKind.OP,
+}
+
+
+# -- faults as perturbations ---------------------------------------------------------
+
+def perturbation_texts(scenario: Scenario, selectors: Selectors | None = None) -> list[str]:
+    """Each fault as a line of the perturbation vocabulary (``engine/perturbations``),
+    its selector resolved to ranks: the one path faults take into the run."""
+    selectors = selectors or Selectors()
+    return [fault_text(fault, scenario.fault_ranks(
+                i, families=selectors.family_group, classes=selectors.class_ranks))
+            for i, fault in enumerate(scenario.faults)]
+
+
+def fault_text(fault: Fault, ranks: list[int]) -> str:
+    action = fault.action
+    if action == Action.LINK:
+        select = fault.select
+        words = ["link", str(select.node) if select.nodes is None else select.nodes,
+                 _num(1.0 if fault.bandwidth_factor is None else fault.bandwidth_factor),
+                 _num(fault.latency_us or 0.0)]
+    else:
+        words = [str(action), rank_text(ranks)]
+    if action == Action.DELAY:
+        words.append(_num(fault.seconds))
+    elif action == Action.SLOW:
+        words.append(_num(fault.factor))
+    elif action == Action.CORRUPT:
+        words.append(_num(fault.scale))
+    elif action == Action.DESYNC:
+        words.append(str(fault.kind))
+    family = getattr(fault, "family", None)
+    if family is not None:
+        words += ["family", family]
+    if fault.at.iteration is not None:
+        words += ["from", str(fault.at.iteration)]
+    if fault.at.collective is not None:
+        words += ["op", str(fault.at.collective)]
+    if fault.duration is not None:
+        if fault.duration.time_s is not None:  # a hang's stall (the model allows no other)
+            words += ["for", _num(fault.duration.time_s)]
+        else:
+            words += ["for", str(fault.duration.iterations)]
+    intermittent = getattr(fault, "intermittent", None)
+    if intermittent is not None:
+        words += ["flap", _num(intermittent.period_s), _num(intermittent.duty)]
+    return " ".join(words)
+
+
+def _num(value: float) -> str:
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+# -- what a run showed ------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FlightFindings:
+    """What torch's analyzer said of the flight-record dump."""
+
+    missing_ranks: frozenset[int]
+    mismatches: frozenset[str]  # DesyncKind values
+    text: str  # the analyzer's output, for reports
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    exit_code: int
+    exception: tuple[str, str] | None  # (type as printed, message)
+    iteration_times: dict[int, float]
+    digests: dict[int, str]
+    nonfinite_iteration: int | None = None
+    flight: FlightFindings | None = None
+
+
+def exception_from_output(lines: Iterable[str]) -> tuple[str, str] | None:
+    """The exception that ended the rank, from its output: the last Python
+    traceback's last line, or the C++ ``terminate`` lines the watchdog prints."""
+    found = None
+    in_traceback = False
+    lines = [re.sub(r"^\[rank\d+\]:", "", line.rstrip("\n")) for line in lines]
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last):"):
+            in_traceback = True
+            continue
+        if in_traceback and line and not line.startswith((" ", "\t")):
+            match = re.match(r"([A-Za-z_][\w.]*)(?::\s?(.*))?$", line)
+            if match:
+                found = (match.group(1), match.group(2) or "")
+            in_traceback = False
+        terminate = re.match(r"terminate called after throwing an instance of '([^']+)'", line)
+        if terminate:
+            what = lines[i + 1] if i + 1 < len(lines) else ""
+            found = (terminate.group(1), what.strip().removeprefix("what():").strip())
+    return found
+
+
+def flight_findings(text: str, absent: Iterable[int] = ()) -> FlightFindings:
+    """Parse fr_trace's output.  Ranks it names missing from a collective, or
+    whose dumps were missing (``absent``: fail-stopped ranks write none), count
+    as missing; each error type it reports maps to a desync kind."""
+    missing = set(absent)
+    for match in re.finditer(r"missing ranks: \{([\d, ]*)\}", text):
+        missing.update(int(r) for r in match.group(1).split(",") if r.strip())
+    for match in re.finditer(r"missed FR dumps from ranks \(\{([\d, ]*)\}\)", text):
+        missing.update(int(r) for r in match.group(1).split(",") if r.strip())
+    mismatches = {str(MISMATCH_ERRORS[m.group(1)])
+                  for m in re.finditer(r"Error type: (\w+)", text) if m.group(1) in MISMATCH_ERRORS}
+    return FlightFindings(frozenset(missing), frozenset(mismatches), text)
+
+
+# -- verdicts ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    expectation: Expectation
+    passed: bool
+    detail: str
+
+    def line(self) -> str:
+        return f"{'PASS' if self.passed else 'FAIL'}  {self.detail}"
+
+
+def evaluate(scenario: Scenario, observed: Observed, baseline: Observed | None = None,
+             predicted_ratio: float | None = None) -> list[Verdict]:
+    """One verdict per expectation, in file order."""
+    checks: dict[type, Callable] = {
+        ExpectException: _exception, ExpectExitCode: _exit_code,
+        ExpectIterationTime: _iteration_time, ExpectFlightRecord: _flight_record,
+        ExpectNanAt: _nan_at, ExpectDigests: _digests}
+    return [Verdict(e, *checks[type(e)](e, observed, baseline, predicted_ratio))
+            for e in scenario.expect]
+
+
+def needs_baseline(scenario: Scenario) -> bool:
+    return any(isinstance(e, ExpectIterationTime) and e.is_relative for e in scenario.expect)
+
+
+def needs_prediction(scenario: Scenario) -> bool:
+    return any(isinstance(e, ExpectIterationTime) and e.predicted for e in scenario.expect)
+
+
+def _exception(e: ExpectException, seen: Observed, *_) -> tuple[bool, str]:
+    want = f"exception {e.type}" + (f" matching {e.match!r}" if e.match else "")
+    if seen.exception is None:
+        return False, f"{want}: the rank raised none (exit code {seen.exit_code})"
+    kind, message = seen.exception
+    name = re.split(r"\.|::", kind)[-1]
+    wanted = re.split(r"\.|::", e.type)[-1]
+    same_type = kind == e.type or (name == wanted and "." not in e.type)
+    matches = e.match is None or re.search(e.match, message) is not None
+    return same_type and matches, f"{want}: got {kind}: {_short(message)}"
+
+
+def _exit_code(e: ExpectExitCode, seen: Observed, *_) -> tuple[bool, str]:
+    return seen.exit_code == e.code, f"exit code {e.code}: got {seen.exit_code}"
+
+
+def _iteration_time(e: ExpectIterationTime, seen: Observed, baseline: Observed | None,
+                    predicted: float | None) -> tuple[bool, str]:
+    if e.iteration is not None:
+        label = f"iteration {e.iteration} time"
+        value = seen.iteration_times.get(e.iteration)
+        base = baseline.iteration_times.get(e.iteration) if baseline else None
+    else:
+        # without an iteration: the medians after the first (warm-up) iteration
+        label = "median iteration time"
+        value = _median_after_first(seen.iteration_times)
+        base = _median_after_first(baseline.iteration_times) if baseline else None
+    if value is None:
+        return False, f"{label}: the run never finished that iteration"
+    if e.is_relative:
+        if base is None:
+            return False, f"{label}: the baseline run never finished that iteration"
+        low, high = e.bounds(base, predicted)
+        ratio = value / base
+        target = (f"x{e.relative:g}" if e.relative is not None
+                  else f"x{predicted:.3f} (predicted)")
+        tolerance = e.tolerance if e.tolerance is not None else 0.02
+        return low <= value <= high, (f"{label} {target} ±{tolerance:g} of the baseline's: got "
+                                      f"x{ratio:.3f} ({value * 1e3:.1f} vs {base * 1e3:.1f} ms)")
+    low, high = e.bounds()
+    if e.iteration is None:
+        # every iteration after the first must be within the bounds
+        times = {k: v for k, v in seen.iteration_times.items() if k > 1}
+        bad = {k: v for k, v in times.items() if not low <= v <= high}
+        shown = ", ".join(f"{k}: {v * 1e3:.1f} ms" for k, v in sorted(bad.items())[:3])
+        return not bad and bool(times), (f"iteration times in [{_ms(low)}, {_ms(high)}]: "
+                                         + (f"outside: {shown}" if bad else "all within"))
+    return low <= value <= high, (f"{label} in [{_ms(low)}, {_ms(high)}]: got "
+                                  f"{value * 1e3:.1f} ms")
+
+
+def _flight_record(e: ExpectFlightRecord, seen: Observed, *_) -> tuple[bool, str]:
+    parts = []
+    if e.missing_ranks:
+        parts.append(f"missing ranks {sorted(e.missing_ranks)}")
+    if e.mismatch is not None:
+        parts.append(f"a {e.mismatch} mismatch")
+    want = "flight record shows " + " and ".join(parts)
+    flight = seen.flight
+    if flight is None:
+        return False, f"{want}: no flight record was dumped (no collective timed out)"
+    ok = set(e.missing_ranks) <= flight.missing_ranks
+    if e.mismatch is not None:
+        # a skipped collective shows as whichever difference the next one has
+        ok &= (bool(flight.mismatches) if e.mismatch == DesyncKind.SKIP
+               else str(e.mismatch) in flight.mismatches)
+    got = (f"missing {sorted(flight.missing_ranks)}, mismatches "
+           f"{sorted(flight.mismatches) or 'none'}")
+    return ok, f"{want}: got {got}"
+
+
+def _nan_at(e: ExpectNanAt, seen: Observed, *_) -> tuple[bool, str]:
+    got = seen.nonfinite_iteration
+    return got == e.iteration, (f"first NaN/inf the rank sends at iteration {e.iteration}: got "
+                                + ("none" if got is None else f"iteration {got}"))
+
+
+def _digests(e: ExpectDigests, seen: Observed, *_) -> tuple[bool, str]:
+    wrong = []
+    for iteration, digest in e.digests:
+        got = seen.digests.get(iteration)
+        if got is None or not got.startswith(digest.lower()):
+            wrong.append(f"{iteration}: {got or 'missing'}")
+    return not wrong, (f"digests of iterations {', '.join(str(i) for i, _ in e.digests)}: "
+                       + (f"differ ({'; '.join(wrong)})" if wrong else "equal"))
+
+
+def _median_after_first(times: dict[int, float]) -> float | None:
+    later = [t for k, t in times.items() if k > 1]
+    return statistics.median(later) if later else None
+
+
+def _ms(seconds: float) -> str:
+    return "inf" if math.isinf(seconds) else f"{seconds * 1e3:.1f} ms"
+
+
+def _short(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def predicted_ratio(graph, cost, rank: int, texts: list[str], iterations: int) -> float:
+    """How much the perturbations stretch ``rank``'s iterations, as the replay
+    engine predicts from the graph alone: the perturbed replay's median
+    iteration time after the first over the unperturbed one's."""
+    from prism_debug.engine.perturbations import parse_perturbation
+    from prism_debug.engine.replay import ReplayEngine
+
+    selectors = Selectors.of_graph(graph)
+    medians = []
+    for perturbations in ([], texts):
+        engine = ReplayEngine(graph, cost)
+        for text in perturbations:
+            parse_perturbation(text, graph.world_size, graph.gpus_per_node,
+                               selectors).apply(engine)
+        engine.run(iterations)
+        times = engine.iteration_times(rank)
+        medians.append(statistics.median(times[1:] or times))
+    return medians[1] / medians[0]
