@@ -36,24 +36,24 @@ class PeerFaults:
     def __init__(self, rank: int) -> None:
         self.rank = rank  # the real rank: never its own faulty peer
         self.active: tuple[Perturbation, ...] = ()  # the value faults, for the hot path's test
-        self._groups: dict[int, list[tuple[Perturbation, list[int]]]] = {}
+        self._version = 0  # bumped by set(): each group keeps its members found for one
 
     def set(self, perturbations) -> None:
         """The perturbations in force (all kinds; the value ones are kept)."""
         self.active = tuple(p for p in perturbations if p.action in VALUE_ACTIONS)
-        self._groups.clear()
+        self._version += 1
 
     def _in_group(self, pg) -> list[tuple[Perturbation, list[int]]]:
-        """Each fault with members of ``pg``, and their group ranks (kept per group)."""
-        found = self._groups.get(id(pg))
-        if found is None:
+        """Each fault with members of ``pg``, and their group ranks (kept on the group)."""
+        version, found = getattr(pg, "_prism_faulty_members", (-1, None))
+        if version != self._version:
             index = {rank: i for i, rank in enumerate(pg.global_ranks)}
             found = []
             for p in self.active:
                 members = sorted(index[r] for r in p.ranks if r in index and r != self.rank)
                 if members:
                     found.append((p, members))
-            self._groups[id(pg)] = found
+            pg._prism_faulty_members = (self._version, found)
         return found
 
     def apply(self, pg, op: str, result: list, iteration: int, collective: int,

@@ -199,7 +199,12 @@ def parse_perturbation(text: str, world_size: int, gpus_per_node: int,
                                     -(-world_size // gpus_per_node)))
     else:
         targets = select(where, world_size, gpus_per_node, selectors)
+    kind = None
+    if action == "desync" and rest and rest[0] in DESYNC_KINDS:
+        kind, rest = rest[0], rest[1:]  # read first: "op" is a kind and a keyword
     options, positional = _split(rest, usage)
+    if kind is not None:
+        positional.insert(0, kind)
     unknown = set(options) - _TAKES[action]
     if unknown:
         raise ConfigError(f"{action} does not take {', '.join(sorted(unknown))}: {usage}")

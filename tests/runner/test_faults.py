@@ -80,3 +80,29 @@ def test_perturbations_need_a_graph(tmp_path):
     assert proc.stderr == ("prism-debug: error: --perturb needs --graph: perturbations act on "
                            "virtual peers replayed from an execution graph (prism-debug "
                            "profile)\n")
+
+
+def test_the_console_perturbs_lists_and_clears(graph, tmp_path, monkeypatch):
+    from prism_debug.bus import sessions
+    from tests.runner.test_debug_session import attach, wait_for_session
+
+    monkeypatch.setenv(sessions.ENV_VAR, str(tmp_path / "sessions"))
+    run = subprocess.Popen(
+        [sys.executable, "-m", "prism_debug.cli", "run", "--world-size", "64", "--rank", "5",
+         "--graph", str(graph), "--paused", "--run-dir", str(tmp_path / "run")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for_session(run)
+    console = attach("-c", "perturb slow node:1 2 from 2; perturb desync 13 op at 9; "
+                           "perturb list; perturb clear 0; perturb list; perturb clear 4; "
+                           "continue")
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err
+    assert console.stdout.splitlines()[:6] == [
+        "slow node:1 2 from 2: applied now",
+        "desync 13 op at 9: applied now",
+        "0: slow node:1 2 from 2  (8 ranks: 8,9,10,11,…)",
+        "1: desync 13 op at 9  (1 ranks: 13)",
+        "slow node:1 2 from 2: cleared now",
+        "0: desync 13 op at 9  (1 ranks: 13)",
+    ]
+    assert "no perturbation 4: perturb list shows 1" in console.stdout + console.stderr
