@@ -266,6 +266,45 @@ class Console(cmd.Cmd):
             if result is not None:
                 self._show(result, format_perturb)
 
+    def do_scenario(self, arg: str) -> None:
+        """scenario FILE
+
+        Load a scenario file and put its faults in force on this rank, as
+        perturb lines (the rank resolves families and classes against its
+        graph).  Its world must be this run's; its expectations are judged
+        by prism-debug scenario run, which runs it headless.
+        """
+        path = arg.strip()
+        if not path:
+            return self._usage("scenario")
+        from prism_debug.scenario import ScenarioError, load_scenario
+        from prism_debug.scenario.plan import selector_texts
+
+        try:
+            scenario = load_scenario(path)
+        except ScenarioError as exc:
+            return self.error(str(exc), type="BadArguments")
+        if not self._require_live():
+            return
+        status = self._request("status")
+        if status is None:
+            return
+        world = scenario.world
+        if (world.size, world.rank) != (status["world_size"], status["rank"]):
+            return self.error(f"{path} is for rank {world.rank} of {world.size}; this is rank "
+                              f"{status['rank']} of {status['world_size']}",
+                              type="BadArguments")
+        applied = []
+        for text in selector_texts(scenario):
+            result = self._request("perturb", spec=text)
+            if result is None:
+                break
+            applied.append(f"{text}: applied {result['when']}")
+        self._show({"scenario": scenario.name, "applied": applied},
+                   lambda r: "\n".join(r["applied"]) + (
+                       f"\n{r['scenario']}: {len(r['applied'])} fault(s) in force; its "
+                       "expectations are judged by prism-debug scenario run"))
+
     # -- breakpoints ------------------------------------------------------------
 
     def do_break(self, arg: str, temporary: bool = False) -> None:

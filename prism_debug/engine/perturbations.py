@@ -20,7 +20,7 @@ these lines), applied through the replay engine's interface.
                                               issue a mismatched collective (or skip one):
                                               the group hangs, the flight record shows it
 
-RANKS are ``R``, ``A-B``, lists of them, ``node:N``, ``family:F:G`` (group G
+RANKS are ``R``, ``A-B``, lists of them, ``node:N`` (or ``node:A-B``, lists), ``family:F:G`` (group G
 of family F), ``class:C`` (a rank class: a pipeline stage) or
 ``fraction:P[:SEED]`` (that share of the world, drawn with SEED).  ``op K``
 counts the collectives a rank issues in the iteration from 1; for a peer of
@@ -144,8 +144,10 @@ def select(where: str, world_size: int, gpus_per_node: int,
     """The ranks one RANKS word selects."""
     selectors = selectors or Selectors()
     head, _, rest = where.partition(":")
-    if head == "node" and rest:
-        return select_ranks("node " + rest, world_size, gpus_per_node)
+    if head == "node" and rest:  # node:3, node:3-4, node:1,5
+        nodes = expand(node_spans(rest, -(-world_size // gpus_per_node)))
+        return [rank for node in nodes for rank in
+                range(node * gpus_per_node, min(world_size, (node + 1) * gpus_per_node))]
     if head == "fraction" and rest:
         share, _, seed = rest.partition(":")
         try:

@@ -48,7 +48,29 @@ def perturbation_texts(scenario: Scenario, selectors: Selectors | None = None) -
             for i, fault in enumerate(scenario.faults)]
 
 
-def fault_text(fault: Fault, ranks: list[int]) -> str:
+def selector_texts(scenario: Scenario) -> list[str]:
+    """Each fault as a perturbation line whose RANKS word is its selector
+    (``family:dp:0``, ``class:2``, ``fraction:0.01:SEED``): for a live rank,
+    which resolves them against its own graph (the console's ``scenario``)."""
+    texts = []
+    for i, fault in enumerate(scenario.faults):
+        select = fault.select
+        if select.ranks_text is not None:
+            word = select.ranks_text.replace(" ", "")
+        elif select.node is not None or select.nodes is not None:
+            word = f"node:{select.node if select.nodes is None else select.nodes}"
+        elif select.family is not None:
+            word = f"family:{select.family}:{select.group}"
+        elif select.class_ is not None:
+            word = f"class:{select.class_}"
+        else:  # the same draw as Scenario.fault_ranks
+            word = f"fraction:{select.fraction}:{scenario.seed}/{i}"
+        texts.append(fault_text(fault, word))
+    return texts
+
+
+def fault_text(fault: Fault, ranks: list[int] | str) -> str:
+    """One fault as a perturbation line; ``ranks`` a list, or a RANKS word."""
     action = fault.action
     if action == Action.LINK:
         select = fault.select
@@ -56,7 +78,7 @@ def fault_text(fault: Fault, ranks: list[int]) -> str:
                  _num(1.0 if fault.bandwidth_factor is None else fault.bandwidth_factor),
                  _num(fault.latency_us or 0.0)]
     else:
-        words = [str(action), rank_text(ranks)]
+        words = [str(action), ranks if isinstance(ranks, str) else rank_text(ranks)]
     if action == Action.DELAY:
         words.append(_num(fault.seconds))
     elif action == Action.SLOW:

@@ -35,7 +35,7 @@ def test_every_example_scenario_passes(tmp_path):
     proc = cli("scenario", "run", *map(str, SCENARIOS), "--report", str(tmp_path / "r.json"),
                "--junit", str(tmp_path / "junit.xml"), "--run-dir", str(tmp_path / "runs"),
                cache=tmp_path / "graphs")
-    verdicts = [line for line in proc.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
+    verdicts = [line for line in proc.stdout.splitlines() if line.startswith(("PASS  ", "FAIL  "))]
     assert proc.returncode == 0, "\n".join(verdicts) + proc.stderr[-3000:]
     assert len(verdicts) == 12 and all(v.startswith("PASS") for v in verdicts)
     report = {r["scenario"]: r for r in json.loads((tmp_path / "r.json").read_text())}

@@ -92,9 +92,12 @@ def test_the_console_perturbs_lists_and_clears(graph, tmp_path, monkeypatch):
          "--graph", str(graph), "--paused", "--run-dir", str(tmp_path / "run")],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_session(run)
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("name: s\nworld: {size: 64, rank: 5}\nrun: {example: {}}\nfaults:\n"
+                        "  - {action: slow, select: {family: dp, group: 0}, factor: 1.5}\n")
     console = attach("-c", "perturb slow node:1 2 from 2; perturb desync 13 op at 9; "
                            "perturb list; perturb clear 0; perturb list; perturb clear 4; "
-                           "continue")
+                           f"scenario {scenario}; perturb list; continue")
     out, err = run.communicate(timeout=300)
     assert run.returncode == 0, err
     assert console.stdout.splitlines()[:6] == [
@@ -106,3 +109,30 @@ def test_the_console_perturbs_lists_and_clears(graph, tmp_path, monkeypatch):
         "0: desync 13 op at 9  (1 ranks: 13)",
     ]
     assert "no perturbation 4: perturb list shows 1" in console.stdout + console.stderr
+    # a scenario's faults, their selectors resolved by the rank against its graph
+    assert console.stdout.splitlines()[-5:-1] == [
+        "slow family:dp:0 1.5 from 1: applied now",
+        "s: 1 fault(s) in force; its expectations are judged by prism-debug scenario run",
+        "0: desync 13 op at 9  (1 ranks: 13)",
+        "1: slow family:dp:0 1.5 from 1  (2 ranks: 0,8)",
+    ]
+
+
+def test_a_late_peer_and_a_stall_stretch_exactly_their_iterations(graph, tmp_path):
+    # rank 13 reaches every dp collective of iteration 2 0.3 s late, then
+    # stalls 0.5 s at its first dp all-reduce of iteration 3 (its only dp op
+    # per iteration): rank 5, its dp peer, waits that long on top of its own
+    # iteration (within the real compute's noise)
+    def times(*perturb):
+        proc = cli("run", "--world-size", "64", "--rank", "5", "--graph", str(graph), "--no-bus",
+                   *perturb, "--report", str(tmp_path / "report.json"))
+        assert proc.returncode == 0, proc.stderr
+        report = json.loads((tmp_path / "report.json").read_text())
+        return [it["time_s"] for it in report["iterations"]]
+
+    base = times()
+    late = times("--perturb", "delay 13 0.3 family dp from 2 for 1",
+                 "--perturb", "hang 13 at 3 op 1 for 0.5")
+    assert late[1] - base[1] == pytest.approx(0.3, abs=0.05)
+    assert late[2] - base[2] == pytest.approx(0.5, abs=0.05)
+    assert late[3] == pytest.approx(base[3], abs=0.05)

@@ -8,7 +8,7 @@ from prism_debug.engine.perturbations import Selectors, parse_perturbation
 from prism_debug.scenario import parse_scenario
 from prism_debug.scenario.plan import (
     FlightFindings, Observed, evaluate, exception_from_output, fault_text, flight_findings,
-    needs_baseline, needs_prediction, perturbation_texts, predicted_ratio,
+    needs_baseline, needs_prediction, perturbation_texts, predicted_ratio, selector_texts,
 )
 from tests.engine.test_replay import constant_cost, pipeline_graph
 
@@ -53,6 +53,20 @@ def test_family_and_class_selectors_resolve_through_the_graph():
                        "  - {action: fail, select: {class: 1}}\n", "s.yaml")
     assert perturbation_texts(s, Selectors.of_graph(pipeline_graph())) == \
         ["fail 2-3 from 1", "fail 2-3 from 1"]
+
+
+def test_for_a_live_rank_selectors_stay_words_it_resolves():
+    s = scenario("seed: 7\nfaults:\n"
+                 "  - {action: fail, select: {family: dp, group: 3}}\n"
+                 "  - {action: slow, factor: 2, select: {class: 1}}\n"
+                 "  - {action: nan, select: {fraction: 0.1}}\n"
+                 "  - {action: hang, select: {nodes: '2-3'}}\n")
+    texts = selector_texts(s)
+    assert texts == ["fail family:dp:3 from 1", "slow class:1 2 from 1",
+                     "nan fraction:0.1:7/2 from 1", "hang node:2-3 from 1"]
+    # the fraction draws the ranks Scenario.fault_ranks draws
+    assert parse_perturbation(texts[2], 64, 8).ranks == tuple(s.fault_ranks(2))
+    assert parse_perturbation(texts[3], 64, 8).ranks == tuple(range(16, 32))
 
 
 def test_the_exception_is_the_last_traceback_or_the_watchdogs_terminate():
