@@ -105,18 +105,16 @@ def _each(tensors, change) -> bool:
 
 
 def _reduced(t: torch.Tensor, p: Perturbation, k: int, n: int) -> bool:
-    if not t.is_floating_point():
-        return False
-    if p.action == "nan":
-        t.fill_(math.nan)
-    elif p.action == "inf":
-        t.add_(math.inf)
-    else:
-        t.mul_(1 + k * (p.value - 1) / n)
-    return True
+    # k of the n contributions to a sum scaled by s: the sum scales by 1 + k(s-1)/n
+    return _spoil(t, p, 1 + k * (p.value - 1) / n)
 
 
 def _block(t: torch.Tensor, p: Perturbation) -> bool:
+    return _spoil(t, p, p.value)
+
+
+def _spoil(t: torch.Tensor, p: Perturbation, scale: float) -> bool:
+    """NaN, +inf, or ``t`` times ``scale`` (corrupt); float tensors only."""
     if not t.is_floating_point():
         return False
     if p.action == "nan":
@@ -124,5 +122,5 @@ def _block(t: torch.Tensor, p: Perturbation) -> bool:
     elif p.action == "inf":
         t.fill_(math.inf)
     else:
-        t.mul_(p.value)
+        t.mul_(scale)
     return True
