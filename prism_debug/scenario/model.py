@@ -227,7 +227,7 @@ class Example(_Checked):
     micro_batch_size: int = _f("int", default=2, check=_at_least(1))
     tp: int = _f("int", default=8, check=_at_least(1))
     pp: int = _f("int", default=4, check=_at_least(1))
-    backend: str = _f("text", default="nccl", check=_not_empty)  # as make run: NCCL semantics
+    backend: str = _f("text", default="gloo", check=_not_empty)
     lr: float = _f("float", default=3e-4, check=_positive)
     seed: int = _f("int", default=0)
     timing: bool = _f("bool", default=False)

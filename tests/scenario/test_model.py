@@ -181,7 +181,7 @@ def test_example_argv():
     assert Example(tp=2, pp=2, iterations=6, timing=True).argv() == [
         "--iterations", "6", "--layers", "8", "--hidden", "256", "--heads", "8",
         "--seq-len", "128", "--vocab", "1024", "--micro-batches", "8",
-        "--micro-batch-size", "2", "--tp", "2", "--pp", "2", "--backend", "nccl",
+        "--micro-batch-size", "2", "--tp", "2", "--pp", "2", "--backend", "gloo",
         "--lr", "0.0003", "--seed", "0", "--timing"]
 
 
