@@ -239,7 +239,9 @@ class Agent:
         for perturbation, handle in chosen:
             if handle is not None:
                 self.graph_engine.replay.remove(handle)
-        self.perturbations = [entry for entry in self.perturbations if entry not in chosen]
+        # by identity: two equal lines typed twice are two perturbations
+        self.perturbations = [entry for entry in self.perturbations
+                              if not any(entry is taken for taken in chosen)]
         self.runtime.peer_faults.set(p for p, _ in self.perturbations)
         return [p for p, _ in chosen]
 

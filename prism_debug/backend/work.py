@@ -96,7 +96,9 @@ class PrismWork(dist._Work):
             global_rank=self._runtime.rank, group_rank=group.rank(), pg_id=group.pg_id,
             seq=self.seq, op=self.op, numel_in=numel, numel_out=numel,
             timeout_ms=round(group.timeout_s * 1000),
-            ran_for_ms=round((self._runtime.clock.now() - self.arrival) * 1000),
+            # the watchdog fires at the deadline on the emulated clock; the
+            # thread that reports it may wake a little after it
+            ran_for_ms=round((self.deadline - self.arrival) * 1000),
             last_enqueued=group.num_issued, last_completed=self.seq - 1)
 
     def is_completed(self) -> bool:
