@@ -19,7 +19,6 @@ import click
 from prism_debug.cost import COLLECTIVES, DEFAULT_PROFILE, CostModel, Placement, load_profile
 from prism_debug.errors import ConfigError, PrismError
 
-BUNDLED_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "train_gpt.py"
 EXAMPLE_TP, EXAMPLE_PP, EXAMPLE_ITERATIONS = 8, 4, 4
 
 
@@ -303,7 +302,7 @@ def doctor() -> None:
 
 
 def _bundled_example_command(world_size: int) -> list[str]:
-    from prism_debug.runner.launch import python_command
+    from prism_debug.runner.launch import BUNDLED_EXAMPLE, python_command
 
     if not BUNDLED_EXAMPLE.is_file():
         raise ConfigError(f"the bundled example is missing ({BUNDLED_EXAMPLE}); "

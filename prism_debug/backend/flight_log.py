@@ -34,8 +34,12 @@ import time
 from pathlib import Path
 
 from prism_debug.backend.flight_recorder import (
-    BUFFER_SIZE_ENV, FlightRecorder, dump_prefix_from_env, scalar_type_name, write_group_dumps,
+    BUFFER_SIZE_ENV, FlightRecorder, dump_prefix_from_env, python_frames, scalar_type_name,
+    write_group_dumps,
 )
+from prism_debug.backend.work import flat_tensors
+from prism_debug.engine.perturbations import MISSING_ACTIONS
+from prism_debug.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +149,7 @@ class FlightLog:
 def _fault_of(rank: int, faults):
     """The fault that keeps ``rank`` from the timed-out collective, if any."""
     for p in faults:
-        if p.action in ("fail", "hang", "desync") and p.stall_s is None and rank in p.ranks:
+        if p.action in MISSING_ACTIONS and p.stall_s is None and rank in p.ranks:
             return p
     return None
 
@@ -178,32 +182,18 @@ def _as_peer(entries: list[dict], stuck_at: int, fault) -> list[dict]:
 
 
 def _sizes(tensors) -> tuple[list[list[int]], str]:
-    sizes: list[list[int]] = []
-    dtype = ""
-    for t in tensors:
-        if isinstance(t, (list, tuple)):
-            inner, inner_dtype = _sizes(t)
-            sizes.extend(inner)
-            dtype = dtype or inner_dtype
-        elif hasattr(t, "shape"):
-            sizes.append(list(t.shape))
-            dtype = dtype or str(t.dtype)
+    """Shapes, and the first tensor's dtype as torch names it."""
+    flat = flat_tensors(tensors)
     try:
-        name = scalar_type_name(dtype) if dtype else "Float"
-    except Exception:
+        name = scalar_type_name(flat[0].dtype) if flat else "Float"
+    except ConfigError:  # a dtype torch's recorder has no name for here
         name = "Float"
-    return sizes, name
+    return [list(t.shape) for t in flat], name
 
 
 def _main_thread_frames(limit: int = 32) -> list[dict]:
     """The script's stack where it waits (innermost first), without the harness's frames."""
     frame = sys._current_frames().get(threading.main_thread().ident)
     harness = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    frames = []
-    while frame is not None and len(frames) < limit:
-        code = frame.f_code
-        if not code.co_filename.startswith(harness):
-            frames.append({"name": code.co_name, "filename": code.co_filename,
-                           "line": frame.f_lineno})
-        frame = frame.f_back
-    return frames
+    frames = python_frames(frame=frame, limit=None) if frame is not None else []
+    return [f for f in frames if not f["filename"].startswith(harness)][:limit]

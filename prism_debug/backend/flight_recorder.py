@@ -23,6 +23,7 @@ import tempfile
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from prism_debug.errors import ConfigError
@@ -120,12 +121,15 @@ def scalar_type_name(dtype: Any) -> str:
         raise ConfigError(f"no flight-recorder name known for dtype {dtype!r}") from None
 
 
-def python_frames(skip: int = 0, limit: int = 32) -> list[dict[str, Any]]:
+def python_frames(skip: int = 0, limit: int | None = 32, *,
+                  frame: FrameType | None = None) -> list[dict[str, Any]]:
     """The caller's Python stack as torch writes ``frames``: innermost first,
-    each ``{"name", "filename", "line"}``.  ``skip`` drops that many callers."""
-    frame = sys._getframe(1 + skip)
+    each ``{"name", "filename", "line"}``.  ``skip`` drops that many callers;
+    ``frame`` starts from another frame (another thread's); ``limit`` None: all."""
+    if frame is None:
+        frame = sys._getframe(1 + skip)
     frames: list[dict[str, Any]] = []
-    while frame is not None and len(frames) < limit:
+    while frame is not None and (limit is None or len(frames) < limit):
         code = frame.f_code
         frames.append({"name": code.co_name, "filename": code.co_filename, "line": frame.f_lineno})
         frame = frame.f_back
@@ -314,13 +318,6 @@ class FlightRecorder:
             entry.retired = True
             if duration_ms is not None:
                 entry.duration_ms = float(duration_ms)
-
-    def retire(self, entry_id: int | None) -> None:
-        """The watchdog dropped an unfinished op (it timed out): retired, not completed."""
-        with self._lock:
-            entry = self._find(entry_id)
-            if entry is not None:
-                entry.retired = True
 
     def entries(self, *, include_stack_traces: bool = True,
                 only_active: bool = False) -> list[dict[str, Any]]:

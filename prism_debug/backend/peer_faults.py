@@ -27,6 +27,7 @@ import math
 
 import torch
 
+from prism_debug.backend.work import flat_tensors
 from prism_debug.engine.perturbations import VALUE_ACTIONS, Perturbation
 
 _REDUCTIONS = frozenset({"all_reduce", "reduce", "reduce_scatter"})
@@ -96,11 +97,8 @@ def _corrupt(op: str, result: list, members: list[int], n: int, p: Perturbation,
 
 def _each(tensors, change) -> bool:
     changed = False
-    for t in tensors:
-        if isinstance(t, (list, tuple)):
-            changed |= _each(t, change)
-        elif isinstance(t, torch.Tensor):
-            changed |= change(t)
+    for t in flat_tensors(tensors):
+        changed |= change(t)
     return changed
 
 

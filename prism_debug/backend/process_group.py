@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from prism_debug.backend.runtime import Runtime
-from prism_debug.backend.work import PrismWork
+from prism_debug.backend.work import PrismWork, flat_tensors
 from prism_debug.graph import GroupRef
 
 _perf_counter = time.perf_counter
@@ -99,7 +99,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         if rt.peer_faults.active and op != "send" and rt.peer_faults.apply(
                 self, op, result, rt.tracker.iteration, rt.tracker.num_collectives + 1,
                 peer if source is None else source):
-            rt.digest(_flat(result))  # what a faulty peer changed is part of the values
+            rt.digest(flat_tensors(result))  # what a faulty peer changed is part of the values
         watch = rt.watch
         if watch is not None:  # a paused rank's pause is not harness time either
             t0 += watch.enter(op, self.ref, rt.tracker.num_collectives + 1, nbytes)
@@ -369,13 +369,6 @@ def _dtype(result: list) -> str:
     while isinstance(result, (list, tuple)) and result:
         result = result[0]
     return str(result.dtype).removeprefix("torch.") if isinstance(result, torch.Tensor) else ""
-
-
-def _flat(result: list) -> list:
-    flat = []
-    for item in result:
-        flat.extend(_flat(item) if isinstance(item, (list, tuple)) else [item])
-    return flat
 
 
 def _nbytes(tensors) -> int:

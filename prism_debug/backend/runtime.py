@@ -12,7 +12,7 @@ import torch
 
 from prism_debug.agent.tracker import IterationTracker
 from prism_debug.backend.values import Values
-from prism_debug.backend.work import FutureCompleter
+from prism_debug.backend.work import FutureCompleter, flat_tensors
 from prism_debug.engine import EmulatedClock, Engine
 from prism_debug.graph import FamilyRecorder
 
@@ -121,13 +121,8 @@ class Runtime:
 
 
 def _nonfinite(tensors) -> bool:
-    for t in tensors:
-        if isinstance(t, (list, tuple)):
-            if _nonfinite(t):
-                return True
-        elif t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
-            return True
-    return False
+    return any(t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all())
+               for t in flat_tensors(tensors))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -48,10 +48,6 @@ class ErrorHandling:
             async_mode = 3
         return cls(blocking.strip() in ("1", "true", "True"), async_mode)
 
-    @property
-    def takes_process_down(self) -> bool:
-        return not self.blocking_wait and self.async_mode in (1, 3)
-
 
 @dataclasses.dataclass(frozen=True)
 class TimedOutOp:

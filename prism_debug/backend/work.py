@@ -91,7 +91,7 @@ class PrismWork(dist._Work):
         from prism_debug.backend.watchdog import TimedOutOp
 
         group = self.group
-        numel = sum(t.numel() for t in _tensors(self._result))
+        numel = sum(t.numel() for t in flat_tensors(self._result))
         return TimedOutOp(
             global_rank=self._runtime.rank, group_rank=group.rank(), pg_id=group.pg_id,
             seq=self.seq, op=self.op, numel_in=numel, numel_out=numel,
@@ -223,12 +223,12 @@ class FutureCompleter:
 
 
 
-def _tensors(result) -> list:
+def flat_tensors(result) -> list:
     """The tensors in a result list (lists of lists for gathers)."""
     flat = []
     for item in result:
         if isinstance(item, (list, tuple)):
-            flat.extend(_tensors(item))
+            flat.extend(flat_tensors(item))
         elif hasattr(item, "numel"):
             flat.append(item)
     return flat

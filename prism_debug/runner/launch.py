@@ -31,6 +31,7 @@ from prism_debug.runner import report as reporting
 PACKAGE_ROOT = Path(prism_debug.__file__).resolve().parent
 SOURCE_ROOT = PACKAGE_ROOT.parent
 HOOKS_DIR = SOURCE_ROOT / "hooks"
+BUNDLED_EXAMPLE = SOURCE_ROOT / "examples" / "train_gpt.py"
 _POLL_S = 0.05
 
 

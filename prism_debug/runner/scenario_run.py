@@ -26,12 +26,11 @@ from prism_debug.errors import ConfigError
 from prism_debug.graph import ExecutionGraph
 from prism_debug.runner import report as reporting
 from prism_debug.runner.launch import (
-    SOURCE_ROOT, RunOptions, default_run_dir, python_command, run,
+    BUNDLED_EXAMPLE, RunOptions, default_run_dir, python_command, run,
 )
 from prism_debug.scenario import Scenario, plan
 from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt
 
-BUNDLED_EXAMPLE = SOURCE_ROOT / "examples" / "train_gpt.py"
 GRAPH_CACHE_ENV = "PRISM_DEBUG_GRAPH_CACHE"
 _FR_TRACE_TIMEOUT_S = 300
 

@@ -13,7 +13,8 @@ import re
 import statistics
 from typing import Callable, Iterable
 
-from prism_debug.engine.perturbations import Selectors, rank_text
+from prism_debug.engine.perturbations import Selectors, parse_perturbation, rank_text
+from prism_debug.engine.replay import ReplayEngine
 from prism_debug.scenario.model import (
     Action,
     DesyncKind,
@@ -301,9 +302,6 @@ def predicted_ratio(graph, cost, rank: int, texts: list[str], iterations: int) -
     """How much the perturbations stretch ``rank``'s iterations, as the replay
     engine predicts from the graph alone: the perturbed replay's median
     iteration time after the first over the unperturbed one's."""
-    from prism_debug.engine.perturbations import parse_perturbation
-    from prism_debug.engine.replay import ReplayEngine
-
     selectors = Selectors.of_graph(graph)
     medians = []
     for perturbations in ([], texts):
