@@ -125,6 +125,7 @@ class RunResult:
     exit_code: int
     run_dir: Path
     snapshots: list[str] = dataclasses.field(default_factory=list)  # ids taken, in order
+    events: list[dict] = dataclasses.field(default_factory=list)  # the rank's event log
 
 
 def default_run_dir() -> Path:
@@ -278,7 +279,7 @@ def _run(options: RunOptions, session, files: dict[str, Path],
             f"the script never called torch.distributed.init_process_group (exit code "
             f"{exit_code}): prism-debug emulates one rank of a distributed job, so the "
             f"command must start one; its output is in {files['log']}")
-    return RunResult(report, exit_code, run_dir, session.snapshots_taken)
+    return RunResult(report, exit_code, run_dir, session.snapshots_taken, events)
 
 
 def finish(follower: "_Follower", events_path: Path, exit_code: int, world_size: int, rank: int,

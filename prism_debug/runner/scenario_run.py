@@ -24,7 +24,6 @@ from prism_debug.cost import DEFAULT_PROFILE, CostModel, load_profile
 from prism_debug.engine.perturbations import Selectors
 from prism_debug.errors import ConfigError
 from prism_debug.graph import ExecutionGraph
-from prism_debug.runner import report as reporting
 from prism_debug.runner.launch import (
     BUNDLED_EXAMPLE, RunOptions, default_run_dir, python_command, run,
 )
@@ -168,9 +167,8 @@ def _graph(scenario: Scenario, command: list[str], run_dir: Path,
 
 
 def _observe(result) -> plan.Observed:
-    run_dir = result.run_dir
-    events = reporting.read_events(run_dir / "events.jsonl")
-    log = (run_dir / "rank.log").read_text(encoding="utf-8", errors="replace").splitlines()
+    events = result.events  # read once, by the run
+    log = (result.run_dir / "rank.log").read_text(encoding="utf-8", errors="replace").splitlines()
     flight = None
     dumped = next((e for e in events if e["kind"] == "flight_record"), None)
     if dumped is not None:
