@@ -17,9 +17,9 @@ from pathlib import Path
 import click
 
 from prism_debug.cost import COLLECTIVES, DEFAULT_PROFILE, CostModel, Placement, load_profile
-from prism_debug.errors import ConfigError, PrismError
-
-EXAMPLE_TP, EXAMPLE_PP, EXAMPLE_ITERATIONS = 8, 4, 4
+from prism_debug.errors import ConfigError, ExitCode, PrismError
+from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
+from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 
 
 class _Cli(click.Group):
@@ -28,7 +28,7 @@ class _Cli(click.Group):
             return super().invoke(ctx)
         except PrismError as exc:
             click.echo(f"prism-debug: error: {exc}", err=True)
-            ctx.exit(exc.exit_code)
+            ctx.exit(int(exc.exit_code))
 
 
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
@@ -102,31 +102,30 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
     with tp=8 x pp=4 x data parallelism). The script's exit code is the
     command's exit code.
     """
-    from prism_debug.runner.launch import RunOptions
-    from prism_debug.runner.launch import run as run_rank
+    from prism_debug import api  # the runner (and ZeroMQ) only for the commands that run
 
     profile = load_profile(hardware)
     if gpus_per_node is not None:
         if gpus_per_node < 1:
             raise ConfigError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
         profile = dataclasses.replace(profile, gpus_per_node=gpus_per_node)
-    command = list(command)
-    if not command:
-        command = _bundled_example_command(world_size)
-    options = RunOptions(
+    command = list(command) or _bundled_example_command(world_size, iterations)
+    faults = tuple(api.parse_fault(text, world_size, profile.gpus_per_node)
+                   for text in perturbations)
+    options = api.RunOptions(
         command=command, rank=rank, world_size=world_size, profile=profile,
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
         values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
         trace_ranks=parse_ranks(trace_ranks), snapshot_at=parse_ranks(snapshot_at),
         snapshot_every=snapshot_every, incremental=incremental, isolate=isolate, store=store,
-        bind=None if no_bus else bind, paused=paused, perturbations=tuple(perturbations),
+        bind=None if no_bus else bind, paused=paused, faults=faults,
         collective_timeout_s=collective_timeout)
-    result = run_rank(options, click.echo)
+    result = api.run(options, click.echo)
     store_option = f" --store {store}" if store else ""
     if result.snapshots:
         click.echo(f"replay from a snapshot: prism-debug snapshot restore {result.snapshots[-1]}"
                    f"{store_option} (list them: prism-debug snapshot ls{store_option})")
-    elif not (options.snapshot_at or options.snapshot_every):
+    elif not options.takes_snapshots:
         click.echo("hint: add --snapshot-at 2 to snapshot the rank with CRIU after iteration 2; "
                    "then prism-debug snapshot ls, and prism-debug snapshot restore ID replays "
                    "it from there, bit for bit")
@@ -144,7 +143,7 @@ _store_option = click.option(
 
 
 def _store(store: Path | None):
-    from prism_debug.runner.snapshots import DEFAULT_STORE
+    from prism_debug.runner.paths import DEFAULT_STORE
     from prism_debug.snapshot.store import Store
 
     return Store(store or DEFAULT_STORE)
@@ -211,9 +210,9 @@ def snapshot_rm(snapshot_id, force, store) -> None:
 def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, bind, no_bus,
                      store) -> None:
     """Restore a snapshot and continue the run from it."""
-    from prism_debug.runner.snapshots import RestoreOptions, restore
+    from prism_debug import api
 
-    result = restore(RestoreOptions(
+    result = api.restore(api.RestoreOptions(
         snapshot_id=snapshot_id, store=store, iterations=iterations, report_path=report_path,
         trace_path=trace_path, run_dir=run_dir, bind=None if no_bus else bind), click.echo)
     sys.exit(result.exit_code)
@@ -298,22 +297,19 @@ def doctor() -> None:
         if not check.ok and check.fix:
             click.echo(f"     fix: {check.fix}")
         problems += not check.ok and not check.optional
-    sys.exit(1 if problems else 0)
+    sys.exit(ExitCode.FAILED if problems else ExitCode.OK)
 
 
-def _bundled_example_command(world_size: int) -> list[str]:
-    from prism_debug.runner.launch import BUNDLED_EXAMPLE, python_command
-
-    if not BUNDLED_EXAMPLE.is_file():
-        raise ConfigError(f"the bundled example is missing ({BUNDLED_EXAMPLE}); "
+def _bundled_example_command(world_size: int, iterations: int | None = None) -> list[str]:
+    """The bundled example as ``run`` starts it: ``--iterations K`` runs K of them."""
+    if not EXAMPLE_SCRIPT.is_file():
+        raise ConfigError(f"the bundled example is missing ({EXAMPLE_SCRIPT}); "
                           "install prism-debug from a checkout (pip install -e .)")
-    if world_size % (EXAMPLE_TP * EXAMPLE_PP):
-        raise ConfigError(
-            f"world size {world_size} cannot be laid out as tp={EXAMPLE_TP} x pp={EXAMPLE_PP} "
-            f"x dp: use a multiple of {EXAMPLE_TP * EXAMPLE_PP}")
-    return python_command(BUNDLED_EXAMPLE, [
-        "--backend", "nccl", "--tp", str(EXAMPLE_TP), "--pp", str(EXAMPLE_PP),
-        "--iterations", str(EXAMPLE_ITERATIONS)])
+    example = RUN_DEFAULTS if iterations is None else \
+        dataclasses.replace(RUN_DEFAULTS, iterations=iterations)
+    if (problem := example.layout_problem(world_size)) is not None:
+        raise ConfigError(problem)
+    return [sys.executable, str(EXAMPLE_SCRIPT), *example.argv(RUN_FLAGS)]
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
@@ -582,7 +578,7 @@ def scenario_lint(files) -> None:
             click.echo(f"{path}: ok")
     if problems:
         click.echo(f"{problems} problem(s)", err=True)
-        sys.exit(1)
+        sys.exit(ExitCode.FAILED)
 
 
 @scenario.command("run")
@@ -594,21 +590,21 @@ def scenario_lint(files) -> None:
               help="Write a JUnit XML report here (a test case per expectation).")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep the runs' files here (one folder per scenario).")
-def scenario_run(files, report_path, junit_path, run_dir) -> None:
+@_store_option
+def scenario_run(files, report_path, junit_path, run_dir, store) -> None:
     """Run each scenario headless: one PASS/FAIL line per expectation; exit
     code 0 only when all pass."""
-    from prism_debug.runner.scenario_run import junit_xml, run_scenario
-    from prism_debug.scenario import load_scenario
+    from prism_debug import api
+    from prism_debug.runner.options import check_output_paths
+    from prism_debug.runner.scenario_run import junit_xml
 
-    for option, path in (("--report", report_path), ("--junit", junit_path)):
-        if path is not None and not path.resolve().parent.is_dir():
-            raise ConfigError(f"{option} {path}: directory {path.resolve().parent} does not exist")
-    scenarios = [load_scenario(path) for path in files]  # every file checked before any run
+    check_output_paths(("--report", report_path), ("--junit", junit_path))
+    scenarios = [api.load_scenario(path) for path in files]  # every file checked first
     results = []
     for i, loaded in enumerate(scenarios):
         folder = run_dir / f"{i + 1}-{loaded.name}" if run_dir else None
         click.echo(f"scenario {loaded.name} ({loaded.source})")
-        result = run_scenario(loaded, click.echo, run_dir=folder)
+        result = api.run_scenario(loaded, click.echo, run_dir=folder, store=store)
         results.append(result)
         for verdict in result.verdicts:
             click.echo(verdict.line())
@@ -619,7 +615,7 @@ def scenario_run(files, report_path, junit_path, run_dir) -> None:
         report_path.write_text(json.dumps([r.to_dict() for r in results], indent=1) + "\n")
     if junit_path:
         junit_path.write_text(junit_xml(results))
-    sys.exit(0 if all(r.passed for r in results) else 1)
+    sys.exit(ExitCode.OK if all(r.passed for r in results) else ExitCode.FAILED)
 
 
 if __name__ == "__main__":

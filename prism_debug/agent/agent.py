@@ -32,7 +32,6 @@ from prism_debug.agent.config import ENV_VAR, AgentConfig
 from prism_debug.agent.debugger import Debugger
 from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog
-from prism_debug.engine.perturbations import Selectors, parse_perturbation
 from prism_debug.agent.program import ProgramRecorder
 from prism_debug.agent.tracker import IterationTracker
 from prism_debug.backend.install import install
@@ -41,6 +40,8 @@ from prism_debug.backend.values import Values
 from prism_debug.cost import CostModel, HardwareProfile
 from prism_debug.engine import EmulatedClock, LockstepEngine, ReplayEngine
 from prism_debug.engine.graph_engine import GraphEngine
+from prism_debug.engine.injection import apply_fault
+from prism_debug.faults import Fault, Injection, fault_from_dict, fault_text, resolve
 from prism_debug.graph import ExecutionGraph, FamilyRecorder
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,7 @@ class Agent:
         if config.graph_path:
             graph = ExecutionGraph.load(Path(config.graph_path))
             model = CostModel(profile)
-            replay = ReplayEngine(graph, lambda op, pl: model.time_s(op.kind, op.nbytes, pl),
+            replay = ReplayEngine(graph, model.op_time_s,
                                   real_rank=config.rank, record=bool(config.trace_ranks))
             engine = self.graph_engine = GraphEngine(graph, replay, self._fatal)
         else:
@@ -83,16 +84,14 @@ class Agent:
             flight=FlightLog.from_env(config.rank, self.clock),
             on_nonfinite=self._first_nonfinite if config.watch_nonfinite else None,
         )
-        # perturbations in force, with the replay engine's handles; changes
-        # asked while the rank runs wait for the next boundary (the engine is
-        # the main thread's)
-        self.perturbations: list[tuple] = []
-        self.perturbations_due: list = []
-        self.selectors = Selectors()
+        # faults in force: each as written, whom it hits, and the replay
+        # engine's handle; changes asked while the rank runs wait for the next
+        # boundary (the engine is the main thread's)
+        self.faults: list[tuple[str, Injection, object]] = []
+        self.faults_due: list = []
         if self.graph_engine is not None:
-            self.selectors = Selectors.of_graph(self.graph_engine.graph)
-            for text in config.perturbations:
-                self.perturb(self.parse_perturbation(text))
+            for data in config.faults:
+                self.inject(fault_from_dict(data))
         if config.record_program:
             self.runtime.recorder = ProgramRecorder(self.clock.now())
         self.initialised = False
@@ -221,36 +220,44 @@ class Agent:
                         "harness_excluded_s": self.clock.excluded_s})
         self._events.close()
 
-    # -- perturbations -------------------------------------------------------------------
+    # -- faults ------------------------------------------------------------------------
 
-    def parse_perturbation(self, text: str):
+    def resolve(self, fault: Fault) -> Injection:
+        """Whom ``fault`` hits in this rank's world and graph (:class:`ConfigError` if
+        nobody can be: a rank outside the world, a family the graph lacks)."""
         config = self.config
-        return parse_perturbation(text, config.world_size, config.gpus_per_node, self.selectors)
+        return resolve(fault, config.world_size, config.gpus_per_node, self.graph_engine.graph)
 
-    def perturb(self, perturbation) -> None:
-        """Put a perturbation in force (on the main thread, or while it is paused)."""
-        handle = perturbation.apply(self.graph_engine.replay)
-        self.perturbations.append((perturbation, handle))
-        self.runtime.peer_faults.set(p for p, _ in self.perturbations)
+    def inject(self, fault: Fault, text: str | None = None,
+               injection: Injection | None = None) -> None:
+        """Put ``fault`` in force (on the main thread, or while it is paused);
+        ``text`` is how it was written, for ``perturb list``."""
+        injection = injection or self.resolve(fault)
+        handle = apply_fault(self.graph_engine.replay, injection)
+        self.faults.append((text or fault_text(fault), injection, handle))
+        self.runtime.peer_faults.set(entry[1] for entry in self.faults)
 
-    def unperturb(self, index: int | None = None) -> list:
-        """Take back perturbation ``index`` (from 0), or all of them; those taken back."""
-        chosen = self.perturbations if index is None else [self.perturbations[index]]
-        for perturbation, handle in chosen:
+    def withdraw(self, index: int | None = None) -> list[str]:
+        """Take back fault ``index`` (from 0), or all of them; how those were written."""
+        chosen = self.faults if index is None else [self.faults[index]]
+        for _, _, handle in chosen:
             if handle is not None:
                 self.graph_engine.replay.remove(handle)
-        # by identity: two equal lines typed twice are two perturbations
-        self.perturbations = [entry for entry in self.perturbations
-                              if not any(entry is taken for taken in chosen)]
-        self.runtime.peer_faults.set(p for p, _ in self.perturbations)
-        return [p for p, _ in chosen]
+        # by identity: two equal lines typed twice are two faults
+        self.faults = [entry for entry in self.faults
+                       if not any(entry is taken for taken in chosen)]
+        self.runtime.peer_faults.set(entry[1] for entry in self.faults)
+        return [text for text, _, _ in chosen]
+
+    def faults_in_force(self) -> list[Injection]:
+        return [injection for _, injection, _ in self.faults]
 
     def _dump_flight_record(self, op) -> str | None:
         """The watchdog's flight-record dump: the real rank's and its group's peers'."""
         flight = self.runtime.flight
         if flight is None:
             return None
-        written = flight.dump(op.pg_id, op.seq, [p for p, _ in self.perturbations])
+        written = flight.dump(op.pg_id, op.seq, self.faults_in_force())
         if written is None:
             return None
         path, absent = written
@@ -324,8 +331,8 @@ class Agent:
         record = self.tracker.boundary(t0, extra)
         if self.graph_engine is not None:
             self.graph_engine.iteration_end()
-            while self.perturbations_due:  # the engine is the main thread's
-                self.perturbations_due.pop(0)()
+            while self.faults_due:  # the engine is the main thread's
+                self.faults_due.pop(0)()
         iteration = record["iteration"]
         debugger = self.debugger
         if debugger is not None:
@@ -381,6 +388,12 @@ class Agent:
                 snapshot_every=control.get("snapshot_every"),
                 bus=control.get("bus"), bus_curve=control.get("bus_curve"))
             self.tracker.record_ops = self.config.record_ops
+            # a scenario that starts from this snapshot: its faults act from here
+            if self.graph_engine is not None:
+                for data in control.get("faults", ()):
+                    self.inject(fault_from_dict(data))
+            if control.get("watch_nonfinite"):
+                self.runtime.on_nonfinite = self._first_nonfinite
         if control.get("restored"):
             self._resume_link_restored(control)
         elif self.link is not None:

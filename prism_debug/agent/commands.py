@@ -12,6 +12,7 @@ import threading
 from prism_debug.agent.debugger import DebuggerError
 from prism_debug.bus.protocol import BadArguments, InvalidState
 from prism_debug.errors import ConfigError
+from prism_debug.faults import fault_from_dict, fault_text
 from prism_debug.graph.selectors import select_ranks
 
 _MAX_PEERS = 64  # rows a peers answer lists
@@ -111,41 +112,50 @@ class Commands:
 
     # -- perturbations ------------------------------------------------------------------
 
-    def do_perturb(self, spec: str) -> dict:
-        """Perturb virtual peers through the replay engine (``list`` them,
-        ``clear`` one or all): now when paused (the engine belongs to the
-        rank's main thread), else at the end of the iteration in progress."""
-        agent, debugger = self._agent, self._debugger
-        if agent.graph_engine is None:
+    def do_perturb(self, fault: dict, text: str | None = None) -> dict:
+        """Put a fault in force on the virtual peers (``text``: how it was
+        written): now when paused (the engine belongs to the rank's main
+        thread), else at the end of the iteration in progress."""
+        agent = self._agent
+        self._need_graph()
+        parsed = fault_from_dict(fault)
+        injection = agent.resolve(parsed)  # whom it hits: refused here, not later
+        text = text or fault_text(parsed)
+        return {"perturbation": text, "cleared": False,
+                "when": self._at_boundary(lambda: agent.inject(parsed, text, injection))}
+
+    def do_faults(self) -> dict:
+        """The faults in force, as written, and whom they hit."""
+        self._need_graph()
+        return {"perturbations": [{"index": i, "text": text, "summary": injection.summary(text)}
+                                  for i, (text, injection, _) in
+                                  enumerate(self._agent.faults)]}
+
+    def do_unperturb(self, index: int | None = None) -> dict:
+        """Take back fault ``index`` (``faults`` numbers them), or every one."""
+        agent = self._agent
+        self._need_graph()
+        if index is not None and not 0 <= index < len(agent.faults):
+            raise BadArguments(f"no perturbation {index}: perturb list shows "
+                               f"{len(agent.faults)}")
+        what = "every perturbation" if index is None else agent.faults[index][0]
+        return {"perturbation": what, "cleared": True,
+                "when": self._at_boundary(lambda: agent.withdraw(index))}
+
+    def _need_graph(self) -> None:
+        if self._agent.graph_engine is None:
             raise InvalidState("perturbations need virtual peers replayed from a graph: run "
                                "with --graph (prism-debug profile makes one)")
-        words = spec.split()
-        if words and words[0] == "list":
-            return {"perturbations": [{"index": i, "text": p.text, "summary": p.summary()}
-                                      for i, (p, _) in enumerate(agent.perturbations)]}
-        if words and words[0] == "clear":
-            index = None
-            if len(words) > 2 or (len(words) == 2 and not words[1].isdigit()):
-                raise BadArguments("perturb clear [N]: N is a number perturb list shows")
-            if len(words) == 2:
-                index = int(words[1])
-                if index >= len(agent.perturbations):
-                    raise BadArguments(f"no perturbation {index}: perturb list shows "
-                                       f"{len(agent.perturbations)}")
-            change, what = (lambda: agent.unperturb(index)), (
-                "every perturbation" if index is None
-                else agent.perturbations[index][0].text)
-        else:
-            perturbation = agent.parse_perturbation(spec)
-            change, what = (lambda: agent.perturb(perturbation)), perturbation.text
+
+    def _at_boundary(self, change) -> str:
+        """Run ``change`` on the rank's main thread: now if it is paused, else
+        at the end of the iteration in progress; says when."""
+        agent, debugger = self._agent, self._debugger
         if debugger.paused_at is not None:
             debugger.run_paused(change)
-            when = "now"
-        else:
-            agent.perturbations_due.append(change)
-            when = f"at the end of iteration {agent.tracker.iteration}"
-        return {"perturbation": what, "cleared": bool(words and words[0] == "clear"),
-                "when": when}
+            return "now"
+        agent.faults_due.append(change)
+        return f"at the end of iteration {agent.tracker.iteration}"
 
     # -- snapshots --------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ class AgentConfig:
     bus: str | None = None
     bus_curve: dict | None = None  # CURVE keys when the bus is not on loopback
     start_paused: bool = False  # pause at init_process_group until a client continues
-    perturbations: tuple[str, ...] = ()  # applied to the replay engine at the start
+    faults: tuple[dict, ...] = ()  # Fault.to_dict()s put in force at the start
     collective_timeout_s: float | None = None  # overrides every group's timeout
     watch_nonfinite: bool = False  # report the first iteration the rank sends NaN/inf
 
@@ -56,7 +56,7 @@ class AgentConfig:
         data = json.loads(Path(path).read_text())
         data["trace_ranks"] = tuple(data.get("trace_ranks", ()))
         data["snapshot_at"] = tuple(data.get("snapshot_at", ()))
-        data["perturbations"] = tuple(data.get("perturbations", ()))
+        data["faults"] = tuple(data.get("faults", ()))
         return cls(**data)
 
     @classmethod

@@ -19,11 +19,7 @@ import time
 from collections import deque
 from typing import Callable
 
-from prism_debug.errors import PrismError
-
-
-class DebuggerError(PrismError):
-    """A debugger command that cannot be carried out in the rank's state."""
+from prism_debug.errors import DebuggerError
 
 
 @dataclasses.dataclass

@@ -32,14 +32,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterable
 
 from prism_debug.backend.flight_recorder import (
     BUFFER_SIZE_ENV, FlightRecorder, dump_prefix_from_env, python_frames, scalar_type_name,
     write_group_dumps,
 )
 from prism_debug.backend.work import flat_tensors
-from prism_debug.engine.perturbations import MISSING_ACTIONS
 from prism_debug.errors import ConfigError
+from prism_debug.faults import MISSING_ACTIONS, Action, Fault, Injection
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +91,11 @@ class FlightLog:
 
     # -- the dump -------------------------------------------------------------------
 
-    def dump(self, pg_id: int, seq: int, faults) -> tuple[Path, list[int]] | None:
+    def dump(self, pg_id: int, seq: int,
+             faults: Iterable[Injection]) -> tuple[Path, list[int]] | None:
         """Write the dumps of group ``pg_id`` timed out at its op ``seq`` (the
         group's op count); where the real rank's went and the ranks with no
-        file.  ``faults`` are the perturbations in force."""
+        file.  ``faults`` are the faults in force."""
         if pg_id not in self._groups:
             return None
         name, desc, members = self._groups[pg_id]
@@ -137,7 +139,7 @@ class FlightLog:
             fault = _fault_of(member, faults)
             if fault is None:
                 by_rank[member] = own
-            elif fault.action == "fail":
+            elif fault.action == Action.FAIL:
                 absent.append(member)
             else:
                 by_rank[member] = _as_peer(own, stuck_at, fault)
@@ -146,18 +148,19 @@ class FlightLog:
         return paths[self.rank], absent
 
 
-def _fault_of(rank: int, faults):
+def _fault_of(rank: int, faults: Iterable[Injection]) -> Fault | None:
     """The fault that keeps ``rank`` from the timed-out collective, if any."""
-    for p in faults:
-        if p.action in MISSING_ACTIONS and p.stall_s is None and rank in p.ranks:
-            return p
+    for injection in faults:
+        fault = injection.fault
+        if fault.action in MISSING_ACTIONS and fault.stall_s is None and injection.hits(rank):
+            return fault
     return None
 
 
-def _as_peer(entries: list[dict], stuck_at: int, fault) -> list[dict]:
+def _as_peer(entries: list[dict], stuck_at: int, fault: Fault) -> list[dict]:
     """The real rank's record as a hung or desynchronised peer would hold it."""
     before = [dict(e) for e in entries if e["is_p2p"] or e["collective_seq_id"] < stuck_at]
-    if fault.action == "hang":
+    if fault.action == Action.HANG:
         return before
     later = [e for e in entries if not e["is_p2p"] and e["collective_seq_id"] >= stuck_at]
     if not later:

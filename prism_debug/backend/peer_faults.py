@@ -28,7 +28,7 @@ import math
 import torch
 
 from prism_debug.backend.work import flat_tensors
-from prism_debug.engine.perturbations import VALUE_ACTIONS, Perturbation
+from prism_debug.faults import VALUE_ACTIONS, Action, Injection
 
 _REDUCTIONS = frozenset({"all_reduce", "reduce", "reduce_scatter"})
 
@@ -36,24 +36,25 @@ _REDUCTIONS = frozenset({"all_reduce", "reduce", "reduce_scatter"})
 class PeerFaults:
     def __init__(self, rank: int) -> None:
         self.rank = rank  # the real rank: never its own faulty peer
-        self.active: tuple[Perturbation, ...] = ()  # the value faults, for the hot path's test
+        self.active: tuple[Injection, ...] = ()  # the value faults, for the hot path's test
         self._version = 0  # bumped by set(): each group keeps its members found for one
 
-    def set(self, perturbations) -> None:
-        """The perturbations in force (all kinds; the value ones are kept)."""
-        self.active = tuple(p for p in perturbations if p.action in VALUE_ACTIONS)
+    def set(self, injections) -> None:
+        """The faults in force (all kinds; the value ones are kept)."""
+        self.active = tuple(i for i in injections if i.action in VALUE_ACTIONS)
         self._version += 1
 
-    def _in_group(self, pg) -> list[tuple[Perturbation, list[int]]]:
+    def _in_group(self, pg) -> list[tuple[Injection, list[int]]]:
         """Each fault with members of ``pg``, and their group ranks (kept on the group)."""
         version, found = getattr(pg, "_prism_faulty_members", (-1, None))
         if version != self._version:
             index = {rank: i for i, rank in enumerate(pg.global_ranks)}
             found = []
-            for p in self.active:
-                members = sorted(index[r] for r in p.ranks if r in index and r != self.rank)
+            for injection in self.active:
+                members = sorted(index[r] for r in injection.targets
+                                 if r in index and r != self.rank)
                 if members:
-                    found.append((p, members))
+                    found.append((injection, members))
             pg._prism_faulty_members = (self._version, found)
         return found
 
@@ -63,16 +64,32 @@ class PeerFaults:
         anything changed.  ``source`` is the group rank data came from (broadcast
         root, receive peer, scatter root)."""
         changed = False
-        for p, members in self._in_group(pg):
-            if p.family is not None and p.family != pg.ref.family:
+        for injection, members in self._in_group(pg):
+            fault = injection.fault
+            if fault.family is not None and fault.family != pg.ref.family:
                 continue
-            if not p.covers(iteration, collective):
+            if not fault.covers(iteration, collective):
                 continue
-            changed |= _corrupt(op, result, members, pg.size(), p, source)
+            changed |= _corrupt(op, result, members, pg.size(), _Spoil.of(injection), source)
         return changed
 
 
-def _corrupt(op: str, result: list, members: list[int], n: int, p: Perturbation,
+class _Spoil:
+    """What one value fault does to a contribution: NaN, +inf, or a scale."""
+
+    __slots__ = ("action", "scale")
+
+    def __init__(self, action: Action, scale: float) -> None:
+        self.action = action
+        self.scale = scale
+
+    @classmethod
+    def of(cls, injection: Injection) -> "_Spoil":
+        fault = injection.fault
+        return cls(fault.action, fault.scale if fault.action == Action.CORRUPT else 1.0)
+
+
+def _corrupt(op: str, result: list, members: list[int], n: int, p: _Spoil,
              source: int | None) -> bool:
     if op in _REDUCTIONS:
         return _each(result, lambda t: _reduced(t, p, len(members), n))
@@ -102,22 +119,22 @@ def _each(tensors, change) -> bool:
     return changed
 
 
-def _reduced(t: torch.Tensor, p: Perturbation, k: int, n: int) -> bool:
+def _reduced(t: torch.Tensor, p: _Spoil, k: int, n: int) -> bool:
     # k of the n contributions to a sum scaled by s: the sum scales by 1 + k(s-1)/n
-    return _spoil(t, p, 1 + k * (p.value - 1) / n)
+    return _spoil(t, p, 1 + k * (p.scale - 1) / n)
 
 
-def _block(t: torch.Tensor, p: Perturbation) -> bool:
-    return _spoil(t, p, p.value)
+def _block(t: torch.Tensor, p: _Spoil) -> bool:
+    return _spoil(t, p, p.scale)
 
 
-def _spoil(t: torch.Tensor, p: Perturbation, scale: float) -> bool:
+def _spoil(t: torch.Tensor, p: _Spoil, scale: float) -> bool:
     """NaN, +inf, or ``t`` times ``scale`` (corrupt); float tensors only."""
     if not t.is_floating_point():
         return False
-    if p.action == "nan":
+    if p.action == Action.NAN:
         t.fill_(math.nan)
-    elif p.action == "inf":
+    elif p.action == Action.INF:
         t.fill_(math.inf)
     else:
         t.mul_(scale)

@@ -20,17 +20,12 @@ from pathlib import Path
 import zmq
 import zmq.auth
 
-from prism_debug.errors import PrismError
+from prism_debug.errors import KeysError
 
 log = logging.getLogger(__name__)
 
 ENV_VAR = "PRISM_DEBUG_KEYS"
 _LOCAL_TRANSPORTS = ("ipc", "inproc")  # never leave the machine (or the process)
-
-
-class KeysError(PrismError):
-    """Raised when CURVE keys are needed (a bind beyond loopback, a session that uses
-    them) and are missing or unreadable."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

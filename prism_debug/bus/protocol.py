@@ -16,7 +16,19 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from prism_debug.errors import PrismError
+from prism_debug.errors import (
+    BadArguments,
+    BadMessage,
+    BusError,
+    BusTimeout,
+    ConfigError,
+    InternalError,
+    InvalidState,
+    RankUnavailable,
+    SnapshotFailed,
+    UnknownVerb,
+)
+from prism_debug.faults import fault_from_dict
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
@@ -28,78 +40,9 @@ EVENT_KINDS = ("iteration.start", "iteration.end", "coll.enter", "coll.exit", "p
 
 
 # --- errors -------------------------------------------------------------------------------
-# Each class's ``type`` is the string that travels in an error reply, so a client re-raises
-# exactly the class the controller raised.
-
-class BusError(PrismError):
-    """Base of every bus error; ``type`` names it on the wire.
-
-    ``request_id`` is the id of the request the error answers (None when the frame was too
-    broken to have one), so the controller can address its error reply and a client can tell
-    an answer to its request from a stale one.
-    """
-
-    #: An error with no more specific type is, from the wire's point of view, internal.
-    type: str = "Internal"
-
-    def __init__(self, message: str = "", *, request_id: str | None = None,
-                 error_type: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.request_id = request_id
-        if error_type is not None:  # an error type this prism-debug does not know
-            self.type = error_type
-
-
-class BadMessage(BusError, ValueError):
-    """A frame that is not a protocol message: not UTF-8 JSON, not an object, too large, of
-    another protocol version, or with a missing or mistyped id or verb."""
-
-    type = "BadMessage"
-
-
-class UnknownVerb(BusError, ValueError):
-    """A well-formed request naming a verb the receiver does not serve."""
-
-    type = "UnknownVerb"
-
-
-class BadArguments(BusError, ValueError):
-    """A request whose arguments do not match its verb's schema: an unknown argument, a
-    missing required one, or one of the wrong type or value."""
-
-    type = "BadArguments"
-
-
-class InvalidState(BusError):
-    """A verb the rank cannot serve in its current state (``step`` while running, …)."""
-
-    type = "InvalidState"
-
-
-class RankUnavailable(BusError):
-    """The rank has exited or is being restored."""
-
-    type = "RankUnavailable"
-
-
-class SnapshotFailed(BusError):
-    """A snapshot or restore the controller tried and could not complete."""
-
-    type = "SnapshotFailed"
-
-
-class BusTimeout(BusError):
-    """No answer within the allotted time (a controller gone away, a rank stuck)."""
-
-    type = "Timeout"
-
-
-class InternalError(BusError):
-    """A bug on the answering side; the message carries what it raised."""
-
-    type = "Internal"
-
+# The classes live in prism_debug.errors (the whole tree in one file); each one's ``type``
+# is the string that travels in an error reply, so a client re-raises exactly the class the
+# controller raised.
 
 _ERROR_TYPES: dict[str, type[BusError]] = {
     cls.type: cls for cls in (BadMessage, UnknownVerb, BadArguments, InvalidState,
@@ -145,7 +88,9 @@ VERBS: Mapping[str, ArgSchema] = types.MappingProxyType({
     "snapshots": _NO_ARGS,
     "restore": {"id": ((str,), True)},
     "detach": {"resume": ((bool,), False)},
-    "perturb": {"spec": ((str,), True)},
+    "perturb": {"fault": ((dict,), True), "text": ((str,), False)},
+    "faults": _NO_ARGS,
+    "unperturb": {"index": ((int,), False)},
     # the agent inside the rank speaks to the controller's ROUTER too
     "agent.hello": {"rank": ((int,), True), "pid": ((int,), True)},
     "agent.heartbeat": _NO_ARGS,
@@ -200,8 +145,18 @@ def _check_break(args: dict[str, Any], request_id: str) -> None:
                            f"(it takes {takes})", request_id=request_id)
 
 
+def _check_perturb(args: dict[str, Any], request_id: str) -> None:
+    """``perturb`` carries a fault in its dict form: it must read back as one."""
+    try:
+        fault_from_dict(args["fault"])
+    except ConfigError as exc:
+        raise BadArguments(f"argument 'fault' of 'perturb': {exc}",
+                           request_id=request_id) from None
+
+
 # Checks a schema cannot express, per verb.
-_VALUE_CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {"break": _check_break}
+_VALUE_CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {
+    "break": _check_break, "perturb": _check_perturb}
 
 
 def check_args(verb: str, args: dict[str, Any], schema: ArgSchema, request_id: str) -> None:

@@ -17,7 +17,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
-from prism_debug.errors import ConfigError, PrismError
+from prism_debug.errors import ConfigError, PrismError, SessionNotFound
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +25,6 @@ ENV_VAR = "PRISM_DEBUG_SESSIONS"
 _SUFFIX = ".json"
 # Session ids name files and are typed after --session: keep them plain.
 _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-class SessionNotFound(PrismError):
-    """Raised when no running session matches a rank or session id (or several do and the
-    user has to choose); the message lists what is running."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

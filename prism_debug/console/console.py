@@ -17,11 +17,14 @@ import json
 import logging
 import os
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
-from prism_debug.errors import PrismError
+from prism_debug.errors import ConfigError, PrismError, ScenarioError
+from prism_debug.faults import USAGE_TEXT, fault_text, parse_fault
+from prism_debug.scenario import load_scenario
 
 logger = logging.getLogger(__name__)
 
@@ -242,44 +245,52 @@ class Console(cmd.Cmd):
                 self._show(result, format_peers)
 
     def do_perturb(self, arg: str) -> None:
-        """perturb ACTION RANKS ... | list | clear [N]
+        if not arg.strip():
+            return self._usage("perturb")
+        words = arg.split()
+        try:
+            if words[0] == "list":
+                verb, args = "faults", {}
+                if len(words) > 1:
+                    raise ConfigError("perturb list takes nothing more")
+            elif words[0] == "clear":
+                verb, args = "unperturb", {}
+                if len(words) > 2 or (len(words) == 2 and not words[1].isdecimal()):
+                    raise ConfigError("perturb clear [N]: N is a number perturb list shows")
+                if len(words) == 2:
+                    args = {"index": int(words[1])}
+            else:  # the grammar is read here, at the edge: the rank gets the typed value
+                text = " ".join(words)
+                verb, args = "perturb", {"fault": parse_fault(text).to_dict(), "text": text}
+        except ConfigError as exc:
+            return self.error(str(exc), type="BadArguments")
+        if self._require_live():
+            result = self._request(verb, **args)
+            if result is not None:
+                self._show(result, format_perturb)
+
+    do_perturb.__doc__ = f"""perturb ACTION RANKS ... | list | clear [N]
 
         Perturb virtual peers (the run needs --graph).  Applied now when
         paused, else at the end of the iteration in progress.
 
-          slow RANKS FACTOR [from I] [for N]           stragglers, a hot node
-          delay RANKS SECONDS [family F] [from I] [for N]   late arrivals
-          link NODES BANDWIDTH [LATENCY_US] [from I] [for N] [flap PERIOD_S DUTY]
-          fail RANKS [at I] [op K]                     fail-stop
-          hang RANKS [at I] [op K] [for SECONDS]       stop at a collective
-          nan|inf RANKS [family F] [at I] [op K] [for N]   bad contributions
-          corrupt RANKS SCALE [family F] [at I] [op K] [for N]
-          desync RANKS size|dtype|op|skip [family F] [at I] [op K]
+{textwrap.indent(USAGE_TEXT, " " * 10)}
 
         RANKS: R, A-B, lists, node:N, family:F:G, class:C, fraction:P[:SEED].
         list shows those in force, numbered; clear N takes one back, clear all.
         """
-        if not arg.strip():
-            return self._usage("perturb")
-        if self._require_live():
-            result = self._request("perturb", spec=arg.strip())
-            if result is not None:
-                self._show(result, format_perturb)
 
     def do_scenario(self, arg: str) -> None:
         """scenario FILE
 
-        Load a scenario file and put its faults in force on this rank, as
-        perturb lines (the rank resolves families and classes against its
-        graph).  Its world must be this run's; its expectations are judged
-        by prism-debug scenario run, which runs it headless.
+        Load a scenario file and put its faults in force on this rank (the
+        rank resolves families and classes against its graph).  Its world
+        must be this run's; its expectations are judged by prism-debug
+        scenario run, which runs it headless.
         """
         path = arg.strip()
         if not path:
             return self._usage("scenario")
-        from prism_debug.scenario import ScenarioError, load_scenario
-        from prism_debug.scenario.plan import selector_texts
-
         try:
             scenario = load_scenario(path)
         except ScenarioError as exc:
@@ -295,8 +306,9 @@ class Console(cmd.Cmd):
                               f"{status['rank']} of {status['world_size']}",
                               type="BadArguments")
         applied = []
-        for text in selector_texts(scenario):
-            result = self._request("perturb", spec=text)
+        for fault in scenario.seeded_faults():
+            text = fault_text(fault)
+            result = self._request("perturb", fault=fault.to_dict(), text=text)
             if result is None:
                 break
             applied.append(f"{text}: applied {result['when']}")

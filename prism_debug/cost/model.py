@@ -92,6 +92,11 @@ class CostModel:
         (Engines memoise this per group: a training loop repeats a few sizes.)"""
         return self.estimate(op, nbytes, placement).time_s
 
+    def op_time_s(self, op, placement: Placement) -> float:
+        """:meth:`time_s` of an op spec (anything with ``kind`` and ``nbytes``):
+        the replay engine's cost function."""
+        return self.estimate(op.kind, op.nbytes, placement).time_s
+
     def estimate(self, op: str, nbytes: int, placement: Placement) -> Estimate:
         if op not in COLLECTIVES:
             raise ConfigError(f"unknown collective {op!r}; expected one of {', '.join(COLLECTIVES)}")

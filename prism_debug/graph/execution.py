@@ -23,16 +23,10 @@ import json
 import math
 from pathlib import Path
 
-from prism_debug.errors import PrismError
+from prism_debug.errors import GraphError
 
 GRAPH_VERSION = 1
 P2P_KINDS = ("send", "recv")
-
-
-class GraphError(PrismError):
-    """Raised for a graph file that is malformed, of another version, or does
-    not describe the job it is used with; the message names the first
-    mismatch."""
 
 
 @dataclasses.dataclass(frozen=True)

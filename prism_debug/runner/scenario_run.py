@@ -1,10 +1,11 @@
 """``prism-debug scenario run``: run a scenario headless and judge it.
 
-The faults become perturbation lines (``scenario/plan.py``) handed to an
-ordinary ``prism-debug run`` of the scenario's command; a baseline run
-without them comes first when an expectation compares iteration times.  What
-the runs showed (exit code, the exception in the rank's output, the report,
-the flight record torch's analyzer reads) goes back to the pure verdicts.
+The scenario's faults, typed values from its file, go to an ordinary run of
+its command — or to a restore of its snapshot, put in force as the rank
+resumes — and a baseline run without them comes first when an expectation
+compares iteration times.  What the runs showed (exit code, the exception in
+the rank's output, the report, the flight record torch's analyzer reads)
+goes back to the pure verdicts (``scenario/plan.py``).
 """
 
 from __future__ import annotations
@@ -21,17 +22,21 @@ from typing import Callable
 from xml.sax.saxutils import escape, quoteattr
 
 from prism_debug.cost import DEFAULT_PROFILE, CostModel, load_profile
-from prism_debug.engine.perturbations import Selectors
 from prism_debug.errors import ConfigError
+from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
+from prism_debug.faults import fault_text, rank_text, resolve
 from prism_debug.graph import ExecutionGraph
-from prism_debug.runner.launch import (
-    BUNDLED_EXAMPLE, RunOptions, default_run_dir, python_command, run,
-)
+from prism_debug.runner.launch import restore, run
+from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, python_command
+from prism_debug.runner.paths import DEFAULT_STORE, default_run_dir
+from prism_debug.runner.profile import ProfileOptions, profile
 from prism_debug.scenario import Scenario, plan
 from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt
+from prism_debug.snapshot.store import Manifest, Store, sha256_file
 
 GRAPH_CACHE_ENV = "PRISM_DEBUG_GRAPH_CACHE"
 _FR_TRACE_TIMEOUT_S = 300
+Message = Callable[[str], None]
 
 
 @dataclasses.dataclass
@@ -56,65 +61,94 @@ class ScenarioResult:
                                  for v in self.verdicts]}
 
 
-def run_scenario(scenario: Scenario, message: Callable[[str], None], *,
-                 run_dir: Path | None = None) -> ScenarioResult:
+def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
+                 run_dir: Path | None = None, store: Path | None = None) -> ScenarioResult:
+    """Run ``scenario`` (a command, the example, or a snapshot of ``store``)
+    with its faults, and judge what it showed."""
     started = time.monotonic()
     run_dir = (run_dir or default_run_dir()).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec = scenario.run
-    world = scenario.world
-    if spec.snapshot is not None:
-        raise ConfigError(f"{scenario.source}: run.snapshot: scenarios start from a command or "
-                          "the example for now; restore the snapshot with prism-debug snapshot "
-                          "restore and perturb it from the console")
-    profile = load_profile(spec.hardware or DEFAULT_PROFILE)
-    profile = dataclasses.replace(profile, gpus_per_node=world.gpus_per_node)
-    command = _command(scenario)
+    spec, world = scenario.run, scenario.world
+    manifest = _snapshot(scenario, store) if spec.snapshot is not None else None
+    hardware = manifest.hardware if manifest is not None else spec.hardware or DEFAULT_PROFILE
+    profile = dataclasses.replace(load_profile(hardware), gpus_per_node=world.gpus_per_node)
+    command = manifest.command if manifest is not None else _command(scenario)
     graph_path = _graph(scenario, command, run_dir, message)
-    graph = ExecutionGraph.load(graph_path) if graph_path else None
+    graph = ExecutionGraph.load(graph_path) if graph_path else None  # once for every run
     if scenario.faults and graph is None:
         raise ConfigError(f"{scenario.source}: faults act on virtual peers replayed from an "
                           "execution graph: give run.graph (a file, or profile)")
-    texts = plan.perturbation_texts(scenario, Selectors.of_graph(graph) if graph else None)
-    for text in texts:
-        message(f"scenario: perturb {text}")
-    flight_env = {}
-    if any(isinstance(e, ExpectFlightRecord) for e in scenario.expect):
-        # torch records only when asked; the dump goes into the run's folder
-        flight_env = {"TORCH_FR_BUFFER_SIZE": "2000",
-                      "TORCH_FR_DUMP_TEMP_FILE": str(run_dir / "flight" / "trace_rank_")}
-    env = tuple(spec.env) + tuple((k, v) for k, v in flight_env.items()
-                                  if k not in dict(spec.env))
-    options = dict(command=command, rank=world.rank, world_size=world.size, profile=profile,
-                   iterations=spec.iterations, seed=scenario.seed, graph_path=graph_path,
-                   bind=None, collective_timeout_s=spec.timeout_s)
+    if manifest is not None and graph_path is not None \
+            and manifest.graph_digest != sha256_file(graph_path):
+        raise ConfigError(f"{scenario.source}: run.graph {graph_path} is not the graph snapshot "
+                          f"{manifest.id} was taken with: give that graph")
+    faults = scenario.seeded_faults()
+    for fault in faults:
+        targets = resolve(fault, world.size, world.gpus_per_node, graph).targets
+        message(f"scenario: perturb {fault_text(fault)}" + (
+            f"  ({rank_text(targets)})" if fault.select.kind in ("family", "class", "fraction")
+            else ""))
+    watch = any(isinstance(e, ExpectNanAt) for e in scenario.expect)
+
+    if manifest is not None:
+        def start(name: str, with_faults: bool, report: Path | None, say: Message) -> RunResult:
+            return restore(RestoreOptions(
+                snapshot_id=manifest.id, store=store, iterations=spec.iterations,
+                run_dir=run_dir / name, bind=None, report_path=report,
+                faults=faults if with_faults else (), watch_nonfinite=watch and with_faults),
+                say)
+    else:
+        flight_env = {}
+        if any(isinstance(e, ExpectFlightRecord) for e in scenario.expect):
+            # torch records only when asked; the dump goes into the run's folder
+            flight_env = {"TORCH_FR_BUFFER_SIZE": "2000",
+                          "TORCH_FR_DUMP_TEMP_FILE": str(run_dir / "flight" / "trace_rank_")}
+
+        def start(name: str, with_faults: bool, report: Path | None, say: Message) -> RunResult:
+            env = tuple(spec.env)
+            if with_faults:
+                env += tuple((k, v) for k, v in flight_env.items() if k not in dict(spec.env))
+            return run(RunOptions(
+                command=command, rank=world.rank, world_size=world.size, profile=profile,
+                iterations=spec.iterations, seed=scenario.seed, graph_path=graph_path,
+                graph=graph, bind=None, collective_timeout_s=spec.timeout_s,
+                run_dir=run_dir / name, report_path=report, env=env,
+                faults=faults if with_faults else (),
+                watch_nonfinite=watch and with_faults), say)
 
     baseline = None
     if plan.needs_baseline(scenario):
         message("scenario: baseline run, without the faults")
-        baseline = _observe(run(RunOptions(**options, run_dir=run_dir / "baseline",
-                                           env=tuple(spec.env)), _quiet(message)))
+        baseline = _observe(start("baseline", False, None, _quiet(message)))
     predicted = None
     if plan.needs_prediction(scenario):
-        model = CostModel(profile)
-        predicted = plan.predicted_ratio(
-            graph, lambda op, pl: model.time_s(op.kind, op.nbytes, pl), world.rank, texts,
-            spec.last_iteration or 4)
+        # a restored run's iterations count on from its snapshot's
+        horizon = spec.last_iteration or (
+            manifest.iteration + (spec.iterations or 4) if manifest is not None else 4)
+        predicted = plan.predicted_ratio(graph, CostModel(profile).op_time_s, world.rank,
+                                         faults, horizon)
         message(f"scenario: the replay engine predicts iterations x{predicted:.3f}")
     message(f"scenario: {scenario.name}: run with the faults")
-    result = run(RunOptions(
-        **options, run_dir=run_dir / "run", perturbations=tuple(texts), env=env,
-        report_path=run_dir / "report.json",
-        watch_nonfinite=any(isinstance(e, ExpectNanAt) for e in scenario.expect)), message)
-    observed = _observe(result)
+    observed = _observe(start("run", True, run_dir / "report.json", message))
     verdicts = plan.evaluate(scenario, observed, baseline, predicted)
     return ScenarioResult(scenario, verdicts, run_dir, time.monotonic() - started, predicted)
+
+
+def _snapshot(scenario: Scenario, store: Path | None) -> Manifest:
+    """The snapshot the scenario starts from, checked against its world."""
+    manifest = Store(store or DEFAULT_STORE).verify(scenario.run.snapshot)
+    world = scenario.world
+    if (manifest.rank, manifest.world_size) != (world.rank, world.size):
+        raise ConfigError(f"{scenario.source}: run.snapshot {manifest.id} is of rank "
+                          f"{manifest.rank} of {manifest.world_size}; the scenario's world is "
+                          f"rank {world.rank} of {world.size}")
+    return manifest
 
 
 def _command(scenario: Scenario) -> list[str]:
     spec = scenario.run
     if spec.example is not None:
-        return python_command(BUNDLED_EXAMPLE, spec.example.argv())
+        return python_command(EXAMPLE_SCRIPT, spec.example.argv())
     command = list(spec.command)
     # a script named relative to the scenario file
     base = Path(scenario.source).resolve().parent
@@ -127,7 +161,7 @@ def _command(scenario: Scenario) -> list[str]:
 
 
 def _graph(scenario: Scenario, command: list[str], run_dir: Path,
-           message: Callable[[str], None]) -> Path | None:
+           message: Message) -> Path | None:
     """The graph file: the scenario's (relative to its file), or one profiled
     for it and cached by command and layout, so scenarios of one job share it."""
     spec, world = scenario.run, scenario.world
@@ -141,8 +175,6 @@ def _graph(scenario: Scenario, command: list[str], run_dir: Path,
             raise ConfigError(f"{scenario.source}: run.graph {spec.graph}: no such file "
                               f"({path}); make one with prism-debug profile, or write profile")
         return path
-    from prism_debug.runner.profile import ProfileOptions, profile
-
     script = Path(command[1]) if len(command) > 1 else None
     key = hashlib.sha256(json.dumps([
         [Path(c).name if c == sys.executable else c for c in command],
@@ -166,9 +198,9 @@ def _graph(scenario: Scenario, command: list[str], run_dir: Path,
     return path
 
 
-def _observe(result) -> plan.Observed:
+def _observe(result: RunResult) -> plan.Observed:
     events = result.events  # read once, by the run
-    log = (result.run_dir / "rank.log").read_text(encoding="utf-8", errors="replace").splitlines()
+    log = result.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
     flight = None
     dumped = next((e for e in events if e["kind"] == "flight_record"), None)
     if dumped is not None:
@@ -197,7 +229,7 @@ def _analyse_flight_record(dumped: dict) -> plan.FlightFindings:
     return plan.flight_findings(text, dumped["absent"])
 
 
-def _quiet(message: Callable[[str], None]) -> Callable[[str], None]:
+def _quiet(message: Message) -> Message:
     """Only the summary lines of the runs that support the scenario."""
     return lambda line: message("  " + line) if line.startswith(("summary:", "profile: wrote")) \
         else None

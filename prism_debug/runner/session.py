@@ -17,15 +17,19 @@ from pathlib import Path
 from typing import Callable
 
 from prism_debug.bus import sessions
-from prism_debug.bus.protocol import InvalidState, RankUnavailable, SnapshotFailed
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
-from prism_debug.errors import PrismError
-from prism_debug.snapshot.store import now_text
+from prism_debug.errors import InvalidState, PrismError, RankUnavailable, SnapshotFailed
+from prism_debug.runner import snapshots
+from prism_debug.runner.children import RankProcess, RestoredChild, continue_rank
+from prism_debug.runner.snapshots import Snapshotter, write_control
+from prism_debug.snapshot.store import Store, now_text
 
 
 class Session:
+    """A run's debugging session on the bus (serves children.RunSession)."""
+
     def __init__(self, *, rank: int, world_size: int, host: str, run_files: dict[str, Path],
-                 store: Path | None, snapshotter_factory: Callable[[], object],
+                 store: Store, snapshotter_factory: Callable[[], Snapshotter],
                  message: Callable[[str], None]) -> None:
         self.rank = rank
         self.world_size = world_size
@@ -35,9 +39,9 @@ class Session:
         self.run_files = run_files  # log, events, control: what a restored copy writes to
         self.store = store
         self._snapshotter_factory = snapshotter_factory
-        self._snapshotter = None
+        self._snapshotter: Snapshotter | None = None
         self._message = message
-        self.child = None  # the rank's process (launch's Popen-like), swapped by restores
+        self.child: RankProcess | None = None  # the rank's process, swapped by restores
         self.exit_code: int | None = None
         self._snapshot_waiters: dict[int, list[Pending]] = {}  # iteration -> clients
         self.snapshotting = False
@@ -90,7 +94,7 @@ class Session:
         self.server.close()
 
     @property
-    def snapshotter(self):
+    def snapshotter(self) -> Snapshotter:
         """Made on the first snapshot, so a run that takes none needs no CRIU."""
         if self._snapshotter is None:
             self._snapshotter = self._snapshotter_factory()
@@ -100,11 +104,6 @@ class Session:
     @property
     def snapshots_taken(self) -> list[str]:
         return list(self._snapshotter.taken) if self._snapshotter is not None else []
-
-    def _store(self):
-        from prism_debug.runner.snapshots import DEFAULT_STORE
-        from prism_debug.snapshot.store import Store
-        return Store(self.store or DEFAULT_STORE)
 
     def take_snapshot(self, event: dict) -> None:
         """The rank idles at a boundary for a snapshot: dump it, tell who asked."""
@@ -139,7 +138,6 @@ class Session:
             self.server.reply(pending, result)
 
     def _release_rank(self, iteration: int) -> None:
-        from prism_debug.runner.snapshots import continue_rank, write_control
         write_control(self.run_files["control"], {"stop_at": iteration, "phase": "go"})
         continue_rank(self.child.pid)
 
@@ -186,7 +184,7 @@ class Session:
         raise Deferred(answer)
 
     def _snapshots(self, client: bytes, args: dict) -> dict:
-        manifests = self._store().list()
+        manifests = self.store.list()
         return {"snapshots": [{"id": m.id, "iteration": m.iteration, "parent": m.parent,
                                "image_bytes": m.image_bytes, "created": m.created,
                                "rank": m.rank, "world_size": m.world_size}
@@ -195,8 +193,7 @@ class Session:
     def _restore(self, client: bytes, args: dict) -> dict:
         """Replace the rank by a copy restored from a snapshot, paused where
         the snapshot was taken; the session follows the copy from then on."""
-        from prism_debug.runner import snapshots
-        store = self._store()
+        store = self.store
         try:
             manifest = store.verify(args["id"])
             snapshots.check_unchanged(manifest)
@@ -215,14 +212,14 @@ class Session:
         self._taken.clear()
         try:
             if self.child is not None and self.child.poll() is None:
-                self.child.kill_rank()
+                self.child.kill()
             pid = snapshots.restore_process(
                 store, manifest, self.run_files, criu, bus=self.server.commands,
                 bus_curve=self.server.agent_curve, pause=True)
         except PrismError as exc:
             raise SnapshotFailed(str(exc)) from None
         self.server.agent_away()  # the copy's agent connects as it resumes
-        self.child = snapshots.RestoredChild(pid)
+        self.child = RestoredChild(pid)
         self.exit_code = None
         result = {"id": manifest.id, "iteration": manifest.iteration, "pid": pid}
         self.server.publish("restored", result)
@@ -263,11 +260,11 @@ class NoSession:
     commands_endpoint = None
     agent_curve = None
 
-    def __init__(self, snapshotter_factory: Callable[[], object],
+    def __init__(self, snapshotter_factory: Callable[[], Snapshotter],
                  run_files: dict[str, Path]) -> None:
         self._snapshotter_factory = snapshotter_factory
-        self._snapshotter = None
-        self.child = None
+        self._snapshotter: Snapshotter | None = None
+        self.child: RankProcess | None = None
         self.run_files = run_files
 
     def poll(self, timeout_s: float) -> None:
@@ -291,3 +288,13 @@ class NoSession:
             self._snapshotter = self._snapshotter_factory()
             self._snapshotter.open_files = dict(self.run_files)
         self._snapshotter.take(self.child.pid, event["iteration"], bool(event.get("cuda")))
+
+
+def open_session(rank: int, world_size: int, bind: str | None, files: dict[str, Path],
+                 store: Store, snapshotter_factory: Callable[[], Snapshotter],
+                 message: Callable[[str], None]) -> Session | NoSession:
+    """The run's debugging session on the bus, or a silent stand-in without one."""
+    if bind is None:
+        return NoSession(snapshotter_factory, files)
+    return Session(rank=rank, world_size=world_size, host=bind, run_files=files, store=store,
+                   snapshotter_factory=snapshotter_factory, message=message)

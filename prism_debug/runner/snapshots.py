@@ -1,5 +1,5 @@
-"""Snapshots from the controller's side: dump the rank at an iteration
-boundary, and restore a snapshot as a new run.
+"""Snapshots from the controller's side (the CRIU mechanics): dump the rank
+at an iteration boundary, and restore a snapshot's rank as a child.
 
 The rank stops itself at a boundary (SIGSTOP) after flushing its event log;
 the controller dumps the stopped process tree with CRIU, leaving it running,
@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from prism_debug.errors import ConfigError
-from prism_debug.runner import launch
+from prism_debug.faults import Fault
+from prism_debug.runner.children import continue_rank
+from prism_debug.runner.options import RunOptions, script_of
 from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot import incremental
 from prism_debug.snapshot.store import (
@@ -33,20 +34,10 @@ from prism_debug.snapshot.store import (
     sha256_file,
 )
 
-DEFAULT_STORE = launch.SOURCE_ROOT / "snapshots"
 _STOP_TIMEOUT_S = 60.0
 
 
-def script_of(command: list[str]) -> Path | None:
-    """The Python script a command runs, if it runs one."""
-    if Path(command[0]).name.startswith("python"):
-        script = next((a for a in command[1:] if not a.startswith("-")), None)
-        if script is not None and script.endswith(".py"):
-            return Path(script).resolve()
-    return None
-
-
-def _environment_digest(options: launch.RunOptions) -> str:
+def _environment_digest(options: RunOptions) -> str:
     """What else a restored run's behaviour rests on besides the script and graph."""
     facts = {"hardware": options.profile.to_dict(), "seed": options.seed,
              "values": options.values, "digests": options.digests,
@@ -70,7 +61,8 @@ class Snapshotter:
     tracked: bool = False
 
     @classmethod
-    def for_run(cls, options: launch.RunOptions, message: Callable[[str], None]) -> "Snapshotter":
+    def for_run(cls, options: RunOptions, store: Store,
+                message: Callable[[str], None]) -> "Snapshotter":
         criu = criu_api.locate()
         criu_api.pycriu()
         tracked = options.incremental and criu_api.tracks_memory(criu)[0]
@@ -83,7 +75,7 @@ class Snapshotter:
             "environment_digest": _environment_digest(options),
             "hardware": options.profile.name,
         }
-        return cls(Store(options.store or DEFAULT_STORE), criu, base, message,
+        return cls(store, criu, base, message,
                    incremental=options.incremental, tracked=tracked)
 
     @classmethod
@@ -183,56 +175,7 @@ def _state(pid: int) -> str | None:
         return None
 
 
-def continue_rank(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGCONT)
-    except ProcessLookupError:
-        pass
-
-
 # -- restore --------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RestoreOptions:
-    snapshot_id: str
-    store: Path | None = None
-    iterations: int | None = None  # further iterations to run (default: to the end)
-    report_path: Path | None = None
-    trace_path: Path | None = None
-    run_dir: Path | None = None
-    bind: str | None = "127.0.0.1"  # the debugger bus (None: no bus)
-
-    def __post_init__(self) -> None:
-        if self.iterations is not None and self.iterations < 1:
-            raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
-        for option, path in (("--report", self.report_path), ("--trace", self.trace_path)):
-            if path is not None and not path.resolve().parent.is_dir():
-                raise ConfigError(f"{option} {path}: directory {path.resolve().parent} does "
-                                  "not exist")
-
-
-class RestoredChild:
-    """The restored rank, as launch's loop expects a child (poll, pid, wait)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
-        return self.returncode
-
-    def wait(self) -> int:
-        while self.poll() is None:
-            time.sleep(0.01)
-        return self.returncode
-
-    def kill_rank(self) -> None:
-        launch.kill_rank(self)
 
 
 def check_unchanged(manifest: Manifest) -> None:
@@ -260,16 +203,19 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
                     criu: criu_api.Criu, *, iterations: int | None = None,
                     record_ops: bool = False, bus: str | None = None,
                     bus_curve: dict | None = None, pause: bool = False,
+                    faults: tuple[Fault, ...] = (), watch_nonfinite: bool = False,
                     message: Callable[[str], None] = lambda line: None) -> int:
     """Restore the rank of a (verified) snapshot as a child of this process,
     writing to ``files`` (log, events, control) instead of the files it had
     open, and continue it; the pid.  ``criu``: :func:`restore_tools`'s;
     ``bus``: the endpoint the copy's agent connects to; ``pause``: it stays
-    paused where the snapshot was taken."""
+    paused where the snapshot was taken; ``faults``: put in force as it
+    resumes (a scenario that starts from a snapshot)."""
     limit = manifest.iteration + iterations if iterations else None
     files["control"].write_text(json.dumps({
         "restored": True, "snapshot": manifest.id, "iterations": limit,
         "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve, "pause": pause,
+        "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
         "stop_at": manifest.iteration, "phase": "go"}))
     fds = {
         "log": os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
@@ -289,36 +235,3 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
     if manifest.cuda:  # its CUDA state was checkpointed to host memory: back to the GPU
         _resume_cuda(criu_api.cuda_checkpoint(), pid, message)
     return pid
-
-
-def restore(options: RestoreOptions, message: Callable[[str], None]) -> launch.RunResult:
-    """``prism-debug snapshot restore``: a new run from a snapshot, with a bus of
-    its own (so a restored rank can be attached to as well)."""
-    store = Store(options.store or DEFAULT_STORE)
-    manifest = store.verify(options.snapshot_id)
-    check_unchanged(manifest)
-    criu = restore_tools(manifest)
-    run_dir = options.run_dir or launch.default_run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    files = launch.run_files(run_dir)
-    message(f"prism-debug: restoring snapshot {manifest.id} (rank {manifest.rank} of "
-            f"{manifest.world_size}, after iteration {manifest.iteration})")
-    session = launch.open_session(manifest.rank, manifest.world_size, options.bind, files,
-                                  store.root, lambda: Snapshotter.continuing(manifest, store,
-                                                                             message), message)
-    try:
-        pid = restore_process(store, manifest, files, criu, iterations=options.iterations,
-                              record_ops=options.trace_path is not None,
-                              bus=session.commands_endpoint, bus_curve=session.agent_curve,
-                              message=message)
-        session.child = RestoredChild(pid)
-        follower = launch._Follower(files["log"], files["events"], manifest.rank, message,
-                                    session)
-        exit_code = launch._wait(session, follower)
-        _, report = launch.finish(
-            follower, files["events"], exit_code, manifest.world_size, manifest.rank,
-            manifest.command, manifest.hardware, options.report_path, options.trace_path,
-            message, restored_from=manifest.id)
-    finally:
-        session.close()
-    return launch.RunResult(report, exit_code, run_dir)

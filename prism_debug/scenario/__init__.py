@@ -1,26 +1,16 @@
 """Scenarios: scripted faults and expectations for a run (pure core: no torch,
-ZeroMQ, CRIU or click)."""
+ZeroMQ, CRIU or click).  The fault types are :mod:`prism_debug.faults`'s,
+re-exported here because a scenario file is where most of them are written."""
 
-from prism_debug.scenario.loader import Problem, ScenarioError, lint, load_scenario, parse_scenario
-from prism_debug.scenario.model import (
-    DEFAULT_TOLERANCE,
-    EXPECTATION_TYPES,
+from prism_debug.example import Example
+from prism_debug.faults import (
     FAULT_TYPES,
-    PROFILE_GRAPH,
     Action,
     CorruptFault,
     DelayFault,
     DesyncFault,
     DesyncKind,
     Duration,
-    Example,
-    ExpectDigests,
-    ExpectException,
-    Expectation,
-    ExpectExitCode,
-    ExpectFlightRecord,
-    ExpectIterationTime,
-    ExpectNanAt,
     FailFault,
     Fault,
     HangFault,
@@ -28,11 +18,24 @@ from prism_debug.scenario.model import (
     Intermittent,
     LinkFault,
     NanFault,
-    Run,
-    Scenario,
     Selector,
     SlowFault,
     Trigger,
+)
+from prism_debug.scenario.loader import Problem, ScenarioError, lint, load_scenario, parse_scenario
+from prism_debug.scenario.model import (
+    DEFAULT_TOLERANCE,
+    EXPECTATION_TYPES,
+    PROFILE_GRAPH,
+    ExpectDigests,
+    ExpectException,
+    Expectation,
+    ExpectExitCode,
+    ExpectFlightRecord,
+    ExpectIterationTime,
+    ExpectNanAt,
+    Run,
+    Scenario,
     World,
 )
 

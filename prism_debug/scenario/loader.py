@@ -17,16 +17,13 @@ from typing import Any, Sequence
 
 import yaml
 
-from prism_debug.errors import ConfigError
+from prism_debug.checked import InvalidFields, dotted
+from prism_debug.errors import ScenarioError
+from prism_debug.faults import FAULT_TYPES, Action, Fault
 from prism_debug.scenario.model import (
     EXPECTATION_TYPES,
-    FAULT_TYPES,
-    Action,
-    Fault,
     Scenario,
-    InvalidFields,
     cross_rules,
-    dotted,
     hex_digest_problem,
 )
 
@@ -48,15 +45,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.source}:{self.line}:{self.column}: {self.message}"
-
-
-class ScenarioError(ConfigError):
-    """Raised when a scenario file cannot be read or is invalid; ``problems``
-    holds every error found in it, one line each in the message."""
-
-    def __init__(self, problems: Sequence[Problem], message: str | None = None) -> None:
-        self.problems = list(problems)
-        super().__init__(message or "\n".join(map(str, self.problems)))
 
 
 def load_scenario(path: str | Path) -> Scenario:

@@ -1,4 +1,5 @@
-"""From a scenario to a run, and from what the run showed to verdicts.
+"""From what a scenario's run showed to verdicts, and what the replay engine
+predicts of its faults.
 
 Pure core: the adapter that launches the rank (``runner/scenario_run.py``)
 hands in what it observed as an :class:`Observed`; everything that decides
@@ -11,13 +12,13 @@ import dataclasses
 import math
 import re
 import statistics
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
-from prism_debug.engine.perturbations import Selectors, parse_perturbation, rank_text
-from prism_debug.engine.replay import ReplayEngine
+from prism_debug.engine.injection import apply_fault
+from prism_debug.engine.replay import CostFn, ReplayEngine
+from prism_debug.faults import DesyncKind, Fault, resolve
+from prism_debug.graph import ExecutionGraph
 from prism_debug.scenario.model import (
-    Action,
-    DesyncKind,
     ExpectDigests,
     ExpectException,
     Expectation,
@@ -25,7 +26,6 @@ from prism_debug.scenario.model import (
     ExpectFlightRecord,
     ExpectIterationTime,
     ExpectNanAt,
-    Fault,
     Scenario,
 )
 
@@ -36,78 +36,6 @@ MISMATCH_ERRORS = {
     "COLLECTIVE_TYPE_MISMATCH": DesyncKind.OP,
     "COLLECTIVE_OPERATION_MISMATCH": DesyncKind.OP,
 }
-
-
-# -- faults as perturbations ---------------------------------------------------------
-
-def perturbation_texts(scenario: Scenario, selectors: Selectors | None = None) -> list[str]:
-    """Each fault as a line of the perturbation vocabulary (``engine/perturbations``),
-    its selector resolved to ranks: the one path faults take into the run."""
-    selectors = selectors or Selectors()
-    return [fault_text(fault, scenario.fault_ranks(
-                i, families=selectors.family_group, classes=selectors.class_ranks))
-            for i, fault in enumerate(scenario.faults)]
-
-
-def selector_texts(scenario: Scenario) -> list[str]:
-    """Each fault as a perturbation line whose RANKS word is its selector
-    (``family:dp:0``, ``class:2``, ``fraction:0.01:SEED``): for a live rank,
-    which resolves them against its own graph (the console's ``scenario``)."""
-    texts = []
-    for i, fault in enumerate(scenario.faults):
-        select = fault.select
-        if select.ranks_text is not None:
-            word = select.ranks_text.replace(" ", "")
-        elif select.node is not None or select.nodes is not None:
-            word = f"node:{select.node if select.nodes is None else select.nodes}"
-        elif select.family is not None:
-            word = f"family:{select.family}:{select.group}"
-        elif select.class_ is not None:
-            word = f"class:{select.class_}"
-        else:  # the same draw as Scenario.fault_ranks
-            word = f"fraction:{select.fraction}:{scenario.seed}/{i}"
-        texts.append(fault_text(fault, word))
-    return texts
-
-
-def fault_text(fault: Fault, ranks: list[int] | str) -> str:
-    """One fault as a perturbation line; ``ranks`` a list, or a RANKS word."""
-    action = fault.action
-    if action == Action.LINK:
-        select = fault.select
-        words = ["link", str(select.node) if select.nodes is None else select.nodes,
-                 _num(1.0 if fault.bandwidth_factor is None else fault.bandwidth_factor),
-                 _num(fault.latency_us or 0.0)]
-    else:
-        words = [str(action), ranks if isinstance(ranks, str) else rank_text(ranks)]
-    if action == Action.DELAY:
-        words.append(_num(fault.seconds))
-    elif action == Action.SLOW:
-        words.append(_num(fault.factor))
-    elif action == Action.CORRUPT:
-        words.append(_num(fault.scale))
-    elif action == Action.DESYNC:
-        words.append(str(fault.kind))
-    family = getattr(fault, "family", None)
-    if family is not None:
-        words += ["family", family]
-    if fault.at.iteration is not None:
-        words += ["from", str(fault.at.iteration)]
-    if fault.at.collective is not None:
-        words += ["op", str(fault.at.collective)]
-    if fault.duration is not None:
-        if fault.duration.time_s is not None:  # a hang's stall (the model allows no other)
-            words += ["for", _num(fault.duration.time_s)]
-        else:
-            words += ["for", str(fault.duration.iterations)]
-    intermittent = getattr(fault, "intermittent", None)
-    if intermittent is not None:
-        words += ["flap", _num(intermittent.period_s), _num(intermittent.duty)]
-    return " ".join(words)
-
-
-def _num(value: float) -> str:
-    return repr(float(value)) if not float(value).is_integer() else str(int(value))
 
 
 # -- what a run showed ------------------------------------------------------------------
@@ -298,17 +226,16 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-def predicted_ratio(graph, cost, rank: int, texts: list[str], iterations: int) -> float:
-    """How much the perturbations stretch ``rank``'s iterations, as the replay
-    engine predicts from the graph alone: the perturbed replay's median
-    iteration time after the first over the unperturbed one's."""
-    selectors = Selectors.of_graph(graph)
+def predicted_ratio(graph: ExecutionGraph, cost: CostFn, rank: int, faults: Sequence[Fault],
+                    iterations: int) -> float:
+    """How much ``faults`` stretch ``rank``'s iterations, as the replay engine
+    predicts from the graph alone: the perturbed replay's median iteration
+    time after the first over the unperturbed one's."""
     medians = []
-    for perturbations in ([], texts):
+    for in_force in ((), faults):
         engine = ReplayEngine(graph, cost)
-        for text in perturbations:
-            parse_perturbation(text, graph.world_size, graph.gpus_per_node,
-                               selectors).apply(engine)
+        for fault in in_force:
+            apply_fault(engine, resolve(fault, graph.world_size, graph.gpus_per_node, graph))
         engine.run(iterations)
         times = engine.iteration_times(rank)
         medians.append(statistics.median(times[1:] or times))

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from prism_debug.errors import PrismError
+from prism_debug.errors import CriuError
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 PRIVATE_CRIU = SOURCE_ROOT / ".prism" / "criu" / "bin" / "criu"
@@ -25,11 +25,6 @@ MIN_VERSION = (4, 1)
 FIX = ("run `make test` or `bash tools/provision_criu.sh .venv/bin/python` in the prism-debug "
        "checkout (it unpacks Debian 13's criu into .prism/criu), or install criu >= 4.1 and "
        "python3-pycriu")
-
-
-class CriuError(PrismError):
-    """CRIU is missing or unusable, or a dump or restore failed; the message
-    quotes CRIU's log and says what to do."""
 
 
 @dataclasses.dataclass(frozen=True)

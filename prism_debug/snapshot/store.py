@@ -18,15 +18,11 @@ import shutil
 import time
 from pathlib import Path
 
-from prism_debug.errors import PrismError
+from prism_debug.errors import SnapshotError
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 _TMP_PREFIX = ".tmp-"
-
-
-class SnapshotError(PrismError):
-    """A snapshot that is missing, damaged, or does not match what it is used with."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from prism_debug.backend.flight_log import FlightLog
-from prism_debug.engine.perturbations import parse_perturbation
+from prism_debug.faults import parse_fault, resolve
 from tests.backend.test_flight_recorder import fr_trace
 
 GROUP = [5, 13, 21, 29]
@@ -38,7 +38,7 @@ def stuck_at_third(tmp_path):
 
 
 def dump(log, *texts):
-    faults = [parse_perturbation(t, 64, 8) for t in texts]
+    faults = [resolve(parse_fault(t), 64, 8) for t in texts]
     return log.dump(2, 3, faults)
 
 

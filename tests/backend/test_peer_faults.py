@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from prism_debug.backend.peer_faults import PeerFaults
-from prism_debug.engine.perturbations import parse_perturbation
+from prism_debug.faults import parse_fault, resolve
 
 REAL = 4
 
@@ -20,7 +20,7 @@ def group(ranks=(4, 5, 6, 7), family="tp"):
 
 def faults(*texts):
     f = PeerFaults(REAL)
-    f.set(parse_perturbation(t, 16, 8) for t in texts)
+    f.set(resolve(parse_fault(t), 16, 8) for t in texts)
     return f
 
 

@@ -33,6 +33,8 @@ from prism_debug.bus.protocol import (
     error_from_type,
 )
 from prism_debug.errors import PrismError
+from prism_debug.faults import parse_fault
+from tests.faults.test_text import lines
 
 
 def frame(**message):
@@ -96,6 +98,9 @@ def args_for(verb):
             optional={"family": st.none() | st.text(max_size=10),
                       "seq": st.none() | st.integers(0, 10**6)})
         return st.builds(lambda a, b: {**a, **b}, iteration | collective, temporary)
+    if verb == "perturb":  # a fault in its dict form: from the grammar's own round trip
+        return st.fixed_dictionaries({"fault": lines().map(lambda t: parse_fault(t).to_dict())},
+                                     optional={"text": st.text(max_size=30)})
     schema = VERBS[verb]
     strategies = {name: st.one_of(*(_VALUES[t] for t in types))
                   for name, (types, _) in schema.items()}
@@ -212,9 +217,9 @@ def test_a_frame_over_the_limit_is_a_bad_message():
 def test_an_unknown_verb_lists_the_known_ones():
     assert rejection(encode_request("stpe", id="q")) == (
         UnknownVerb, "q", "unknown verb 'stpe'; known verbs: agent.heartbeat, agent.hello, "
-                          "break, breaks, continue, delete, detach, events, hello, next, "
-                          "pause, peers, perturb, restore, snapshot, snapshots, status, "
-                          "step, timeline, where")
+                          "break, breaks, continue, delete, detach, events, faults, hello, "
+                          "next, pause, peers, perturb, restore, snapshot, snapshots, status, "
+                          "step, timeline, unperturb, where")
 
 
 def test_a_caller_may_pass_its_own_verb_table():
@@ -264,6 +269,13 @@ def test_a_caller_may_pass_its_own_verb_table():
     ("break", {"kind": "coll", "op": "all_reduce", "iteration": 2},
      "argument 'iteration' of 'break' does not apply to kind 'coll' (it takes op, family, "
      "seq and temporary)"),
+    ("perturb", {"fault": "slow 3 2"}, "argument 'fault' of 'perturb' must be an object, got str"),
+    ("perturb", {"fault": {"action": "slow", "select": {"ranks": "3"}}},
+     "argument 'fault' of 'perturb': slow: missing required key 'factor'"),
+    ("perturb", {"fault": {"action": "fail", "select": {"ranks": "3"}, "at": {"time_s": 2}}},
+     "argument 'fault' of 'perturb': fail: FailFault: at.time_s: faults start at an iteration "
+     "(and a collective in it); time_s triggers are not supported"),
+    ("unperturb", {"index": "0"}, "argument 'index' of 'unperturb' must be an int, got str"),
 ])
 def test_arguments_that_do_not_fit_the_schema_are_bad_arguments(verb, args, message):
     assert rejection(encode_request(verb, args, id="q")) == (BadArguments, "q", message)
@@ -272,7 +284,8 @@ def test_arguments_that_do_not_fit_the_schema_are_bad_arguments(verb, args, mess
 def test_every_spec_verb_has_a_schema():
     assert set(VERBS) == {"hello", "status", "where", "break", "breaks", "delete", "continue",
                           "step", "next", "pause", "timeline", "peers", "events", "snapshot",
-                          "snapshots", "restore", "detach", "perturb", "agent.hello",
+                          "snapshots", "restore", "detach", "perturb", "faults",
+                          "unperturb", "agent.hello",
                           "agent.heartbeat"}
 
 

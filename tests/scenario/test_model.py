@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prism_debug.errors import ConfigError
+from prism_debug.faults import select
 from prism_debug.scenario import (
     Example,
     ExpectIterationTime,
@@ -34,45 +35,45 @@ EXAMPLE_SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "train_gpt.p
 
 
 def test_rank_strings_resolve_through_select_ranks():
-    assert Selector(ranks_text="1,5-9,5").ranks(64, 8) == [1, 5, 6, 7, 8, 9]
-    assert Selector(ranks_text="node 2").ranks(64, 8) == list(range(16, 24))
+    assert select(Selector(ranks_text="1,5-9,5"), 64, 8) == [1, 5, 6, 7, 8, 9]
+    assert select(Selector(ranks_text="node 2"), 64, 8) == list(range(16, 24))
     with pytest.raises(ConfigError, match="^rank 64 is outside the world of 64 ranks$"):
-        Selector(ranks_text="60-64").ranks(64, 8)
+        select(Selector(ranks_text="60-64"), 64, 8)
     with pytest.raises(ConfigError, match=r"^cannot read '²' as ranks: use R, A-B, a list of "
                                           r"them separated by commas, or node N$"):
-        Selector(ranks_text="²").ranks(64, 8)  # str.isdigit() says yes, int() says no
+        select(Selector(ranks_text="²"), 64, 8)  # str.isdigit() says yes, int() says no
 
 
 def test_nodes_resolve_to_their_ranks_the_last_node_partly_filled():
-    assert Selector(node=3).ranks(64, 8) == list(range(24, 32))
-    assert Selector(nodes="3-4").ranks(64, 8) == list(range(24, 40))
-    assert Selector(nodes="4, 1").ranks(64, 8) == [*range(32, 40), *range(8, 16)]
-    assert Selector(node=2).ranks(20, 8) == [16, 17, 18, 19]
+    assert select(Selector(node=3), 64, 8) == list(range(24, 32))
+    assert select(Selector(nodes="3-4"), 64, 8) == list(range(24, 40))
+    assert select(Selector(nodes="4, 1"), 64, 8) == [*range(32, 40), *range(8, 16)]
+    assert select(Selector(node=2), 20, 8) == [16, 17, 18, 19]
     with pytest.raises(ConfigError, match="^node 3 is outside the world: nodes are 0-2$"):
-        Selector(node=3).ranks(20, 8)
+        select(Selector(node=3), 20, 8)
     with pytest.raises(ConfigError, match="^the range 4-1 runs backwards$"):
-        Selector(nodes="4-1").ranks(64, 8)
+        select(Selector(nodes="4-1"), 64, 8)
     with pytest.raises(ConfigError, match="^cannot read 'x' as nodes: use N, A-B, or a list"):
-        Selector(nodes="1,x").ranks(64, 8)
+        select(Selector(nodes="1,x"), 64, 8)
 
 
 def test_fraction_is_drawn_with_the_seed():
-    first = Selector(fraction=0.01).ranks(8192, 8, seed=0)
+    first = select(Selector(fraction=0.01, seed="0"), 8192, 8)
     assert len(first) == 82 and first == sorted(set(first))
     assert all(0 <= rank < 8192 for rank in first)
-    assert Selector(fraction=0.01).ranks(8192, 8, seed=0) == first  # same seed, same ranks
-    assert Selector(fraction=0.01).ranks(8192, 8, seed=1) != first
-    assert Selector(fraction=0.001).ranks(64, 8) != []  # at least one rank
-    assert len(Selector(fraction=0.001).ranks(64, 8)) == 1
-    assert Selector(fraction=1.0).ranks(64, 8) == list(range(64))
+    assert select(Selector(fraction=0.01, seed="0"), 8192, 8) == first  # same seed, same ranks
+    assert select(Selector(fraction=0.01, seed="1"), 8192, 8) != first
+    assert select(Selector(fraction=0.001), 64, 8) != []  # at least one rank
+    assert len(select(Selector(fraction=0.001), 64, 8)) == 1
+    assert select(Selector(fraction=1.0), 64, 8) == list(range(64))
 
 
 @settings(max_examples=100, deadline=None)
 @given(size=st.integers(1, 5000), fraction=st.floats(0.0001, 1.0), seed=st.integers(0, 2**32))
 def test_fraction_draws_are_reproducible_and_in_the_world(size, fraction, seed):
-    selector = Selector(fraction=fraction)
-    ranks = selector.ranks(size, 8, seed=seed)
-    assert ranks == selector.ranks(size, 8, seed=seed)
+    selector = Selector(fraction=fraction, seed=str(seed))
+    ranks = select(selector, size, 8)
+    assert ranks == select(selector, size, 8)
     assert ranks == sorted(set(ranks)) and 0 <= ranks[0] and ranks[-1] < size
     assert len(ranks) == max(1, round(fraction * size))
 
@@ -88,7 +89,7 @@ rank_texts = st.lists(st.sampled_from(["0", "3", "7", "9", "12", "63", "64", "-"
 def test_problem_says_exactly_what_ranks_would_raise(text, size, gpus_per_node, as_nodes):
     selector = Selector(nodes=text) if as_nodes else Selector(ranks_text=text)
     try:
-        selector.ranks(size, gpus_per_node)
+        select(selector, size, gpus_per_node)
     except ConfigError as exc:
         assert selector.problem(size, gpus_per_node) == str(exc)
     else:
@@ -106,16 +107,23 @@ def test_problem_expands_nothing_in_a_huge_world():
 
 
 def test_family_and_class_need_the_graph():
-    with pytest.raises(ConfigError, match="^selecting family dp group 3 needs the job's group "
-                                          "families: run with an execution graph$"):
-        Selector(family="dp", group=3).ranks(64, 8)
-    with pytest.raises(ConfigError, match="^selecting class 1 needs the job's rank classes: "
-                                          "run with an execution graph$"):
-        Selector(class_=1).ranks(64, 8)
-    groups = {("dp", 3): [3, 11, 19, 11]}
-    assert Selector(family="dp", group=3).ranks(
-        64, 8, families=lambda family, group: groups[family, group]) == [3, 11, 19]
-    assert Selector(class_=1).ranks(64, 8, classes=lambda c: range(c, 64, 4))[:3] == [1, 5, 9]
+    with pytest.raises(ConfigError, match="^family:dp:3: selecting a family's group needs the "
+                                          r"job's execution graph: run with --graph \(run.graph "
+                                          r"in a scenario\)$"):
+        select(Selector(family="dp", group=3), 64, 8)
+    with pytest.raises(ConfigError, match="^class:1: selecting a class needs the job's "
+                                          "execution graph"):
+        select(Selector(class_=1), 64, 8)
+
+    class Graph:
+        def family_group(self, family, group):
+            return {("dp", 3): [3, 11, 19, 11]}[family, group]
+
+        def class_ranks(self, c):
+            return range(c, 64, 4)
+
+    assert select(Selector(family="dp", group=3), 64, 8, Graph()) == [3, 11, 19]
+    assert select(Selector(class_=1), 64, 8, Graph())[:3] == [1, 5, 9]
 
 
 def test_selector_kind_names_the_key_that_chose():

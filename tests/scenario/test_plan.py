@@ -1,14 +1,16 @@
-"""From scenarios to perturbation lines, and from observations to verdicts."""
+"""Scenario faults as typed values, and from observations to verdicts."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from prism_debug.engine.perturbations import Selectors, parse_perturbation
+from prism_debug.faults import fault_from_dict, fault_text, parse_fault, resolve
 from prism_debug.scenario import parse_scenario
 from prism_debug.scenario.plan import (
-    FlightFindings, Observed, evaluate, exception_from_output, fault_text, flight_findings,
-    needs_baseline, needs_prediction, perturbation_texts, predicted_ratio, selector_texts,
+    FlightFindings, Observed, evaluate, exception_from_output, flight_findings, needs_baseline,
+    needs_prediction, predicted_ratio,
 )
 from tests.engine.test_replay import constant_cost, pipeline_graph
 
@@ -19,7 +21,7 @@ def scenario(body: str):
     return parse_scenario(HEAD + body, "s.yaml")
 
 
-def test_each_fault_becomes_the_line_the_console_would_take():
+def test_each_fault_is_the_line_the_console_would_take():
     s = scenario(
         "faults:\n"
         "  - {action: fail, select: {ranks: '13'}, at: {iteration: 3}}\n"
@@ -32,27 +34,30 @@ def test_each_fault_becomes_the_line_the_console_would_take():
         "  - {action: nan, select: {ranks: '49'}, family: tp}\n"
         "  - {action: corrupt, select: {ranks: '7'}, scale: -2.5}\n"
         "  - {action: desync, select: {ranks: '13'}, kind: skip, family: dp}\n")
-    texts = perturbation_texts(s)
+    texts = [fault_text(f) for f in s.seeded_faults()]
     assert texts == [
         "fail 13 from 3",
         "hang 8-11 from 2 op 4 for 0.5",
-        "slow 48-55 1.16 from 1 for 2",
-        "delay 1,3 0.005 family dp from 1",
-        "link 1-2 1 20 from 1 flap 0.5 0.2",
-        "nan 49 family tp from 1",
-        "corrupt 7 -2.5 from 1",
-        "desync 13 skip family dp from 1",
+        "slow node:6 1.16 for 2",
+        "delay 1,3 0.005 family dp",
+        "link 1-2 1 20 flap 0.5 0.2",
+        "nan 49 family tp",
+        "corrupt 7 -2.5",
+        "desync 13 skip family dp",
     ]
-    for text in texts:  # every line is one the perturbation parser takes
-        assert parse_perturbation(text, 64, 8).text == text
+    for text, fault in zip(texts, s.faults):  # the file's fault and the typed line are one value
+        typed = parse_fault(text, 64, 8)
+        if fault.action == "link":  # a latency-only link: the line spells bandwidth x1
+            fault = dataclasses.replace(fault, bandwidth_factor=1.0)
+        assert typed == fault and fault_text(typed) == text
+    assert s.fault_ranks(2) == list(range(48, 56))
 
 
 def test_family_and_class_selectors_resolve_through_the_graph():
     s = parse_scenario("name: t\nworld: {size: 4, rank: 0}\nrun: {command: [x], graph: g}\n"
                        "faults:\n  - {action: fail, select: {family: tp, group: 1}}\n"
                        "  - {action: fail, select: {class: 1}}\n", "s.yaml")
-    assert perturbation_texts(s, Selectors.of_graph(pipeline_graph())) == \
-        ["fail 2-3 from 1", "fail 2-3 from 1"]
+    assert [s.fault_ranks(i, pipeline_graph()) for i in range(2)] == [[2, 3], [2, 3]]
 
 
 def test_for_a_live_rank_selectors_stay_words_it_resolves():
@@ -61,12 +66,13 @@ def test_for_a_live_rank_selectors_stay_words_it_resolves():
                  "  - {action: slow, factor: 2, select: {class: 1}}\n"
                  "  - {action: nan, select: {fraction: 0.1}}\n"
                  "  - {action: hang, select: {nodes: '2-3'}}\n")
-    texts = selector_texts(s)
-    assert texts == ["fail family:dp:3 from 1", "slow class:1 2 from 1",
-                     "nan fraction:0.1:7/2 from 1", "hang node:2-3 from 1"]
-    # the fraction draws the ranks Scenario.fault_ranks draws
-    assert parse_perturbation(texts[2], 64, 8).ranks == tuple(s.fault_ranks(2))
-    assert parse_perturbation(texts[3], 64, 8).ranks == tuple(range(16, 32))
+    faults = s.seeded_faults()
+    assert [fault_text(f) for f in faults] == ["fail family:dp:3", "slow class:1 2",
+                                                "nan fraction:0.1:7/2", "hang node:2-3"]
+    # the fraction draws the ranks Scenario.fault_ranks draws, wherever it is resolved
+    assert list(resolve(fault_from_dict(faults[2].to_dict()), 64, 8).targets) == \
+        s.fault_ranks(2)
+    assert list(resolve(faults[3], 64, 8).targets) == list(range(16, 32))
 
 
 def test_the_exception_is_the_last_traceback_or_the_watchdogs_terminate():
@@ -167,5 +173,5 @@ def test_the_engine_predicts_a_straggler_stage_stretches_every_stage():
     # (0.1 s, paired with stage 1's receive); in steady state each stage's
     # iteration takes 1.2 s.  Stage 0 computing x1.5 makes it 1.7 s for stage
     # 1 (rank 2) too: it waits on the late sends.
-    ratio = predicted_ratio(pipeline_graph(), constant_cost, 2, ["slow 0-1 1.5"], 3)
+    ratio = predicted_ratio(pipeline_graph(), constant_cost, 2, [parse_fault("slow 0-1 1.5")], 3)
     assert ratio == pytest.approx(1.7 / 1.2)

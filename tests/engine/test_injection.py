@@ -1,5 +1,5 @@
-"""Perturbations as typed, what they ask of the replay engine, and their
-effect on timelines worked out by hand (see test_replay's graphs)."""
+"""Faults as typed, what they ask of the replay engine, and their effect on
+timelines worked out by hand (see test_replay's graphs)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,14 @@ import math
 
 import pytest
 
-from prism_debug.engine.perturbations import (
-    Perturbation, Selectors, parse_perturbation, rank_text, select,
-)
+from prism_debug.engine.injection import apply_fault
 from prism_debug.engine.replay import ReplayEngine
-from prism_debug.errors import ConfigError
+from prism_debug.faults import parse_fault, resolve
 from tests.engine.test_replay import constant_cost, pipeline_graph, tp_then_dp_graph
 
 
 class Engine:
-    """Records the calls a perturbation makes."""
+    """Records the calls a fault makes."""
 
     def __init__(self) -> None:
         self.calls = []
@@ -49,82 +47,26 @@ class Engine:
      ("link", (2,), ("added_latency_s", 0.0), ("bandwidth_factor", 0.25), ("duty", 0.2),
       ("first_iteration", 2), ("iterations", math.inf), ("period_s", 0.5))),
 ])
-def test_each_perturbation_reaches_the_engine(text, call):
+def test_each_fault_reaches_the_engine(text, call):
     engine = Engine()
-    parse_perturbation(text, 64, 8).apply(engine)
+    apply_fault(engine, inject(text, 64, 8))
     assert engine.calls == [call]
 
 
-def test_value_perturbations_leave_timing_alone_and_keep_their_window():
+def test_value_faults_leave_timing_alone_and_keep_their_window():
     engine = Engine()
-    nan = parse_perturbation("nan 6 family tp at 3 op 2 for 2", 64, 8)
-    assert nan.apply(engine) is None and engine.calls == []
+    nan = parse_fault("nan 6 family tp at 3 op 2 for 2", 64, 8)
+    assert apply_fault(engine, resolve(nan, 64, 8)) is None and engine.calls == []
     assert (nan.family, nan.first_iteration, nan.collective, nan.iterations) == ("tp", 3, 2, 2)
     assert [nan.covers(i, k) for i, k in [(3, 1), (3, 2), (4, 1), (5, 1)]] == \
         [False, True, True, False]
-    corrupt = parse_perturbation("corrupt 6 -2.5", 64, 8)
-    assert corrupt.value == -2.5 and corrupt.covers(1, 1)
+    corrupt = parse_fault("corrupt 6 -2.5", 64, 8)
+    assert corrupt.scale == -2.5 and corrupt.covers(1, 1)
 
 
-@pytest.mark.parametrize("text, message", [
-    ("stall 3", "unknown perturbation 'stall 3': use one of slow RANKS FACTOR [from I] "
-                "[for N]; delay RANKS SECONDS [family F] [from I] [for N]; link NODES "
-                "BANDWIDTH_FACTOR [LATENCY_US] [from I] [for N] [flap PERIOD_S DUTY]; fail "
-                "RANKS [at I] [op K]; hang RANKS [at I] [op K] [for SECONDS]; nan RANKS "
-                "[family F] [at I] [op K] [for N]; inf RANKS [family F] [at I] [op K] [for "
-                "N]; corrupt RANKS SCALE [family F] [at I] [op K] [for N]; desync RANKS "
-                "size|dtype|op|skip [family F] [at I] [op K]"),
-    ("fail", "fail needs ranks: fail RANKS [at I] [op K]"),
-    ("fail 64", "rank 64 is outside the world of 64 ranks"),
-    ("slow 3", "slow takes a value after the ranks: slow RANKS FACTOR [from I] [for N]"),
-    ("fail 3 2", "fail takes no value after the ranks: fail RANKS [at I] [op K]"),
-    ("slow 3 0", "slow: 0 must be positive: slow RANKS FACTOR [from I] [for N]"),
-    ("slow 3 fast", "'fast' is not a number: slow RANKS FACTOR [from I] [for N]"),
-    ("fail 3 at soon", "from takes a whole number >= 1, got 'soon': fail RANKS [at I] [op K]"),
-    ("fail 3 op 0", "op takes a whole number >= 1, got '0': fail RANKS [at I] [op K]"),
-    ("fail 3 for 2", "fail does not take for: fail RANKS [at I] [op K]"),
-    ("hang 3 for -1", "hang: for takes seconds > 0: hang RANKS [at I] [op K] [for SECONDS]"),
-    ("corrupt 3 1", "corrupt: the scale must be a finite number other than 1, got 1: corrupt "
-                    "RANKS SCALE [family F] [at I] [op K] [for N]"),
-    ("desync 3 shape", "desync 'shape': the kind is one of size, dtype, op, skip: desync RANKS "
-                       "size|dtype|op|skip [family F] [at I] [op K]"),
-    ("link 8 0.5", "node 8 is outside the world: nodes are 0-7"),
-    ("link 2 0.5 flap 0 1", "link: flap takes a period > 0 s and a duty in (0, 1]: link NODES "
-                            "BANDWIDTH_FACTOR [LATENCY_US] [from I] [for N] [flap PERIOD_S DUTY]"),
-    ("nan 3 at 2 at 3", "at is given twice: nan RANKS [family F] [at I] [op K] [for N]"),
-    ("nan 3 family", "family needs a value: nan RANKS [family F] [at I] [op K] [for N]"),
-    ("family:dp:0 x", "unknown perturbation 'family:dp:0 x': use one of slow RANKS FACTOR "
-                      "[from I] [for N]; delay RANKS SECONDS [family F] [from I] [for N]; link "
-                      "NODES BANDWIDTH_FACTOR [LATENCY_US] [from I] [for N] [flap PERIOD_S "
-                      "DUTY]; fail RANKS [at I] [op K]; hang RANKS [at I] [op K] [for SECONDS]; "
-                      "nan RANKS [family F] [at I] [op K] [for N]; inf RANKS [family F] [at I] "
-                      "[op K] [for N]; corrupt RANKS SCALE [family F] [at I] [op K] [for N]; "
-                      "desync RANKS size|dtype|op|skip [family F] [at I] [op K]"),
-    ("fail family:dp:0", "family:dp:0: selecting a family's group needs the job's execution "
-                         "graph: run with --graph"),
-    ("fail class:x", "class:x: write class:C, a rank class's number (class:2)"),
-    ("fail fraction:2", "fraction:2: give a share of the world in (0, 1]"),
-])
-def test_a_bad_perturbation_says_what_is_expected(text, message):
-    with pytest.raises(ConfigError) as info:
-        parse_perturbation(text, 64, 8)
-    assert str(info.value) == message
-
-
-def test_selectors_by_family_group_class_and_seeded_fraction():
-    graph = pipeline_graph()  # (pp=2, tp=2): classes are the stages
-    selectors = Selectors.of_graph(graph)
-    assert select("family:tp:1", 4, 8, selectors) == [2, 3]
-    assert select("family:pp:0", 4, 8, selectors) == [0, 2]
-    assert select("class:1", 4, 8, selectors) == [2, 3]
-    with pytest.raises(ConfigError, match="family:tp:2: family tp has groups 0-1, not 2"):
-        select("family:tp:2", 4, 8, selectors)
-    with pytest.raises(ConfigError, match="class:5: class 5 does not exist"):
-        select("class:5", 4, 8, selectors)
-    drawn = select("fraction:0.01:7", 8192, 8)
-    assert len(drawn) == 82 and drawn == select("fraction:0.01:7", 8192, 8)
-    assert drawn != select("fraction:0.01:8", 8192, 8)
-    assert rank_text([9, 1, 2, 3, 7]) == "1-3,7,9"
+def inject(text, world, gpus_per_node, graph=None):
+    """A typed fault, resolved in a world (and graph)."""
+    return resolve(parse_fault(text, world, gpus_per_node), world, gpus_per_node, graph)
 
 
 # ----------------------------------------------------------------- numeric effects
@@ -133,7 +75,7 @@ def test_selectors_by_family_group_class_and_seeded_fraction():
 
 def engine_with(text, graph=None, world=4, gpus_per_node=4):
     engine = ReplayEngine(graph or tp_then_dp_graph(gpus_per_node), constant_cost)
-    handle = parse_perturbation(text, world, gpus_per_node).apply(engine)
+    handle = apply_fault(engine, inject(text, world, gpus_per_node))
     return engine, handle
 
 
@@ -143,7 +85,7 @@ def engine_with(text, graph=None, world=4, gpus_per_node=4):
 def test_a_hang_from_the_second_collective_spares_the_first(text, tp_done):
     graph = tp_then_dp_graph()
     engine = ReplayEngine(graph, constant_cost, real_rank=1)  # TP {0, 1}, DP {1, 3}
-    parse_perturbation(text, 4, 4).apply(engine)
+    apply_fault(engine, inject(text, 4, 4))
     tp = engine.real_issue(graph.programs[0].ops[0], arrival=1.0)
     assert engine.real_completion(tp) == pytest.approx(tp_done)
 
@@ -172,7 +114,7 @@ def test_removing_a_slowdown_restores_the_pace_from_then_on():
 
 def test_clear_takes_back_every_perturbation():
     engine, _ = engine_with("delay 3 0.5")
-    parse_perturbation("link 0 0.5", 4, 2).apply(engine)
+    apply_fault(engine, inject("link 0 0.5", 4, 2))
     engine.clear()
     engine.run(2)
     assert engine.iteration_times(3) == pytest.approx([2.7, 2.7])
@@ -201,13 +143,8 @@ def test_a_flapping_link_is_degraded_only_within_its_duty():
 
 def test_describe_lists_hangs_and_flapping_links():
     engine, _ = engine_with("hang 0 at 2 op 2", gpus_per_node=2)
-    parse_perturbation("link 0 0.5 flap 1 0.5", 4, 2).apply(engine)
+    apply_fault(engine, inject("link 0 0.5 flap 1 0.5", 4, 2))
     assert engine.describe(0)["perturbations"] == [
         "never arrives from iteration 2 (op 2 on)",
         "link x0.5 bandwidth +0 us for 0.5 of every 1 s"]
 
-
-def test_summary_names_the_ranks():
-    p = parse_perturbation("slow 0-5 2", 64, 8)
-    assert p.summary() == "slow 0-5 2  (6 ranks: 0,1,2,3,…)"
-    assert isinstance(p, Perturbation)

@@ -1,0 +1,37 @@
+"""prism-debug from Python: run a command as one rank of a huge job, restore a
+snapshot, run a scenario — the calls the CLI, the scenario runner and test
+plugins make too.  ::
+
+    from prism_debug import api
+
+    result = api.run(api.RunOptions(
+        command=["python", "train.py"], rank=4097, world_size=8192,
+        profile=api.load_profile("h100-ib400"), graph_path=Path("job.prism"),
+        faults=(api.parse_fault("slow node:512 1.16 from 3"),), snapshot_at=(2,)))
+    again = api.restore(api.RestoreOptions(snapshot_id=result.snapshots[0], iterations=2))
+    assert again.report["iterations"][-1]["digest"] == result.report["iterations"][3]["digest"]
+
+    verdict = api.run_scenario(api.load_scenario("examples/scenarios/nan_peer.yaml"))
+    assert verdict.passed, [v.line() for v in verdict.verdicts]
+
+Each call blocks until the rank has exited and returns what it left (its
+report, exit code and files); ``message`` receives the lines the CLI would
+print (none by default).  Errors are :class:`~prism_debug.errors.PrismError`
+subclasses whose message says what to do.
+"""
+
+from __future__ import annotations
+
+from prism_debug.cost import HardwareProfile, load_profile
+from prism_debug.errors import PrismError
+from prism_debug.faults import Fault, fault_from_dict, fault_text, parse_fault
+from prism_debug.runner.launch import restore, run
+from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult
+from prism_debug.runner.scenario_run import ScenarioResult, run_scenario
+from prism_debug.scenario import Scenario, load_scenario, parse_scenario
+
+__all__ = [
+    "Fault", "HardwareProfile", "PrismError", "RestoreOptions", "RunOptions", "RunResult",
+    "Scenario", "ScenarioResult", "fault_from_dict", "fault_text", "load_profile",
+    "load_scenario", "parse_fault", "parse_scenario", "restore", "run", "run_scenario",
+]

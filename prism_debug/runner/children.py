@@ -1,0 +1,269 @@
+"""Supervising the rank's process: the forms it takes (a plain child, the init
+of its own pid namespace, a copy CRIU restored), its files, relaying its
+output and events, and the loop that waits for it.
+
+The rank runs in its own session (CRIU needs that), with stdin from
+/dev/null and its output in an append-only file the controller relays, so a
+snapshot can be cut at any iteration boundary without changing how ranks
+are launched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Protocol
+
+from prism_debug.runner import report as reporting
+
+POLL_S = 0.05
+
+
+class RankProcess(Protocol):
+    """The rank's process, whichever way it was started."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self) -> int: ...
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the rank's process group."""
+
+    def kill(self) -> None:
+        """End the rank for good and reap it."""
+
+
+def run_files(run_dir: Path) -> dict[str, Path]:
+    """The files a run's rank writes and reads, fresh, by role (a snapshot's
+    manifest records them by these roles, so a restore can swap them)."""
+    files = {"log": run_dir / "rank.log", "events": run_dir / "events.jsonl",
+             "control": run_dir / "control.json"}
+    for path in files.values():
+        path.unlink(missing_ok=True)
+    files["control"].write_text("{}")
+    return files
+
+
+class Child:
+    """The rank as a plain child process."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+
+    def poll(self) -> int | None:
+        return self._popen.poll()
+
+    def wait(self) -> int:
+        return self._popen.wait()
+
+    def signal(self, signum: int) -> None:
+        _killpg(self.pid, signum)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.wait()
+
+
+class IsolatedChild:
+    """The rank behind ``unshare``: waited for through it, signalled and dumped
+    as itself (the namespace's init, seen from here)."""
+
+    def __init__(self, unshare: subprocess.Popen) -> None:
+        self._unshare = unshare
+        self._pid: int | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._pid is None:
+            deadline = time.monotonic() + 30
+            while self._pid is None:
+                try:
+                    children = Path(f"/proc/{self._unshare.pid}/task/{self._unshare.pid}/"
+                                    "children").read_text().split()
+                except OSError:
+                    children = []
+                if children:
+                    self._pid = int(children[0])
+                elif self._unshare.poll() is not None or time.monotonic() > deadline:
+                    return self._unshare.pid
+                else:
+                    time.sleep(0.001)
+        return self._pid
+
+    def poll(self) -> int | None:
+        return self._unshare.poll()
+
+    def wait(self) -> int:
+        return self._unshare.wait()
+
+    def signal(self, signum: int) -> None:
+        # A namespace's init only receives the signals it handles (SIGINT, in
+        # Python), and SIGKILL and SIGSTOP from outside: stop it by force.
+        _killpg(self.pid, signum if signum == signal.SIGINT else signal.SIGKILL)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.wait()
+
+
+class RestoredChild:
+    """A copy of the rank CRIU restored as this process's child (``rst_sibling``)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self) -> int:
+        while self.poll() is None:
+            time.sleep(0.01)
+        return self.returncode
+
+    def signal(self, signum: int) -> None:
+        _killpg(self.pid, signum)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.wait()
+
+
+def _killpg(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def continue_rank(pid: int) -> None:
+    """SIGCONT: the rank goes on after it stopped for a snapshot."""
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+# -- following the rank ---------------------------------------------------------------------
+
+
+class RunSession(Protocol):
+    """What the waiting loop serves besides the rank: the debugger bus (or
+    nothing), snapshots, and who the rank is now (a restore replaces it)."""
+
+    child: RankProcess | None
+
+    def poll(self, timeout_s: float) -> None:
+        """Serve the bus for up to ``timeout_s`` (the loop's sleep)."""
+
+    def output(self, line: str) -> None:
+        """A line of the rank's output."""
+
+    def take_snapshot(self, event: dict) -> None:
+        """The rank idles at a boundary for a snapshot: dump it and let it go."""
+
+    def exited(self, exit_code: int) -> None:
+        """The rank is gone."""
+
+
+class Follower:
+    """Relays the rank's output and prints a table row per finished iteration;
+    the output goes to the session too (the bus), and snapshot requests."""
+
+    def __init__(self, log_path: Path, events_path: Path, rank: int,
+                 message: Callable[[str], None], session: RunSession) -> None:
+        self._log = Tail(log_path)
+        self._events = Tail(events_path)
+        self._prefix = f"[rank {rank}] "
+        self._message = message
+        self._header_shown = False
+        self._session = session
+
+    def poll(self, final: bool = False) -> None:
+        for line in self._log.lines(final):
+            self._message(self._prefix + line)
+            self._session.output(line)
+        for line in self._events.lines():
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if event.get("kind") == "iteration":
+                if not self._header_shown:
+                    self._message(reporting.table_header())
+                    self._header_shown = True
+                self._message(reporting.table_row(event))
+            elif event.get("kind") == "snapshot" and not final:
+                self._session.take_snapshot(event)
+
+
+class Tail:
+    """Complete lines appended to a file since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._offset = 0
+        self._partial = b""
+
+    def lines(self, final: bool = False) -> list[str]:
+        """``final``: the writer has exited, so an unterminated last line is complete."""
+        try:
+            with open(self._path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        self._offset += len(data)
+        data = self._partial + data
+        *complete, self._partial = data.split(b"\n")
+        if final and self._partial:
+            complete.append(self._partial)
+            self._partial = b""
+        return [line.decode("utf-8", "replace") for line in complete]
+
+
+def supervise(session: RunSession, follower: Follower) -> int:
+    """Wait for the rank, relaying as it goes and serving the session; its exit code.
+
+    The rank runs in its own session, so signals aimed at the controller do
+    not reach it by themselves: Ctrl-C, SIGTERM and SIGHUP are passed on (a
+    second Ctrl-C kills), and if the controller itself fails the rank goes
+    down with it rather than running on orphaned.  The rank may be replaced
+    meanwhile (a restore from the console): ``session.child`` is always the
+    one to follow.
+    """
+    def forward(signum, frame):
+        session.child.signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    interrupted = 0
+    try:
+        while True:
+            try:
+                child = session.child
+                code = child.poll()
+                follower.poll()
+                if code is not None and child is session.child:
+                    code = code if code >= 0 else 128 - code
+                    session.exited(code)
+                    return code
+                session.poll(POLL_S)
+            except KeyboardInterrupt:
+                interrupted += 1
+                session.child.signal(signal.SIGINT if interrupted == 1 else signal.SIGKILL)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if session.child.poll() is None:
+            session.child.kill()

@@ -1,0 +1,161 @@
+"""What a run, a restore and a scenario are asked to do, and what they give
+back: frozen values checked on construction, cheap to build (nothing here
+starts a process or reads a graph)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import sys
+from pathlib import Path
+
+from prism_debug.cost import HardwareProfile
+from prism_debug.errors import ConfigError
+from prism_debug.faults import Fault
+from prism_debug.graph import ExecutionGraph
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    """One real rank of a ``world_size`` job running ``command``."""
+
+    command: list[str]
+    rank: int
+    world_size: int
+    profile: HardwareProfile
+    iterations: int | None = None
+    report_path: Path | None = None
+    trace_path: Path | None = None
+    seed: int = 0
+    values: str = "mirror"
+    run_dir: Path | None = None
+    digests: bool = True
+    record_program: bool = False  # profiling a slice
+    graph_path: Path | None = None  # replay virtual peers from this graph
+    # the graph at graph_path, when the caller has loaded it already (a
+    # scenario's runs share one load)
+    graph: ExecutionGraph | None = dataclasses.field(default=None, compare=False, repr=False)
+    trace_ranks: tuple[int, ...] = ()  # virtual ranks to put in the trace
+    snapshot_at: tuple[int, ...] = ()  # dump the rank after these iterations
+    snapshot_every: int | None = None
+    store: Path | None = None  # the snapshot store (default: snapshots/ here)
+    incremental: bool = False  # snapshots after the first hold only what changed
+    isolate: bool = False  # the rank in its own pid namespace: restored copies run beside it
+    bind: str | None = "127.0.0.1"  # the debugger bus's address (None: no bus)
+    paused: bool = False  # the rank waits at init_process_group for a client to continue it
+    faults: tuple[Fault, ...] = ()  # virtual peers' faults (needs a graph)
+    collective_timeout_s: float | None = None  # overrides the script's group timeouts
+    watch_nonfinite: bool = False  # report the first iteration the rank sends NaN or inf
+    env: tuple[tuple[str, str], ...] = ()  # set in the rank's environment (scenarios)
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1:
+            raise ConfigError(f"--world-size must be at least 1, got {self.world_size}")
+        if not 0 <= self.rank < self.world_size:
+            raise ConfigError(
+                f"rank {self.rank} is outside the world: --rank must be in "
+                f"[0, {self.world_size - 1}] for --world-size {self.world_size}")
+        if self.iterations is not None and self.iterations < 1:
+            raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
+        if not self.command:
+            raise ConfigError("no command to run")
+        if self.trace_ranks:
+            if self.graph_path is None or self.trace_path is None:
+                raise ConfigError("--trace-ranks needs --graph and --trace: without a graph "
+                                  "virtual peers simply do what the real rank does")
+            outside = [r for r in self.trace_ranks if not 0 <= r < self.world_size]
+            if outside:
+                raise ConfigError(f"--trace-ranks {outside[0]} is outside the world of "
+                                  f"{self.world_size}")
+        if any(k < 1 for k in self.snapshot_at) or (self.snapshot_every is not None
+                                                      and self.snapshot_every < 1):
+            raise ConfigError("snapshot iterations count from 1: --snapshot-at and "
+                              "--snapshot-every take positive numbers")
+        if self.faults and self.graph_path is None:
+            raise ConfigError("--perturb needs --graph: perturbations act on virtual peers "
+                              "replayed from an execution graph (prism-debug profile)")
+        if self.collective_timeout_s is not None and self.collective_timeout_s <= 0:
+            raise ConfigError(f"--collective-timeout must be positive, got "
+                              f"{self.collective_timeout_s}")
+        if self.paused and self.bind is None:
+            raise ConfigError("--paused waits for prism-debug attach, which --no-bus rules out")
+        if self.incremental and not (self.snapshot_at or self.snapshot_every):
+            raise ConfigError("--incremental needs snapshots: add --snapshot-at or "
+                              "--snapshot-every")
+        check_output_paths(("--report", self.report_path), ("--trace", self.trace_path))
+
+    @property
+    def takes_snapshots(self) -> bool:
+        return bool(self.snapshot_at or self.snapshot_every)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RestoreOptions:
+    """A new run of the rank a snapshot holds, from where it was taken."""
+
+    snapshot_id: str
+    store: Path | None = None
+    iterations: int | None = None  # further iterations to run (default: to the end)
+    report_path: Path | None = None
+    trace_path: Path | None = None
+    run_dir: Path | None = None
+    bind: str | None = "127.0.0.1"  # the debugger bus (None: no bus)
+    faults: tuple[Fault, ...] = ()  # put in force as the restored rank resumes
+    watch_nonfinite: bool = False  # report the first iteration the rank sends NaN or inf
+
+    def __post_init__(self) -> None:
+        if self.iterations is not None and self.iterations < 1:
+            raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
+        check_output_paths(("--report", self.report_path), ("--trace", self.trace_path))
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What a run or a restore left: its report, exit code and files."""
+
+    report: dict
+    exit_code: int
+    run_dir: Path
+    snapshots: list[str] = dataclasses.field(default_factory=list)  # ids taken, in order
+    events: list[dict] = dataclasses.field(default_factory=list)  # the rank's event log
+
+    @property
+    def log_path(self) -> Path:
+        """The rank's output."""
+        return self.run_dir / "rank.log"
+
+
+def check_output_paths(*named: tuple[str, Path | None]) -> None:
+    for option, path in named:
+        if path is not None and not path.resolve().parent.is_dir():
+            raise ConfigError(f"{option} {path}: directory {path.resolve().parent} does not exist")
+
+
+def check_command(command: list[str]) -> None:
+    """Catch the mistakes that would otherwise surface as a confusing child
+    failure: a missing program or a missing Python script."""
+    program = command[0]
+    if shutil.which(program) is None and not Path(program).is_file():
+        raise ConfigError(f"command not found: {program}")
+    script = _script_word(command)
+    if script is not None and not Path(script).is_file():
+        raise ConfigError(f"script not found: {script}")
+
+
+def script_of(command: list[str]) -> Path | None:
+    """The Python script a command runs, if it runs one."""
+    script = _script_word(command)
+    return Path(script).resolve() if script is not None else None
+
+
+def _script_word(command: list[str]) -> str | None:
+    if Path(command[0]).name.startswith("python"):
+        script = next((a for a in command[1:] if not a.startswith("-")), None)
+        if script is not None and script.endswith(".py"):
+            return script
+    return None
+
+
+def python_command(script: Path, args: list[str]) -> list[str]:
+    """``script`` run by this Python."""
+    return [sys.executable, str(script), *args]

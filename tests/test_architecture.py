@@ -1,0 +1,114 @@
+"""The shape of the package: the pure core imports no adapter, no two modules
+import each other round a cycle (not even from inside a function), and no
+module grows past what one reads in a sitting."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "prism_debug"
+# graph, engine, cost model, faults, scenarios, the flight-recorder format, and
+# the small pieces they share: pure Python and numpy
+CORE = ["prism_debug.cost", "prism_debug.graph", "prism_debug.engine", "prism_debug.faults",
+        "prism_debug.scenario", "prism_debug.checked", "prism_debug.example",
+        "prism_debug.errors", "prism_debug.agent.tracker", "prism_debug.agent.config",
+        "prism_debug.backend.flight_recorder", "prism_debug.snapshot.store"]
+FORBIDDEN = {"torch", "zmq", "pycriu", "click"}
+MAX_LINES = 600
+
+
+def test_core_modules_import_no_adapters():
+    code = (f"import json, sys\nfor m in {CORE!r}: __import__(m)\n"
+            "print(json.dumps(sorted(m for m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = {name.split(".")[0] for name in json.loads(out.stdout)}
+    assert loaded & FORBIDDEN == set()
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules ``path`` imports, wherever in it the import is."""
+    found = set()
+    package = module_name(path) if path.name == "__init__.py" else module_name(path.parent / "x")
+    package = package.rpartition(".")[0] if path.name != "__init__.py" else package
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                                + ([base] if base else []))
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name:
+                found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    modules = set(paths)
+    graph = {name: imports_of(path, modules) - {name} for name, path in paths.items()}
+    # importing a module runs its packages' __init__ first: a package's
+    # __init__ is not a cycle with the modules it re-exports
+    return {name: {m for m in deps if not name.startswith(m + ".")}
+            for name, deps in graph.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_package_imports_in_one_direction():
+    graph = import_graph()
+    assert "prism_debug.runner.launch" in graph["prism_debug.api"]  # the graph sees imports
+    assert cycles(graph) == []
+
+
+def test_a_cycle_would_be_found():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_is_too_long_to_read_in_a_sitting():
+    long = {module_name(p): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
