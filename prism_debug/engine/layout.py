@@ -130,20 +130,23 @@ class Layout:
         return lambda times: times[..., take] if isinstance(times, np.ndarray) and times.ndim \
             and times.shape[-1] == old_width else times
 
-    def columns_unlike_shared(self, local: np.ndarray) -> list[int]:
-        """Columns the shared column stands for whose values in ``local`` (a
-        class's slice, mesh order, every column or one) differ from its own:
-        the columns to keep apart before ``local`` can be compressed."""
+    def columns_to_part(self, local: np.ndarray) -> list[int]:
+        """The columns to keep apart before ``local`` (a class's slice, mesh
+        order, along the columns' axis every column or one) can be compressed:
+        of those the shared column stands for, all but the largest set with
+        equal values in ``local`` (which the shared column goes on standing for)."""
         if self.columns_axis is None:
             return []
         axis = self._local.index(self.columns_axis)
         size = local.shape[axis]
-        shared = [c for c in range(size) if c not in set(self._explicit)]
-        if size == 1 or not shared:
+        explicit = set(self._explicit)
+        shared = [c for c in range(size) if c not in explicit]
+        if size == 1 or len(shared) < 2:
             return []
-        columns = np.moveaxis(local, axis, -1).reshape(-1, size)
-        differs = (columns != columns[:, shared[:1]]).any(axis=0)
-        return [c for c in shared if differs[c]]
+        columns = np.moveaxis(local, axis, 0).reshape(size, -1)[shared]
+        _, group, count = np.unique(columns, axis=0, return_inverse=True, return_counts=True)
+        largest = int(np.argmax(count))
+        return [c for c, g in zip(shared, group.ravel()) if g != largest]
 
     # -- ranks -------------------------------------------------------------------------------
 

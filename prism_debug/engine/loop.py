@@ -255,8 +255,8 @@ class EventLoop:
         if gap.ndim != len(shape) or any(g not in (1, s) for g, s in zip(gap.shape, shape)):
             raise ValueError(f"a compute model's gaps must be floats or arrays over the class's "
                              f"slice of the mesh {shape}, got shape {gap.shape}")
-        # columns the shared one would stand for no longer agree
-        self._relayout(self.layout.keep_columns_apart(self.layout.columns_unlike_shared(gap)))
+        # columns the shared one stands for may no longer agree
+        self._relayout(self.layout.keep_columns_apart(self.layout.columns_to_part(gap)))
         # ``pending`` stays a scalar (the fast path): fold the gap into ``t``,
         # and the new epoch tells the wait shortcut the times moved
         state.t = self._now(state) + self.layout.internal(gap) * self._factor(state)
