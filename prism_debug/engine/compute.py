@@ -14,15 +14,17 @@ class ComputeModel(Protocol):
     def gaps_s(self, class_id: int, iteration: int, base_gaps_s: tuple[float, ...],
                shape: tuple[int, ...], rng: np.random.Generator) -> Sequence[Time]:
         """The compute before each event of class ``class_id``'s program in
-        ``iteration`` (counted from 1), in seconds, before ``slow`` factors.
+        ``iteration`` (counted from 1), in seconds; ``slow`` factors multiply
+        it afterwards.
 
         ``base_gaps_s[i]`` is the graph's gap before event ``i``; the answer
         has one entry per event.  An entry is a float when every rank of the
-        class computes that long (the class's times stay scalar: the fast
-        path), or an array over the class's slice of the mesh — ``shape``:
-        the mesh's shape with the class axis removed, in mesh axis order —
-        or broadcastable to it with the same number of dimensions (size 1
-        along axes the ranks agree on), when the ranks differ.
+        class computes that long (a Python float keeps the class's times
+        scalar: the fast path), or an array over the class's slice of the
+        mesh when its ranks differ: ``shape`` is the mesh's shape with the
+        class axis removed, in mesh axis order, and the array has that shape
+        or size 1 along axes its ranks agree on (the class's times are then
+        arrays until its ranks agree again at an iteration's end).
 
         The engine asks once per class and iteration, for every class in
         class order when the first class reaches the iteration, so the draws

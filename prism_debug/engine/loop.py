@@ -5,7 +5,7 @@ groups has arrived (every class involved, or the peer for point-to-point)."""
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class EventLoop:
         self._costs: dict[tuple[int, int], tuple[Time, float]] = {}  # (class, op) -> cost, min
         self._base_gaps: dict[tuple[int, int], tuple[float, ...]] = {}
         # iteration -> class id -> the compute model's gaps, until the class takes them
-        self._gaps_ahead: dict[int, dict[int, object]] = {}
+        self._gaps_ahead: dict[int, dict[int, Sequence[Time]]] = {}
         self.states = [ClassState(p, layout.class_index(p.class_id),
                                   tuple(self._op_info(op) for op in p.ops))
                        for p in graph.programs]
@@ -86,7 +86,7 @@ class EventLoop:
     def add_window(self, window: Perturbation | LinkPerturbation) -> None:
         """Put a perturbation in force from the next event on."""
         if isinstance(window, Perturbation) and window.kind == "slow":
-            self.settle_compute()
+            self._settle_compute()
         self.windows.add(window)
         self._windows_changed(window)
 
@@ -95,7 +95,7 @@ class EventLoop:
         is not in force); what it already did stays done."""
         if (isinstance(window, Perturbation) and window.kind == "slow"
                 and window in self.windows.perturbations):
-            self.settle_compute()
+            self._settle_compute()
         self.windows.remove(window)
         self._windows_changed(window)
 
@@ -105,7 +105,7 @@ class EventLoop:
         if isinstance(window, LinkPerturbation):
             self._costs.clear()
 
-    def settle_compute(self) -> None:
+    def _settle_compute(self) -> None:
         """Compute done so far ran at the old factors: bring every class's
         times up to date before the factors change."""
         for state in self.states:
@@ -218,7 +218,7 @@ class EventLoop:
 
     # -- compute -----------------------------------------------------------------------------
 
-    def _gaps(self, state: ClassState) -> object:
+    def _gaps(self, state: ClassState) -> Sequence[Time]:
         """The compute model's gaps for the class's iteration; the first class
         to reach an iteration asks for every class's, in class order."""
         iteration = state.iteration
@@ -231,7 +231,7 @@ class EventLoop:
             del self._gaps_ahead[iteration]
         return gaps
 
-    def _ask(self, program: ClassProgram, iteration: int):
+    def _ask(self, program: ClassProgram, iteration: int) -> Sequence[Time]:
         key = (program.class_id, min(iteration, len(program.warmup) + 1))
         base = self._base_gaps.get(key)
         if base is None:

@@ -55,7 +55,7 @@ class ClassState:
         self.iteration = 1
         # this iteration's events and the compute model's gap before each
         self.events: tuple[Event, ...] = program.events(1)
-        self.gaps: Sequence = ()
+        self.gaps: Sequence[Time] = ()
         self.gap_applied = False
         self.arrivals: dict[int, Time] = {}
         self.done: dict[int, Time] = {}
