@@ -4,14 +4,16 @@
 serves it by default, and with ``prism-debug run --graph`` the graph engine
 (:mod:`prism_debug.engine.graph_engine`) serves it from the replay engine
 (:mod:`prism_debug.engine.replay`), which replays every virtual peer from an
-execution graph.
+execution graph; a :class:`ComputeModel` says how long the peers compute.
 """
 
 from typing import Any, Callable, Protocol
 
 from prism_debug.engine.clock import EmulatedClock
+from prism_debug.engine.compute import ComputeModel, GraphCompute
 from prism_debug.engine.lockstep import LockstepEngine, Stream
-from prism_debug.engine.replay import OpRecord, ReplayEngine
+from prism_debug.engine.replay import ReplayEngine
+from prism_debug.engine.state import OpTiming
 
 
 class Engine(Protocol):
@@ -29,4 +31,5 @@ class Engine(Protocol):
         rank has not issued yet)."""
 
 
-__all__ = ["EmulatedClock", "Engine", "LockstepEngine", "OpRecord", "ReplayEngine", "Stream"]
+__all__ = ["ComputeModel", "EmulatedClock", "Engine", "GraphCompute", "LockstepEngine", "OpTiming",
+           "ReplayEngine", "Stream"]

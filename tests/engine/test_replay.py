@@ -458,7 +458,7 @@ def test_waits_shorter_than_their_op_give_the_timeline_of_per_rank_maxima(job):
     for shortcut in (True, False):
         engine = ReplayEngine(graph, constant_cost)
         if not shortcut:  # every wait takes max(now, done) rank by rank
-            engine._factor_top = lambda state: math.inf
+            engine._loop._factor_top = lambda state: math.inf
         _perturb(engine, before)
         engine.run(1)
         _perturb(engine, after)
@@ -517,7 +517,7 @@ def test_slowing_a_rank_leaves_the_compute_it_already_did_at_its_old_pace():
     for shortcut in (True, False):
         engine = ReplayEngine(graph, constant_cost, real_rank=3)
         if not shortcut:
-            engine._factor_top = lambda state: math.inf
+            engine._loop._factor_top = lambda state: math.inf
         engine.real_issue(tp_op, arrival=1.0)  # rank 1 arrived at 1.0: TP done 1.1
         engine.slow([1], 10.0)
         completions.append(engine.real_completion(engine.real_issue(dp_op, arrival=2.1)))

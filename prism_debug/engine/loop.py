@@ -1,0 +1,453 @@
+"""The replay engine's event loop: each class advances event by event,
+vectorised over its ranks, and an op completes once every member of its
+groups has arrived (every class involved, or the peer for point-to-point)."""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+
+from prism_debug.cost import Placement
+from prism_debug.engine.compute import ComputeModel
+from prism_debug.engine.layout import Layout
+from prism_debug.engine.state import ClassState, OpInfo, OpTiming, RealRank
+from prism_debug.engine.times import Time, at, least, max_over, maximum, roll, squeeze
+from prism_debug.engine.windows import LinkPerturbation, Perturbation, Windows
+from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, GraphError, OpSpec
+
+CostFn = Callable[[OpSpec, Placement], float]
+
+# How many ended iterations the real rank's completions are kept for.
+_REAL_DONE_ITERATIONS = 2
+
+
+class EventLoop:
+    def __init__(self, graph: ExecutionGraph, cost: CostFn, layout: Layout, windows: Windows,
+                 compute: ComputeModel, rng: np.random.Generator, *, real: RealRank | None,
+                 record: bool) -> None:
+        self.graph = graph
+        self.layout = layout
+        self.windows = windows
+        self._cost = cost
+        self._compute = compute
+        self._rng = rng
+        self.record = record
+        self.records: list[OpTiming] = []
+        self.real = real
+        self._real_class = None if real is None else real.class_id
+        self.target: float = math.inf  # the iteration every class stops after
+        # copies of the windows' flags, read on every issue
+        self._arrivals_perturbed = False
+        self._volatile_links = False
+        self._rendezvous: dict[tuple, dict] = {}
+        self._costs: dict[tuple[int, int], tuple[Time, float]] = {}  # (class, op) -> cost, min
+        self._base_gaps: dict[tuple[int, int], tuple[float, ...]] = {}
+        # iteration -> class id -> the compute model's gaps, until the class takes them
+        self._gaps_ahead: dict[int, dict[int, Sequence[Time]]] = {}
+        self.states = [ClassState(p, layout.class_index(p.class_id),
+                                  tuple(self._op_info(op) for op in p.ops))
+                       for p in graph.programs]
+        for state in self.states:
+            state.gaps = self._gaps(state)
+
+    def _op_info(self, op: OpSpec) -> OpInfo:
+        spans = self.layout.spans_classes(op.family)
+        return OpInfo(op, self.layout.local_axes(op.family), spans, not op.is_p2p and not spans)
+
+    # -- what the replay engine changes between events -----------------------------------
+
+    def keep_apart(self, mask: np.ndarray) -> None:
+        """Keep the columns of the ranks in ``mask`` apart (see :mod:`.layout`)."""
+        self._relayout(self.layout.keep_apart(mask))
+
+    def _relayout(self, column_map: Callable[[Time], Time] | None) -> None:
+        """Apply ``column_map`` to every time array held."""
+        if column_map is not None:
+            for state in self.states:
+                state.t = column_map(state.t)
+                state.arrivals = {k: column_map(v) for k, v in state.arrivals.items()}
+                state.done = {k: column_map(v) for k, v in state.done.items()}
+                state.iteration_starts = [column_map(v) for v in state.iteration_starts]
+                state.forget_factors()
+            for waiting in self._rendezvous.values():
+                for key, entry in waiting.items():
+                    waiting[key] = tuple(column_map(v) for v in entry)
+            if self.real is not None:
+                self.real.done = {k: column_map(v) for k, v in self.real.done.items()}
+                self.real.last = {k: (column_map(v[0]), v[1]) if isinstance(v[0], np.ndarray)
+                                  else v for k, v in self.real.last.items()}
+            self.windows.forget_parts()
+            self._costs.clear()
+        if self.real is not None:
+            self.real.index = self.layout.internal_coordinates(self.real.rank)
+
+    def add_window(self, window: Perturbation | LinkPerturbation) -> None:
+        """Put a perturbation in force from the next event on."""
+        if isinstance(window, Perturbation) and window.kind == "slow":
+            self._settle_compute()
+        self.windows.add(window)
+        self._windows_changed(window)
+
+    def remove_window(self, window: object) -> None:
+        """Take a perturbation back from the next event on (ValueError when it
+        is not in force); what it already did stays done."""
+        if (isinstance(window, Perturbation) and window.kind == "slow"
+                and window in self.windows.perturbations):
+            self._settle_compute()
+        self.windows.remove(window)
+        self._windows_changed(window)
+
+    def _windows_changed(self, window: object) -> None:
+        self._arrivals_perturbed = self.windows.arrivals_perturbed
+        self._volatile_links = self.windows.volatile_links
+        if isinstance(window, LinkPerturbation):
+            self._costs.clear()
+
+    def _settle_compute(self) -> None:
+        """Compute done so far ran at the old factors: bring every class's
+        times up to date before the factors change."""
+        for state in self.states:
+            if state.pending:
+                state.t = self._now(state)
+                state.pending = 0.0
+                state.epoch += 1
+            state.forget_factors()  # recomputed with the new factors at the next event
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def advance(self) -> None:
+        """Step every class as far as it can go."""
+        progress = True
+        while progress:
+            progress = False
+            for state in self.states:
+                while self._step(state):
+                    progress = True
+
+    def _step(self, state: ClassState) -> bool:
+        if state.iteration > self.target:
+            return False
+        is_real = state.program.class_id == self._real_class
+        if is_real and state.pc > self.real.allowed:
+            return False
+        if (self._real_class is not None and not is_real
+                and state.iteration > self.states[self._real_class].iteration + 1):
+            # a class that never blocks (an isend nobody waits for) would run on
+            # forever: nothing the real rank does now needs it further ahead
+            return False
+        events = state.events
+        event = events[state.pc]
+        if not state.gap_applied:
+            gap = state.gaps[state.pc]
+            if gap.__class__ is float:  # (cheaper than isinstance, once per event)
+                state.pending += gap
+                state.gap_clock += gap
+            else:
+                self._apply_gap(state, gap)
+            state.gap_applied = True
+        if event.action == "wait":
+            done = state.done.get(event.op)
+            if done is None:
+                return False
+            epoch, clock = state.issued_at[event.op]
+            if epoch == state.epoch and (state.gap_clock - clock) * self._factor_top(state) \
+                    <= state.slack[event.op]:
+                # Every rank is back from computing before the op ends: since the
+                # issue the ranks computed (state.gap_clock - clock) × factor at
+                # most, and the op ends at least its own time after each one's
+                # arrival.  (``done`` keeps its narrow shape, and the next ops the
+                # fast path.)
+                state.t = done
+            else:
+                state.t = maximum(self._now(state), done)
+            state.pending = 0.0
+            state.epoch += 1
+        elif event.action == "issue":
+            self._issue(state, event, is_real)
+        state.gap_applied = False
+        state.pc += 1
+        if event.action == "end" or state.pc == len(events):
+            self._end_iteration(state)
+        return True
+
+    def _factor(self, state: ClassState) -> Time:
+        if state.factor is None:  # once per class and iteration, not per event
+            state.factor = self.windows.compute_factor(state)
+        return state.factor
+
+    def _factor_top(self, state: ClassState) -> float:
+        """The class's largest compute factor this iteration."""
+        if state.factor_top is None:
+            factor = self._factor(state)
+            state.factor_top = float(factor.max()) if isinstance(factor, np.ndarray) else factor
+        return state.factor_top
+
+    def _now(self, state: ClassState) -> Time:
+        """The class's times now (full per-rank detail where ranks differ)."""
+        if not state.pending:
+            return state.t
+        return state.t + state.pending * self._factor(state)
+
+    def _end_iteration(self, state: ClassState) -> None:
+        state.t = squeeze(self._now(state))  # back to the fast path once ranks agree
+        state.pending = 0.0
+        state.gap_clock = 0.0
+        state.epoch += 1
+        state.iteration += 1
+        state.events = state.program.events(state.iteration)
+        state.gaps = self._gaps(state)
+        state.pc = 0
+        state.issued = 0
+        state.arrivals.clear()
+        state.issued_at.clear()
+        state.sequence.clear()
+        state.forget_factors()
+        state.slack.clear()
+        state.iteration_starts.append(state.t)
+        if state.program.class_id == self._real_class:
+            real = self.real
+            real.allowed = -1
+            real.last.clear()
+            ended = state.iteration - 1
+            real.done = {k: v for k, v in real.done.items()
+                         if k[0] >= ended - _REAL_DONE_ITERATIONS}
+            real.done.update(((ended, op), done) for op, done in state.done.items())
+        state.done.clear()
+
+    # -- compute -----------------------------------------------------------------------------
+
+    def _gaps(self, state: ClassState) -> Sequence[Time]:
+        """The compute model's gaps for the class's iteration; the first class
+        to reach an iteration asks for every class's, in class order."""
+        iteration = state.iteration
+        ahead = self._gaps_ahead.get(iteration)
+        if ahead is None:
+            ahead = self._gaps_ahead[iteration] = {
+                s.program.class_id: self._ask(s.program, iteration) for s in self.states}
+        gaps = ahead.pop(state.program.class_id)
+        if not ahead:
+            del self._gaps_ahead[iteration]
+        return gaps
+
+    def _ask(self, program: ClassProgram, iteration: int) -> Sequence[Time]:
+        key = (program.class_id, min(iteration, len(program.warmup) + 1))
+        base = self._base_gaps.get(key)
+        if base is None:
+            base = self._base_gaps[key] = tuple(float(e.gap_s) for e in program.events(iteration))
+        gaps = self._compute.gaps_s(program.class_id, iteration, base, self.layout.local_shape,
+                                    self._rng)
+        if len(gaps) != len(base):
+            raise ValueError(f"the compute model gave {len(gaps)} gaps for the {len(base)} "
+                             f"events of class {program.class_id} in iteration {iteration}")
+        return gaps
+
+    def _apply_gap(self, state: ClassState, gap: Time) -> None:
+        """A gap that is not a float: another kind of number, or an array of
+        compute that differs between the class's ranks (their times part)."""
+        gap = np.asarray(gap, dtype=float)
+        if not gap.ndim:
+            state.pending += float(gap)
+            state.gap_clock += float(gap)
+            return
+        shape = self.layout.local_shape
+        if gap.ndim != len(shape) or any(g not in (1, s) for g, s in zip(gap.shape, shape)):
+            raise ValueError(f"a compute model's gaps must be floats or arrays over the class's "
+                             f"slice of the mesh {shape}, got shape {gap.shape}")
+        # columns the shared one stands for may no longer agree
+        self._relayout(self.layout.keep_columns_apart(self.layout.columns_to_part(gap)))
+        # ``pending`` stays a scalar (the fast path): fold the gap into ``t``,
+        # and the new epoch tells the wait shortcut the times moved
+        state.t = self._now(state) + self.layout.internal(gap) * self._factor(state)
+        state.pending = 0.0
+        state.gap_clock += float(gap.max())
+        state.epoch += 1
+
+    # -- ops ---------------------------------------------------------------------------------
+
+    def _issue(self, state: ClassState, event: Event, is_real: bool) -> None:
+        info = state.ops[event.op]
+        op = info.spec
+        state.issued_at[event.op] = (state.epoch, state.gap_clock)
+        if self._volatile_links:  # a link's state depends on when the op runs
+            self._costs.pop((state.program.class_id, event.op), None)
+        real_here = is_real and self.real.pending is not None \
+            and self.real.pending[0] == state.pc
+        if info.local and not (self.record or real_here or self._arrivals_perturbed):
+            # The fast path: no one needs the per-rank arrivals, only the groups' last.
+            cost, lowest = self._op_cost(state, event.op)
+            self._complete(state, event.op, self._group_last(state, op.family, info.axes) + cost,
+                           slack=lowest)
+            state.issued += 1
+            return
+        arrival = self._now(state)
+        for p, part in self.windows.active("delay", state, op.family):
+            arrival = arrival + np.where(part, p.value, 0.0)
+        for p, part in self.windows.active("fail", state, op.family):
+            arrival = np.where(part, math.inf, arrival)
+        if real_here:
+            arrival = np.array(np.broadcast_to(arrival, self.layout.class_shape), dtype=float)
+            arrival[self.real.index] = self.real.pending[1]
+            self.real.pending = None
+        state.arrivals[event.op] = arrival
+        state.issued += 1
+        if op.is_p2p:
+            self._issue_p2p(state, event.op, op)
+        elif info.spans_classes:
+            self._issue_across_classes(state, event.op, op)
+        else:
+            cost, lowest = self._op_cost(state, event.op)
+            self._complete(state, event.op, max_over(arrival, info.axes) + cost, slack=lowest)
+
+    def _group_last(self, state: ClassState, family: str, axes: tuple[int, ...]) -> Time:
+        """When the last member of each group arrives, without forming per-rank
+        arrivals when the class's times already agree within groups."""
+        t = state.t
+        if not state.pending:
+            return max_over(t, axes)
+        factor = self._factor(state)
+        if not isinstance(factor, np.ndarray):
+            return max_over(t + state.pending * factor, axes)
+        if isinstance(t, np.ndarray) and any(t.shape[a] != 1 for a in axes):
+            return max_over(t + state.pending * factor, axes)
+        # t is constant over the group: max(t + g·f) = t + g·max(f)
+        factor_max = state.factor_max.get(family)
+        if factor_max is None:
+            factor_max = state.factor_max[family] = factor.max(axis=axes, keepdims=True)
+        return t + state.pending * factor_max
+
+    def _issue_across_classes(self, state: ClassState, op_index: int, op: OpSpec) -> None:
+        seq = state.next_sequence(("coll", op.family))
+        key = ("coll", op.family, state.iteration, seq)
+        waiting = self._rendezvous.setdefault(key, {})
+        waiting[state.program.class_id] = (op_index, state.arrivals[op_index], state.iteration)
+        if len(waiting) < len(self.states):
+            return
+        del self._rendezvous[key]
+        specs = {class_id: self.states[class_id].program.ops[index]
+                 for class_id, (index, _, _) in waiting.items()}
+        if len({(s.kind, s.nbytes) for s in specs.values()}) > 1:
+            raise GraphError(
+                f"the classes disagree on collective {seq + 1} of iteration {state.iteration} "
+                f"on {op.family}: " + "; ".join(f"class {c} issues {describe_op(s)}"
+                                                for c, s in sorted(specs.items())))
+        full = np.empty((len(self.states), *self.layout.class_shape))
+        for class_id, (_, arrival, _) in waiting.items():
+            full[class_id] = arrival
+        local_axes = self.layout.local_axes(op.family)
+        done = full.max(axis=(0, *(1 + a for a in local_axes)), keepdims=True)[0]
+        real = waiting.get(self._real_class)
+        if real is not None and real[2] == self.states[self._real_class].iteration:
+            self.real.last[real[0]] = (full, local_axes)
+        cause = None
+        if self.record:
+            latest = int(np.argmax(full.reshape(len(self.states), -1).max(axis=1)))
+            cause = (latest, waiting[latest][0])
+        for class_id, (index, arrival, iteration) in waiting.items():
+            other = self.states[class_id]
+            cost, lowest = self._op_cost(other, index)
+            self._complete(other, index, done + cost, iteration, cause, lowest, arrival)
+
+    def _issue_p2p(self, state: ClassState, op_index: int, op: OpSpec) -> None:
+        # The n-th send from one class to another, in one direction, pairs with
+        # the n-th matching recv there (NCCL matches p2p ops in order).
+        step = op.peer if op.kind == "send" else -op.peer  # the sender's offset
+        me = state.program.class_id
+        if state.ops[op_index].spans_classes:
+            peer = me + op.peer
+            if not 0 <= peer < len(self.states):
+                raise GraphError(f"class {me} has a {op.kind} to class {peer}, which does "
+                                 "not exist")
+        else:
+            peer = me
+        source, target = (me, peer) if op.kind == "send" else (peer, me)
+        seq = state.next_sequence(("p2p", source, target, step, op.kind))
+        key = ("p2p", source, target, step, state.iteration, seq)
+        waiting = self._rendezvous.setdefault(key, {})
+        # the arrival travels with the entry: a sender that never waits may end
+        # its iteration before the receiver posts the matching receive
+        waiting[op.kind] = (state.program.class_id, op_index, state.arrivals[op_index],
+                            state.iteration)
+        if len(waiting) < 2:
+            return
+        del self._rendezvous[key]
+        send_class, send_op, sent, send_iteration = waiting["send"]
+        recv_class, recv_op, received, recv_iteration = waiting["recv"]
+        sender, receiver = self.states[send_class], self.states[recv_class]
+        spec = sender.program.ops[send_op]
+        if spec.nbytes != receiver.program.ops[recv_op].nbytes:
+            raise GraphError(
+                f"send {seq + 1} of iteration {state.iteration} from class {send_class} to "
+                f"class {recv_class} on {spec.family} carries {spec.nbytes} bytes but the "
+                f"matching recv expects {receiver.program.ops[recv_op].nbytes}")
+        # Across classes the ranks pair element by element (same coordinates off
+        # the class axis); inside a class, rank x sends to x + step on the axis.
+        axis = None if sender is not receiver else self.layout.local_axes(spec.family)[0]
+        sent_there = roll(sent, step, axis)  # each receiver's sender's arrival
+        received_there = roll(received, -step, axis)  # each sender's receiver's arrival
+        cost, slack = self._op_cost(sender, send_op)  # per sender: a receiver's is its sender's
+        done = maximum(sent_there, received) + roll(cost, step, axis)
+        for kind, peers in (("recv", sent_there), ("send", received_there)):
+            class_id, op_index, own, iteration = waiting[kind]
+            if class_id == self._real_class and iteration == self.states[class_id].iteration:
+                # the real rank's side: its peer, if the peer arrived later, was waited for
+                real = self.real
+                peer_rank = self._real_peer(self.states[class_id].program.ops[op_index])
+                peer_time = at(peers, real.index, self.layout.class_shape)
+                own_time = at(own, real.index, self.layout.class_shape)
+                real.last[op_index] = ((peer_rank, peer_time) if peer_time >= own_time
+                                       else (real.rank, own_time))
+        cause = None
+        if self.record:
+            late = "send" if np.max(sent) >= np.max(received) else "recv"
+            cause = waiting[late][:2]
+        self._complete(receiver, recv_op, done, recv_iteration, cause, slack, received)
+        self._complete(sender, send_op, roll(done, -step, axis), send_iteration, cause, slack,
+                       sent)
+
+    def _real_peer(self, op: OpSpec) -> int:
+        """The real rank's peer in a p2p op (rings inside a class wrap around)."""
+        mesh = self.graph.mesh
+        axis = self.graph.family_axes(op.family)[0]
+        coords = list(mesh.coordinates(self.real.rank))
+        coords[axis] = (coords[axis] + op.peer) % mesh.shape[axis]
+        return mesh.rank(coords)
+
+    def _complete(self, state: ClassState, op_index: int, done: Time,
+                  iteration: int | None = None, cause: tuple[int, int] | None = None,
+                  slack: float = 0.0, arrival: Time | None = None) -> None:
+        if iteration is None:
+            iteration = state.iteration
+        if self.record:
+            if arrival is None:
+                arrival = state.arrivals.get(op_index)
+            self.records.append(OpTiming(state.program.class_id, iteration, op_index,
+                                         self.layout.external(arrival),
+                                         self.layout.external(done),
+                                         cause or (state.program.class_id, op_index)))
+        if iteration != state.iteration:
+            # Its class has moved on: only the real rank may still wait for it.
+            if state.program.class_id == self._real_class:
+                self.real.done[(iteration, op_index)] = done
+            return
+        state.done[op_index] = done
+        state.slack[op_index] = slack
+
+    def _op_cost(self, state: ClassState, op_index: int) -> tuple[Time, float]:
+        """An op's time, and its least over the class (what the wait shortcut needs)."""
+        key = (state.program.class_id, op_index)
+        found = self._costs.get(key)
+        if found is None:
+            op = state.program.ops[op_index]
+            cost = self._cost(op, self.layout.placement(op))
+            if self.windows.links:
+                cost = self.windows.link_cost(cost, op, state, least(self._now(state)))
+            found = self._costs[key] = (cost, least(cost))
+        return found
+
+
+def describe_op(op: OpSpec) -> str:
+    """An op as error messages name it."""
+    peer = f" with the rank {op.peer:+d} along {op.family}" if op.is_p2p else f" on {op.family}"
+    return f"{op.kind} of {op.nbytes} bytes{peer}"

@@ -1,0 +1,97 @@
+"""What the replay engine's event loop holds: per class (its times and place
+in its program), per op (worked out once), for the real rank, and the
+timings it records."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from prism_debug.engine.times import Time
+from prism_debug.graph.execution import ClassProgram, Event, OpSpec
+
+
+@dataclasses.dataclass
+class OpTiming:
+    """When one op of one class arrived and completed in one iteration (the
+    engine's records, for traces and tests)."""
+
+    class_id: int
+    iteration: int
+    op: int
+    arrival: Time
+    done: Time
+    # the op whose arrival set ``done``, as (class id, op index): the class's
+    # own op for a group inside the class, else the latest class or p2p side
+    cause: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class OpInfo:
+    """What the event loop needs of one op, worked out once."""
+
+    spec: OpSpec
+    axes: tuple[int, ...]  # the family's axes in a class array
+    spans_classes: bool
+    local: bool  # a collective inside the class: the fast path applies
+
+
+class ClassState:
+    def __init__(self, program: ClassProgram, index: tuple, ops: tuple[OpInfo, ...]) -> None:
+        self.program = program
+        self.ops = ops
+        self.index = index  # selects the class's slice of a mesh-shaped array
+        # A class's times are ``t + pending × factor``: compute since the last
+        # time ``t`` was brought up to date stays a scalar, because the
+        # factor is fixed within an iteration.  ``t`` keeps the class's mesh
+        # dimensions, with size 1 along every axis its ranks agree on.
+        self.t: Time = 0.0
+        self.pending = 0.0
+        self.gap_clock = 0.0  # all compute this iteration, to tell if any ran since an issue
+        self.epoch = 0  # bumped whenever ``t`` changes
+        self.issued_at: dict[int, tuple[int, float]] = {}
+        self.pc = 0
+        self.issued = 0  # ops issued this iteration: where op-level perturbations start
+        self.iteration = 1
+        # this iteration's events and the compute model's gap before each
+        self.events: tuple[Event, ...] = program.events(1)
+        self.gaps: Sequence[Time] = ()
+        self.gap_applied = False
+        self.arrivals: dict[int, Time] = {}
+        self.done: dict[int, Time] = {}
+        self.sequence: dict[tuple, int] = {}  # rendezvous counters, per iteration
+        self.iteration_starts: list[Time] = [0.0]
+        self.factor: Time | None = None  # compute factor this iteration (None: not computed)
+        self.factor_max: dict[str, Time] = {}  # its max over each family's axes
+        self.factor_top: float | None = None  # its max over the class
+        # per completed op, a time it surely ends after each member's arrival
+        self.slack: dict[int, float] = {}
+
+    def next_sequence(self, key: tuple) -> int:
+        n = self.sequence.get(key, 0)
+        self.sequence[key] = n + 1
+        return n
+
+    def forget_factors(self) -> None:
+        """The compute factors changed (or their layout did): work them out again."""
+        self.factor = None
+        self.factor_max.clear()
+        self.factor_top = None
+
+
+@dataclasses.dataclass
+class RealRank:
+    """The real rank: where it sits in the replay, and what the event loop
+    keeps for the replay engine's real-rank interface."""
+
+    rank: int
+    class_id: int
+    index: tuple = ()  # its element of its class's arrays
+    allowed: int = -1  # its class may run up to this event index
+    pending: tuple[int, float] | None = None  # (event index, arrival) of the op it issues
+    # Completions of its ops, kept past their iteration's end: an async op may
+    # be waited for after the next optimizer step (DDP futures).
+    done: dict[tuple[int, int], Time] = dataclasses.field(default_factory=dict)
+    # Who arrived last at its ops whose groups span classes (the arrivals of
+    # every class, kept until asked) or pair with a peer.
+    last: dict[int, tuple] = dataclasses.field(default_factory=dict)

@@ -1,0 +1,47 @@
+"""Arithmetic on a class's times, which are a scalar while its ranks agree and a
+numpy array once anything sets them apart (the replay engine's fast path)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+Time = float | np.ndarray
+
+
+def max_over(times: Time, axes: tuple[int, ...]) -> Time:
+    """Each group's latest time: the max over the family's axes, kept as size-1 dims."""
+    if not isinstance(times, np.ndarray):
+        return times
+    return times.max(axis=axes, keepdims=True)
+
+
+def maximum(a: Time, b: Time) -> Time:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return a if a > b else b
+
+
+def least(times: Time) -> float:
+    return float(times.min()) if isinstance(times, np.ndarray) else times
+
+
+def squeeze(times: Time) -> Time:
+    """A per-rank array whose ranks all agree, as a scalar (the fast path)."""
+    if isinstance(times, np.ndarray):
+        first = times.flat[0]
+        if (times == first).all():
+            return float(first)
+    return times
+
+
+def at(times: Time, index: tuple, shape: tuple) -> float:
+    """One rank's time, ``times`` standing for an array of ``shape``."""
+    if isinstance(times, np.ndarray):
+        return float(np.broadcast_to(times, shape)[index])
+    return float(times)
+
+
+def roll(times: Time, step: int, axis: int | None) -> Time:
+    if axis is None or not isinstance(times, np.ndarray):
+        return times
+    return np.roll(times, step, axis=axis)
