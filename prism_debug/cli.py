@@ -117,8 +117,8 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
         command=command, rank=rank, world_size=world_size, profile=profile,
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
         values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
-        trace_ranks=rank_list(trace_ranks, world_size, profile.gpus_per_node),
-        snapshot_at=number_list(snapshot_at, "iterations"),
+        trace_ranks=rank_list(trace_ranks, world_size, profile.gpus_per_node, "--trace-ranks"),
+        snapshot_at=number_list(snapshot_at, "--snapshot-at", "iterations"),
         snapshot_every=snapshot_every, incremental=incremental, isolate=isolate, store=store,
         bind=None if no_bus else bind, paused=paused, perturbations=tuple(perturbations),
         collective_timeout_s=collective_timeout)
@@ -339,7 +339,8 @@ def profile(world_size, gpus_per_node, iterations, slice_ranks, out, run_dir, co
     options = ProfileOptions(
         command=list(command) or _bundled_example_command(world_size), world_size=world_size,
         gpus_per_node=gpus_per_node, iterations=iterations, out=out,
-        slice_ranks=rank_list(slice_ranks, world_size, gpus_per_node), run_dir=run_dir)
+        slice_ranks=rank_list(slice_ranks, world_size, gpus_per_node, "--slice-ranks"),
+        run_dir=run_dir)
     run_profile(options, click.echo)
 
 
@@ -383,7 +384,7 @@ def replay(path, iterations, hardware, ranks_text, as_json) -> None:
     from prism_debug.graph.build import representatives
 
     g = ExecutionGraph.load(path)
-    ranks = (rank_list(ranks_text, g.world_size, g.gpus_per_node)
+    ranks = (rank_list(ranks_text, g.world_size, g.gpus_per_node, "--ranks")
              or representatives(g.mesh, g.class_axis))
     engine = ReplayEngine(g, _cost_fn(hardware, g.gpus_per_node))
     engine.run(iterations)

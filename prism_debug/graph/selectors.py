@@ -49,20 +49,29 @@ def select_ranks(text: str, world_size: int, gpus_per_node: int) -> list[int]:
     return expand(rank_spans(text, world_size, gpus_per_node))
 
 
-def rank_list(text: str, world_size: int, gpus_per_node: int) -> tuple[int, ...]:
-    """:func:`select_ranks` for an option such as ``--trace-ranks``: () when
-    ``text`` is blank."""
-    return tuple(select_ranks(text, world_size, gpus_per_node)) if text.strip() else ()
-
-
-def number_list(text: str, what: str) -> tuple[int, ...]:
-    """The numbers ``text`` lists (``3,10``, ``2-5``, no upper bound), in
-    order, each once; () when ``text`` is blank.  ``what`` names them in the
-    error: ``cannot read 'x' as iterations: use N, A-B, or …``."""
+def rank_list(text: str, world_size: int, gpus_per_node: int, option: str) -> tuple[int, ...]:
+    """:func:`select_ranks` for the command-line ``option`` (``--trace-ranks``)
+    that gave ``text``: () when it is blank; its errors start with the option."""
     if not text.strip():
         return ()
-    return tuple(expand(_spans(
-        text, None, f"{what}: use N, A-B, or a list of them separated by commas", None)))
+    try:
+        return tuple(select_ranks(text, world_size, gpus_per_node))
+    except ConfigError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
+
+
+def number_list(text: str, option: str, what: str) -> tuple[int, ...]:
+    """The numbers the command-line ``option`` lists in ``text`` (``3,10``,
+    ``2-5``, no upper bound), in order, each once; () when it is blank.
+    ``what`` names them in errors: ``--snapshot-at: cannot read 'x' as
+    iterations: use N, A-B, or …``."""
+    if not text.strip():
+        return ()
+    try:
+        return tuple(expand(_spans(
+            text, None, f"{what}: use N, A-B, or a list of them separated by commas", None)))
+    except ConfigError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
 
 
 def _spans(text: str, count: int | None, readable_as: str,
