@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import logging
 import re
 import sys
@@ -20,6 +19,7 @@ from prism_debug.cost import COLLECTIVES, DEFAULT_PROFILE, CostModel, Placement,
 from prism_debug.errors import ConfigError, ExitCode, PrismError
 from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
+from prism_debug.graph.selectors import number_list, rank_list
 
 
 class _Cli(click.Group):
@@ -116,7 +116,8 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
         command=command, rank=rank, world_size=world_size, profile=profile,
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
         values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
-        trace_ranks=parse_ranks(trace_ranks), snapshot_at=parse_ranks(snapshot_at),
+        trace_ranks=rank_list(trace_ranks, world_size, profile.gpus_per_node, "--trace-ranks"),
+        snapshot_at=number_list(snapshot_at, "--snapshot-at", "iterations"),
         snapshot_every=snapshot_every, incremental=incremental, isolate=isolate, store=store,
         bind=None if no_bus else bind, paused=paused, faults=faults,
         collective_timeout_s=collective_timeout)
@@ -334,7 +335,8 @@ def profile(world_size, gpus_per_node, iterations, slice_ranks, out, run_dir, co
     options = ProfileOptions(
         command=list(command) or _bundled_example_command(world_size), world_size=world_size,
         gpus_per_node=gpus_per_node, iterations=iterations, out=out,
-        slice_ranks=parse_ranks(slice_ranks), run_dir=run_dir)
+        slice_ranks=rank_list(slice_ranks, world_size, gpus_per_node, "--slice-ranks"),
+        run_dir=run_dir)
     run_profile(options, click.echo)
 
 
@@ -350,6 +352,7 @@ def graph() -> None:
 def graph_show(path, hardware, as_json) -> None:
     """Summarise a graph: layout, classes, bytes per family, one replayed iteration."""
     from prism_debug.engine.analysis import critical_path, summarize
+    from prism_debug.engine.render import graph_summary, graph_summary_lines
     from prism_debug.graph import ExecutionGraph
 
     g = ExecutionGraph.load(path)
@@ -357,85 +360,36 @@ def graph_show(path, hardware, as_json) -> None:
     summaries = summarize(g, cost_fn)
     path_segments = critical_path(g, cost_fn)
     if as_json:
-        click.echo(json.dumps({
-            "world_size": g.world_size,
-            "mesh": dict(zip(g.mesh.names, g.mesh.shape)),
-            "families": {k: list(v) for k, v in g.families.items()},
-            "class_axis": g.class_axis,
-            "classes": [dataclasses.asdict(c) | {"waiting_s": c.waiting_s} for c in summaries],
-            "critical_path": [dataclasses.asdict(s) for s in path_segments],
-        }))
+        click.echo(json.dumps(graph_summary(g, summaries, path_segments)))
         return
-    click.echo(f"graph {path}: world {g.world_size} = "
-               + " x ".join(f"{n} {s}" for n, s in zip(g.mesh.names, g.mesh.shape))
-               + f", {len(g.programs)} class(es)"
-               + (f" along {g.class_axis}" if g.class_axis else ""))
-    click.echo("families: " + " · ".join(f"{name} ({' x '.join(axes) or 'single ranks'})"
-                                         for name, axes in g.families.items()))
-    click.echo(f"{'class':>5} {'rank':>7} {'ops':>5} {'compute ms':>11} {'iteration ms':>13} "
-               f"{'waiting ms':>11}  bytes per iteration by family")
-    for c in summaries:
-        by_family = ", ".join(f"{k} {v / 2**20:.2f} MiB" for k, v in c.bytes_by_family.items())
-        click.echo(f"{c.class_id:>5} {c.representative:>7} {c.num_ops:>5} "
-                   f"{c.compute_s * 1e3:>11.2f} {c.iteration_s * 1e3:>13.2f} "
-                   f"{c.waiting_s * 1e3:>11.2f}  {by_family}")
-    slowest = max(summaries, key=lambda c: c.iteration_s)
-    if all(math.isclose(c.iteration_s, slowest.iteration_s, rel_tol=1e-9) for c in summaries):
-        click.echo(f"every class: {slowest.iteration_s * 1e3:.2f} ms per iteration "
-                   "(they move at one pace; the critical path shows whose)")
-    else:
-        click.echo(f"slowest class: {slowest.class_id} (rank {slowest.representative}): "
-                   f"{slowest.iteration_s * 1e3:.2f} ms per iteration, "
-                   f"{slowest.compute_s * 1e3:.2f} ms of it compute")
-    _echo_critical_path(path_segments)
-
-
-def _echo_critical_path(segments) -> None:
-    total = segments[-1].end_s - segments[0].start_s if segments else 0.0
-    click.echo(f"critical path of a steady iteration: {total * 1e3:.2f} ms in "
-               f"{len(segments)} links, from class {segments[0].class_id if segments else '-'} "
-               f"to class {segments[-1].class_id if segments else '-'}")
-    by_class: dict[int, float] = {}
-    by_family: dict[str, float] = {}
-    for s in segments:
-        if s.family is None:
-            by_class[s.class_id] = by_class.get(s.class_id, 0.0) + s.duration_s
-        else:
-            by_family[s.family] = by_family.get(s.family, 0.0) + s.duration_s
-    click.echo("  compute: " + (" · ".join(f"class {c} {t * 1e3:.2f} ms"
-                                           for c, t in sorted(by_class.items())) or "none"))
-    click.echo("  communication: " + (" · ".join(
-        f"{f} {t * 1e3:.2f} ms" for f, t in sorted(by_family.items(), key=lambda kv: -kv[1]))
-        or "none"))
+    for line in graph_summary_lines(str(path), g, summaries, path_segments):
+        click.echo(line)
 
 
 @main.command()
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--iterations", default=3, show_default=True)
 @click.option("--hardware", default=DEFAULT_PROFILE, show_default=True)
-@click.option("--ranks", "rank_list", default="", help="Ranks to report (default: one per class).")
+@click.option("--ranks", "ranks_text", default="", help="Ranks to report (default: one per class).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def replay(path, iterations, hardware, rank_list, as_json) -> None:
+def replay(path, iterations, hardware, ranks_text, as_json) -> None:
     """Replay the whole world from a graph, with no real rank."""
     from prism_debug.engine import ReplayEngine
+    from prism_debug.engine.render import iteration_table
     from prism_debug.graph import ExecutionGraph
     from prism_debug.graph.build import representatives
 
     g = ExecutionGraph.load(path)
-    ranks = parse_ranks(rank_list) or representatives(g.mesh, g.class_axis)
-    for rank in ranks:
-        if not 0 <= rank < g.world_size:
-            raise ConfigError(f"rank {rank} is outside the graph's world of {g.world_size}")
+    ranks = (rank_list(ranks_text, g.world_size, g.gpus_per_node, "--ranks")
+             or representatives(g.mesh, g.class_axis))
     engine = ReplayEngine(g, _cost_fn(hardware, g.gpus_per_node))
     engine.run(iterations)
     times = {rank: engine.iteration_times(rank)[:iterations] for rank in ranks}
     if as_json:
         click.echo(json.dumps({"iterations": iterations, "times_s": times}))
         return
-    click.echo(f"{'rank':>7} " + " ".join(f"{'iter ' + str(i + 1) + ' ms':>12}"
-                                          for i in range(iterations)))
-    for rank, values in times.items():
-        click.echo(f"{rank:>7} " + " ".join(f"{v * 1e3:>12.2f}" for v in values))
+    for line in iteration_table(times, iterations):
+        click.echo(line)
 
 
 @main.command()
@@ -476,34 +430,14 @@ def calibrate(nccl_tests, local, processes, base, name, out) -> None:
                 text, path, fitting.NCCL_TESTS_OPS.get(op.lower()) if op else None))
         profile = fitting.fit(load_profile(base), measurements, name)
     out.write_text(fitting.to_toml(profile))
-    model = CostModel(load_profile(str(out)))
-    click.echo(f"{'op':>14} {'ranks':>6} {'nodes':>6} {'bytes':>10} {'measured us':>12} "
-               f"{'model us':>10} {'error':>7}")
-    for m in measurements:
-        for nbytes, seconds in (min(m.samples), max(m.samples)):
-            predicted = model.estimate(m.op, nbytes, m.placement).time_s
-            click.echo(f"{m.op:>14} {m.num_ranks:>6} {m.num_nodes:>6} {nbytes:>10} "
-                       f"{seconds * 1e6:>12.1f} {predicted * 1e6:>10.1f} "
-                       f"{100 * (predicted - seconds) / seconds:>+6.1f}%")
+    for line in fitting.fit_table(CostModel(load_profile(str(out))), measurements):
+        click.echo(line)
     click.echo(f"calibrate: wrote {out} (use it as --hardware {out})")
 
 
 def _cost_fn(hardware: str, gpus_per_node: int):
     model = CostModel(dataclasses.replace(load_profile(hardware), gpus_per_node=gpus_per_node))
-    return lambda op, placement: model.time_s(op.kind, op.nbytes, placement)
-
-
-def parse_ranks(text: str) -> tuple[int, ...]:
-    """``0,4096-4103`` -> (0, 4096, …, 4103)."""
-    ranks: list[int] = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        low, _, high = part.partition("-")
-        try:
-            ranks.extend(range(int(low), int(high or low) + 1))
-        except ValueError:
-            raise ConfigError(f"{part!r} is not a rank or a range of ranks such as 4096-4103") \
-                from None
-    return tuple(ranks)
+    return model.op_time_s
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
@@ -546,9 +480,7 @@ def cost(hardware, op, size, ranks, gpus_per_node, as_json) -> None:
             "algorithm": estimate.algorithm, "protocol": estimate.protocol,
         }))
         return
-    click.echo(f"{op} of {nbytes} bytes on {ranks} ranks ({placement.num_nodes} node(s) x "
-               f"{placement.ranks_per_node}) on {profile.name}: {estimate.time_s * 1e6:.1f} us, "
-               f"busbw {estimate.busbw_gbs:.1f} GB/s ({estimate.algorithm}/{estimate.protocol})")
+    click.echo(estimate.describe(profile.name))
 
 
 @main.group()

@@ -21,9 +21,11 @@ def invoke(*args):
 
 
 @pytest.mark.parametrize(("ranks", "message"), [
-    ("x", "'x' is not a rank or a range of ranks such as 4096-4103"),
-    ("0,99999999", "rank 99999999 is outside the graph's world of 4"),
-    ("2-4", "rank 4 is outside the graph's world of 4"),
+    ("x", "--ranks: cannot read 'x' as ranks: use R, A-B, a list of them separated by commas, "
+          "or node N"),
+    ("0,99999999", "--ranks: rank 99999999 is outside the world of 4 ranks"),
+    ("2-4", "--ranks: rank 4 is outside the world of 4 ranks"),
+    ("3-1", "--ranks: the range 3-1 runs backwards"),
 ])
 def test_replay_refuses_bad_ranks(graph_file, ranks, message):
     result = invoke("replay", graph_file, "--ranks", ranks)
@@ -41,10 +43,22 @@ def test_replay_reports_the_ranks_it_is_given_or_one_per_class(graph_file):
 
 
 @pytest.mark.parametrize(("ranks", "message"), [
-    ("a", "'a' is not a rank or a range of ranks such as 4096-4103"),
-    ("0,64", "slice rank 64 is outside the world of 64"),
+    ("a", "--slice-ranks: cannot read 'a' as ranks: use R, A-B, a list of them separated by "
+          "commas, or node N"),
+    ("0,64", "--slice-ranks: rank 64 is outside the world of 64 ranks"),
 ])
 def test_profile_refuses_bad_slice_ranks(tmp_path, ranks, message):
     result = invoke("profile", "--world-size", "64", "--slice-ranks", ranks,
                     "--out", str(tmp_path / "g.json.gz"), "--", "python", "train.py")
+    assert (result.exit_code, result.stderr) == (2, f"prism-debug: error: {message}\n")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--snapshot-at", "3,x"],
+     "--snapshot-at: cannot read 'x' as iterations: use N, A-B, or a list of them separated "
+     "by commas"),
+    (["--trace-ranks", "0,8192"], "--trace-ranks: rank 8192 is outside the world of 8192 ranks"),
+])
+def test_run_refuses_bad_iteration_and_rank_lists(args, message):
+    result = invoke("run", *args, "--", "python", "train.py")
     assert (result.exit_code, result.stderr) == (2, f"prism-debug: error: {message}\n")

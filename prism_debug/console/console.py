@@ -9,24 +9,20 @@ touches a socket.
 
 from __future__ import annotations
 
-import cmd
-import datetime
-import inspect
-import io
-import json
-import logging
-import os
-import sys
 import textwrap
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from prism_debug.bus.protocol import EVENT_KINDS
+from prism_debug.console.formatting import (
+    format_breaks, format_deleted, format_event_line, format_event_text, format_new_break,
+    format_peers, format_perturb, format_restored, format_snapshot, format_snapshots,
+    format_status, format_timeline, format_where,
+)
+from prism_debug.console.parsing import break_choices, is_int, parse_break
+from prism_debug.console.shell import Shell
 from prism_debug.errors import ConfigError, PrismError, ScenarioError
 from prism_debug.faults import USAGE_TEXT, fault_text, parse_fault
 from prism_debug.scenario import load_scenario
-
-logger = logging.getLogger(__name__)
 
 #: Seconds a plain request may take before the client gives up.
 REQUEST_TIMEOUT_S = 10.0
@@ -34,16 +30,8 @@ REQUEST_TIMEOUT_S = 10.0
 SNAPSHOT_TIMEOUT_S = 600.0
 #: continue/step/next wait for as long as the rank runs; Ctrl-C pauses it.
 STOP_TIMEOUT_S = 7 * 24 * 3600.0
-HISTORY_LENGTH = 1000
 
 STOP_KINDS = frozenset({"paused", "exited"})
-EVENT_KINDS = frozenset({
-    "iteration.start", "iteration.end", "coll.enter", "coll.exit", "paused", "resumed",
-    "snapshot", "restored", "output", "agent.lost", "agent.back", "exited",
-})
-#: Collective and p2p names offered by ``break coll <TAB>`` (torch.distributed's).
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv",
-                  "barrier", "all_to_all", "reduce", "gather", "scatter")
 
 
 class Client(Protocol):
@@ -61,12 +49,7 @@ class Client(Protocol):
         """Every event that has arrived and was not yet taken."""
 
 
-def default_history_path() -> Path:
-    state = os.environ.get("XDG_STATE_HOME") or "~/.local/state"
-    return Path(state).expanduser() / "prism-debug" / "console_history"
-
-
-class Console(cmd.Cmd):
+class Console(Shell):
     """pdb for one real rank: ``break``, ``continue``, ``step``, ``where``, snapshots."""
 
     doc_header = "Commands (type help <command>):"
@@ -74,122 +57,24 @@ class Console(cmd.Cmd):
     def __init__(self, client: Client, rank: int, stdin: TextIO | None = None,
                  stdout: TextIO | None = None, json_mode: bool = False,
                  interactive: bool | None = None) -> None:
-        super().__init__(stdin=stdin, stdout=stdout)
+        super().__init__(f"(prism {rank}) ", stdin=stdin, stdout=stdout, json_mode=json_mode,
+                         interactive=interactive)
         self.client = client
         self.rank = rank
-        self.json_mode = json_mode
-        if interactive is None:
-            isatty = getattr(self.stdin, "isatty", None)
-            interactive = bool(isatty and isatty())
-        self.interactive = interactive
-        # input() (and with it readline's history and completion) only reads sys.stdin.
-        self.use_rawinput = interactive and self.stdin is sys.stdin
-        # A piped script gets no prompt noise between its outputs.
-        self.prompt = f"(prism {rank}) " if interactive else ""
-        self.history_path = default_history_path()
         self.events_on = False
         self.exit_code: int | None = None  # set once the rank is known to have exited
         self.detached = False
-        self.num_errors = 0
         self._missed_seen = getattr(client, "missed", 0)
         # The agent's breaks listing has no kind; remember the ones made here.
         self._break_kinds: dict[int, str] = {}
-
-    # -- output: every line goes through message() or error() -----------------
-
-    def message(self, text: str) -> None:
-        self.stdout.write(text + "\n")
-        self.stdout.flush()
-
-    def error(self, text: str, type: str = "BadArguments") -> None:
-        """Report a failed command; it never ends the console."""
-        self.num_errors += 1
-        if self.json_mode:
-            self.message(json.dumps({"error": {"type": type, "message": text}}))
-        else:
-            self.message(f"*** {text}")
-
-    @property
-    def exit_status(self) -> int:
-        """0 if every command so far succeeded, 1 if any reported an error."""
-        return 0 if self.num_errors == 0 else 1
-
-    def _show(self, result: dict, render: Callable[[dict], str]) -> None:
-        self.message(json.dumps(result) if self.json_mode else render(result))
-
-    # -- the command loop -------------------------------------------------------
-
-    def cmdloop(self, intro: str | None = None) -> None:
-        history = self._load_history() if self.use_rawinput else False
-        try:
-            while True:
-                try:
-                    super().cmdloop(intro)
-                    return
-                except KeyboardInterrupt:
-                    # pdb's habit: Ctrl-C at the prompt abandons the line, not the session.
-                    if not self.interactive:
-                        raise
-                    self.message("--KeyboardInterrupt--")
-                    intro = None
-        finally:
-            if history:
-                self._save_history()
-
-    def run_commands(self, text: str, detach: bool = True) -> int:
-        """Run ``;``-separated commands (``--command``); 0 if all succeeded, else 1.
-
-        Running out of commands detaches like the end of piped input, unless
-        ``detach`` is false (to go on with :meth:`cmdloop`).
-        """
-        num_errors = self.num_errors
-        stop = False
-        for line in split_commands(text):
-            stop = self.postcmd(self.onecmd(line), line)
-            if stop:
-                break
-        if detach and not stop:
-            self._detach(quiet=True)
-        return 0 if self.num_errors == num_errors else 1
-
-    def precmd(self, line: str) -> str:
-        # `break iter 3; c; status`: run the first, queue the rest (pdb does this for ;;).
-        commands = split_commands(line)
-        if len(commands) <= 1:
-            return commands[0] if commands else line
-        self.cmdqueue[0:0] = commands[1:]
-        return commands[0]
 
     def postcmd(self, stop: bool, line: str) -> bool:
         if not stop and self.events_on:
             self._take_events(show=True)
         return stop
 
-    def default(self, line: str) -> None:
-        name = line.split()[0]
-        self.error(f"unknown command {name!r}; type help for the list", type="UnknownVerb")
-
-    def do_help(self, arg: str) -> None:
-        """h(elp) [COMMAND]
-
-        Without argument, list the commands; with one, show its help.
-        """
-        if arg:
-            method = getattr(self, "do_" + arg, None)
-            if method is None or not method.__doc__:
-                return self.error(f"no help on {arg!r}; type help for the list")
-            text = inspect.cleandoc(method.__doc__)
-        else:
-            buffer, stdout = io.StringIO(), self.stdout
-            self.stdout = buffer
-            try:
-                super().do_help("")
-            finally:
-                self.stdout = stdout
-            text = "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()).rstrip("\n")
-        self._show({"help": text}, lambda _: text)
-
-    do_h = do_help
+    def end_of_input(self) -> None:
+        self._detach(quiet=True)
 
     # -- where the rank is ------------------------------------------------------
 
@@ -338,8 +223,7 @@ class Console(cmd.Cmd):
             result = self._request("break", temporary=temporary, **args)
             if result is not None:
                 self._break_kinds[result["id"]] = args["kind"]
-                label = "temporary breakpoint" if temporary else "breakpoint"
-                self._show(result, lambda r: f"{label} {r['id']}: {r['description']}")
+                self._show(result, lambda r: format_new_break(r, temporary))
 
     def do_tbreak(self, arg: str) -> None:
         """tbreak iter N | coll OP [FAMILY] [seq N]
@@ -371,7 +255,7 @@ class Console(cmd.Cmd):
         Delete breakpoint N, or every breakpoint without argument.
         """
         words = arg.split()
-        if len(words) > 1 or (words and not _is_int(words[0])):
+        if len(words) > 1 or (words and not is_int(words[0])):
             return self._usage("delete")
         if self._require_live():
             result = self._request("delete", **({"id": int(words[0])} if words else {}))
@@ -486,7 +370,7 @@ class Console(cmd.Cmd):
             self._note_missed()
 
     def _show_event(self, event: dict) -> None:
-        self._show(event, lambda e: f"[{e['seq']}] {format_event_text(e)}")
+        self._show(event, format_event_line)
 
     def _note_event(self, event: dict) -> None:
         if event["kind"] == "exited":
@@ -538,8 +422,7 @@ class Console(cmd.Cmd):
         result = self._request("restore", timeout_s=SNAPSHOT_TIMEOUT_S, id=words[0])
         if result is not None:
             self.exit_code = None
-            self._show(result, lambda r: (f"restored snapshot {r['id']}: paused after "
-                                          f"iteration {r['iteration']} (pid {r['pid']})"))
+            self._show(result, format_restored)
 
     # -- leaving ----------------------------------------------------------------
 
@@ -583,15 +466,7 @@ class Console(cmd.Cmd):
     # -- completion -------------------------------------------------------------
 
     def complete_break(self, text: str, line: str, begidx: int, endidx: int) -> list[str]:
-        words = line[:begidx].split()[1:]
-        if not words:
-            choices: tuple[str, ...] = ("iter", "coll")
-        elif words[0] == "coll" and len(words) == 1:
-            choices = COLLECTIVE_OPS
-        elif words[0] == "coll" and "seq" not in words:
-            choices = ("seq",)
-        else:
-            choices = ()
+        choices = break_choices(line[:begidx].split()[1:])
         return [choice for choice in choices if choice.startswith(text)]
 
     complete_b = complete_tbreak = complete_break
@@ -626,267 +501,3 @@ class Console(cmd.Cmd):
         self.error(f"the rank exited with code {self.exit_code}; restore a snapshot "
                    "(snapshots, restore ID) or quit", type="RankUnavailable")
         return False
-
-    def _usage(self, command: str) -> None:
-        doc = inspect.cleandoc(getattr(self, "do_" + command).__doc__)
-        self.error(f"usage: {doc.splitlines()[0]}")
-
-    def _load_history(self) -> bool:
-        try:
-            import readline
-        except ImportError:  # no readline (some builds): no history, input() still works
-            return False
-        readline.set_history_length(HISTORY_LENGTH)
-        try:
-            readline.read_history_file(self.history_path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            logger.warning("cannot read the console history %s: %s", self.history_path, exc)
-        return True
-
-    def _save_history(self) -> None:
-        import readline
-        try:
-            self.history_path.parent.mkdir(parents=True, exist_ok=True)
-            readline.write_history_file(self.history_path)
-        except OSError as exc:
-            logger.warning("cannot write the console history %s: %s", self.history_path, exc)
-
-
-# -- parsing ---------------------------------------------------------------------
-
-def split_commands(line: str) -> list[str]:
-    """``break iter 3; c; status`` -> three commands (``;;``, pdb's separator, works too)."""
-    return [part.strip() for part in line.replace("\n", ";").split(";") if part.strip()]
-
-
-def parse_break(arg: str) -> dict:
-    """The ``break`` request's arguments for ``iter N`` or ``coll OP [FAMILY] [seq N]``."""
-    words = arg.split()
-    if len(words) == 2 and words[0] in ("iter", "iteration"):
-        return {"kind": "iter", "iteration": int(words[1])}
-    if len(words) >= 2 and words[0] in ("coll", "collective"):
-        op, rest = words[1], words[2:]
-        family: str | None = None
-        seq: int | None = None
-        while rest:
-            if rest[0] == "seq" and len(rest) >= 2 and seq is None:
-                seq, rest = int(rest[1]), rest[2:]
-            elif rest[0] != "seq" and family is None and seq is None:
-                family, rest = rest[0], rest[1:]
-            else:
-                raise ValueError(f"unexpected {rest[0]!r}")
-        return {"kind": "coll", "op": op, "family": family, "seq": seq}
-    raise ValueError(f"not a breakpoint: {arg!r}")
-
-
-def _is_int(word: str) -> bool:
-    try:
-        int(word)
-    except ValueError:
-        return False
-    return True
-
-
-# -- human formats ---------------------------------------------------------------
-
-def format_status(status: dict) -> str:
-    state = status["state"]
-    if state == "paused" and status.get("paused_at"):
-        state = describe_pause(status["paused_at"])
-    elif state == "exited" and status.get("exit_code") is not None:
-        state = f"exited with code {status['exit_code']}"
-    emulated = status.get("emulated_s")  # unknown while the rank is away from the bus
-    return "\n".join([
-        f"rank: {status['rank']} of {status['world_size']}",
-        f"state: {state}",
-        f"iteration: {'-' if status['iteration'] is None else status['iteration']}",
-        f"emulated time: {'-' if emulated is None else f'{emulated:.3f} s'}",
-        f"breakpoints: {status['breakpoints']}",
-        f"pid: {status['pid']}",
-        f"session: {status['session']}",
-        f"clients: {status['clients']}",
-    ])
-
-
-def describe_pause(data: dict) -> str:
-    """``paused at iteration 3 (break 1)``, ``paused before all_reduce on dp[3] (seq 12) ...``."""
-    if data.get("at") == "collective":
-        text = f"paused before {describe_collective(data)} in iteration {data['iteration']}"
-    else:
-        text = f"paused at iteration {data['iteration']}"
-    return f"{text} ({data['reason']})" if data.get("reason") else text
-
-
-def describe_collective(data: dict) -> str:
-    text = str(data.get("op"))
-    if data.get("family") is not None:
-        text += f" on {format_group(data['family'], data.get('index'))}"
-    if data.get("seq") is not None:
-        text += f" (seq {data['seq']})"
-    return text
-
-
-def format_group(family: str | None, index: int | None) -> str:
-    if family is None:
-        return "-"
-    return family if index is None else f"{family}[{index}]"
-
-
-def format_bytes(num_bytes: int) -> str:
-    if num_bytes < 1024:
-        return f"{num_bytes} B"
-    size = float(num_bytes)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        size /= 1024
-        if size < 1024 or unit == "TiB":
-            break
-    return f"{size:.1f} {unit}"
-
-
-def format_event_text(event: dict) -> str:
-    """One event in words (without its sequence number)."""
-    kind, data = event["kind"], event.get("data") or {}
-    try:
-        return _describe_event(kind, data)
-    except (KeyError, TypeError, ValueError):
-        # An event from a newer agent must not end the console: show it raw.
-        return f"{kind} {json.dumps(data)}"
-
-
-def _describe_event(kind: str, data: dict) -> str:
-    if kind == "paused":
-        return describe_pause(data)
-    if kind == "exited":
-        return f"the rank exited with code {data.get('exit_code')}"
-    if kind == "iteration.start":
-        return f"iteration {data.get('iteration')} started"
-    if kind == "iteration.end":
-        return (f"iteration {data['iteration']} ended: {data['time_s'] * 1e3:.3f} ms "
-                f"(compute {data['compute_s'] * 1e3:.3f} ms, comm wait "
-                f"{data['comm_wait_s'] * 1e3:.3f} ms, {data['num_collectives']} collectives)")
-    if kind in ("coll.enter", "coll.exit"):
-        return f"{'enter' if kind == 'coll.enter' else 'exit'} {describe_collective(data)}"
-    if kind == "snapshot":
-        return (f"snapshot {data['id']} taken after iteration {data['iteration']} "
-                f"({format_bytes(data['bytes'])} in {data['dump_s']:.2f} s)")
-    if kind == "restored":
-        return f"restored snapshot {data['id']}" if data.get("id") else "restored"
-    if kind == "output":
-        return f"output: {data.get('line', '')}"
-    if kind == "resumed":
-        return "resumed"
-    if kind == "agent.lost":
-        return "lost contact with the rank's agent"
-    if kind == "agent.back":
-        return "the rank's agent is back"
-    return f"{kind} {json.dumps(data)}"
-
-
-def format_where(frames: list[dict]) -> str:
-    if not frames:
-        return "no frames"
-    lines = []
-    for number, frame in enumerate(frames, start=1):
-        marker = ">" if number == len(frames) else " "
-        lines.append(f'{marker} File "{frame["file"]}", line {frame["line"]}, in {frame["function"]}')
-        if frame.get("code"):
-            lines.append(f"    {frame['code'].strip()}")
-    return "\n".join(lines)
-
-
-_TIMELINE_ROW = "{:>5}  {:<14} {:<10} {:>10} {:>10} {:>12} {:>9} {:>10}"
-
-
-def format_timeline(timeline: dict) -> str:
-    ops = timeline["ops"]
-    if not ops:
-        return f"iteration {timeline['iteration']}: no collectives yet"
-    lines = [f"iteration {timeline['iteration']}: {len(ops)} collectives", _TIMELINE_ROW.format("seq", "op", "group", "bytes", "start ms",
-                                         "duration ms", "wait ms", "last rank")]
-    for op in ops:
-        last = "-" if op.get("last_rank") is None else op["last_rank"]
-        lines.append(_TIMELINE_ROW.format(
-            op["seq"], op["op"], format_group(op["family"], op["index"]), format_bytes(op["bytes"]),
-            f"{op['start_ms']:.3f}", _ms(op["duration_ms"]), f"{op['wait_ms']:.3f}", last))
-    lines.append(_TIMELINE_ROW.format(
-        "total", "", "", format_bytes(sum(op["bytes"] for op in ops)), "",
-        _ms(sum(op["duration_ms"] or 0.0 for op in ops)),
-        f"{sum(op['wait_ms'] for op in ops):.3f}", ""))
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def _ms(value: float | None) -> str:
-    return "never" if value is None else f"{value:.3f}"  # an op that never completes
-
-
-def format_perturb(result: dict) -> str:
-    if "perturbations" in result:
-        return "\n".join(f"{p['index']}: {p['summary']}" for p in result["perturbations"]) \
-            or "no perturbations"
-    verb = "cleared" if result["cleared"] else "applied"
-    return f"{result['perturbation']}: {verb} {result['when']}"
-
-
-def format_peers(peers: dict) -> str:
-    lines = [f"mode: {peers['mode']}"]
-    if peers.get("note"):
-        lines.append(peers["note"])
-    if not peers["peers"]:
-        lines.append("no peers")
-        return "\n".join(lines)
-    coords = [" ".join(f"{axis}={value}" for axis, value in peer["coords"].items()) or "-"
-              for peer in peers["peers"]]
-    width = max(len("coords"), *(len(text) for text in coords))
-    row = "{:>6} {:>6} {:>6} {:>10}  {:<%d}  {}" % width
-    lines.append(row.format("rank", "node", "class", "time ms", "coords", "perturbations"))
-    for peer, coord in zip(peers["peers"], coords):
-        time_ms = "-" if peer.get("time_ms") is None else f"{peer['time_ms']:.3f}"
-        klass = "-" if peer.get("class") is None else peer["class"]
-        lines.append(row.format(peer["rank"], peer["node"], klass, time_ms, coord,
-                                ", ".join(peer["perturbations"]) or "-"))
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def format_breaks(breakpoints: list[dict], kinds: dict[int, str]) -> str:
-    """pdb's listing: ``Num Type Disp Hits Where``."""
-    if not breakpoints:
-        return "no breakpoints"
-    lines = ["Num Type Disp Hits Where"]
-    for bp in breakpoints:
-        kind = bp.get("kind") or kinds.get(bp["id"], "-")
-        disp = "del" if bp["temporary"] else "keep"
-        lines.append(f"{bp['id']:<3} {kind:<4} {disp:<4} {bp['hits']:<4} {bp['description']}")
-    return "\n".join(lines)
-
-
-def format_deleted(deleted: list[int]) -> str:
-    if not deleted:
-        return "no breakpoints deleted"
-    noun = "breakpoint" if len(deleted) == 1 else "breakpoints"
-    return f"deleted {noun} {', '.join(str(number) for number in deleted)}"
-
-
-def format_snapshot(snapshot: dict) -> str:
-    return (f"snapshot {snapshot['id']}: after iteration {snapshot['iteration']}, "
-            f"{format_bytes(snapshot['bytes'])} in {snapshot['dump_s']:.2f} s ({snapshot['path']})")
-
-
-def format_snapshots(snapshots: list[dict]) -> str:
-    if not snapshots:
-        return "no snapshots"
-    width = max(len("id"), *(len(s["id"]) for s in snapshots))
-    row = "{:<%d}  {:>9}  {:>10}  {:<19}  {}" % width
-    lines = [row.format("id", "iteration", "size", "created", "parent")]
-    for s in snapshots:
-        lines.append(row.format(s["id"], s["iteration"], format_bytes(s["image_bytes"]),
-                                format_time(s["created"]), s.get("parent") or "-"))
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def format_time(created: float | str) -> str:
-    """A manifest's creation time (unix seconds) in local time; strings pass through."""
-    if isinstance(created, str):
-        return created
-    return datetime.datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M:%S")

@@ -1,6 +1,13 @@
 """Collective cost model and hardware profiles (pure: no torch, no I/O beyond profiles)."""
 
-from prism_debug.cost.model import COLLECTIVES, CostModel, Estimate, Placement, bus_factor
+from prism_debug.cost.model import (
+    COLLECTIVES,
+    CostModel,
+    Estimate,
+    Placement,
+    PricedOp,
+    bus_factor,
+)
 from prism_debug.cost.profile import (
     DEFAULT_PROFILE,
     HardwareProfile,
@@ -10,5 +17,5 @@ from prism_debug.cost.profile import (
 
 __all__ = [
     "COLLECTIVES", "CostModel", "DEFAULT_PROFILE", "Estimate", "HardwareProfile",
-    "Placement", "bundled_profiles", "bus_factor", "load_profile",
+    "Placement", "PricedOp", "bundled_profiles", "bus_factor", "load_profile",
 ]

@@ -187,3 +187,16 @@ ll128 = {profile.protocol_efficiency[1]}
 simple = {profile.protocol_efficiency[2]}
 """
 
+
+def fit_table(model: CostModel, measurements: list[Measurements]) -> list[str]:
+    """How well ``model`` reproduces ``measurements``: the smallest and largest
+    message of each, measured against predicted (``prism-debug calibrate``)."""
+    lines = [f"{'op':>14} {'ranks':>6} {'nodes':>6} {'bytes':>10} {'measured us':>12} "
+             f"{'model us':>10} {'error':>7}"]
+    for m in measurements:
+        for nbytes, seconds in (min(m.samples), max(m.samples)):
+            predicted = model.estimate(m.op, nbytes, m.placement).time_s
+            lines.append(f"{m.op:>14} {m.num_ranks:>6} {m.num_nodes:>6} {nbytes:>10} "
+                         f"{seconds * 1e6:>12.1f} {predicted * 1e6:>10.1f} "
+                         f"{100 * (predicted - seconds) / seconds:>+6.1f}%")
+    return lines

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Protocol
 
 from prism_debug.cost.profile import LL, LL128, SIMPLE, HardwareProfile
 from prism_debug.errors import ConfigError
@@ -69,6 +70,25 @@ class Estimate:
     algorithm: str
     protocol: str
 
+    def describe(self, hardware: str) -> str:
+        """``all_reduce of 1073741824 bytes on 64 ranks (8 node(s) x 8) on h100-ib400:
+        5731.2 us, busbw 368.8 GB/s (nvls_tree/Simple)`` (``prism-debug cost``)."""
+        pl = self.placement
+        return (f"{self.op} of {self.nbytes} bytes on {pl.num_ranks} ranks ({pl.num_nodes} "
+                f"node(s) x {pl.ranks_per_node}) on {hardware}: {self.time_s * 1e6:.1f} us, "
+                f"busbw {self.busbw_gbs:.1f} GB/s ({self.algorithm}/{self.protocol})")
+
+
+class PricedOp(Protocol):
+    """What pricing needs of an op: its collective and its size
+    (:class:`prism_debug.graph.OpSpec` is one)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
 
 def bus_factor(op: str, num_ranks: int) -> float:
     """nccl-tests' busbw = algbw * factor (doc/PERFORMANCE.md)."""
@@ -92,10 +112,10 @@ class CostModel:
         (Engines memoise this per group: a training loop repeats a few sizes.)"""
         return self.estimate(op, nbytes, placement).time_s
 
-    def op_time_s(self, op, placement: Placement) -> float:
-        """:meth:`time_s` of an op spec (anything with ``kind`` and ``nbytes``):
-        the replay engine's cost function."""
-        return self.estimate(op.kind, op.nbytes, placement).time_s
+    def op_time_s(self, op: PricedOp, placement: Placement) -> float:
+        """Seconds ``op`` takes on a group with ``placement``: the cost
+        function the replay engine takes (``ReplayEngine(graph, model.op_time_s)``)."""
+        return self.time_s(op.kind, op.nbytes, placement)
 
     def estimate(self, op: str, nbytes: int, placement: Placement) -> Estimate:
         if op not in COLLECTIVES:

@@ -1,9 +1,11 @@
 """Rank selectors, as people type them: ``4096``, ``4096-4103``, ``1,5,9-12``,
 ``node 512`` (the ranks on node 512); node lists for links: ``512``,
-``512-515,600``.
+``512-515,600``; iteration lists for options: ``3,10``.
 
 Parsing checks the text without expanding it (``0-999999999`` is cheap to
-check); :func:`select_ranks` expands what :func:`rank_spans` accepts."""
+check); :func:`select_ranks` expands what :func:`rank_spans` accepts.
+:func:`rank_list` and :func:`number_list` read command-line options, where
+blank text (the option not given) lists nothing."""
 
 from __future__ import annotations
 
@@ -47,8 +49,34 @@ def select_ranks(text: str, world_size: int, gpus_per_node: int) -> list[int]:
     return expand(rank_spans(text, world_size, gpus_per_node))
 
 
-def _spans(text: str, count: int, readable_as: str,
-           outside: Callable[[int], str]) -> list[tuple[int, int]]:
+def rank_list(text: str, world_size: int, gpus_per_node: int, option: str) -> tuple[int, ...]:
+    """:func:`select_ranks` for the command-line ``option`` (``--trace-ranks``)
+    that gave ``text``: () when it is blank; its errors start with the option."""
+    if not text.strip():
+        return ()
+    try:
+        return tuple(select_ranks(text, world_size, gpus_per_node))
+    except ConfigError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
+
+
+def number_list(text: str, option: str, what: str) -> tuple[int, ...]:
+    """The numbers the command-line ``option`` lists in ``text`` (``3,10``,
+    ``2-5``, no upper bound), in order, each once; () when it is blank.
+    ``what`` names them in errors: ``--snapshot-at: cannot read 'x' as
+    iterations: use N, A-B, or …``."""
+    if not text.strip():
+        return ()
+    try:
+        return tuple(expand(_spans(
+            text, None, f"{what}: use N, A-B, or a list of them separated by commas", None)))
+    except ConfigError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
+
+
+def _spans(text: str, count: int | None, readable_as: str,
+           outside: Callable[[int], str] | None) -> list[tuple[int, int]]:
+    """``count`` None: no upper bound (and no ``outside`` message)."""
     spans = []
     for part in text.replace(" ", "").split(","):
         low, dash, high = part.partition("-")
@@ -58,7 +86,8 @@ def _spans(text: str, count: int, readable_as: str,
         first, last = int(low), int(high) if dash else int(low)
         if last < first:
             raise ConfigError(f"the range {part} runs backwards")
-        if last >= count:
+        if count is not None and last >= count:
+            assert outside is not None
             raise ConfigError(outside(last))
         spans.append((first, last))
     return spans

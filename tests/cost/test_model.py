@@ -1,3 +1,4 @@
+import dataclasses
 import math
 from pathlib import Path
 
@@ -155,3 +156,21 @@ def test_an_nccl_tests_file_without_rank_lines_says_what_is_missing():
             "           8             2     float     sum      -1    20.00    0.00    0.00\n")
     with pytest.raises(ConfigError, match="no '# Rank … on HOST' lines"):
         parse_nccl_tests(text, "all_gather_perf.log")
+
+
+def test_an_op_is_priced_by_its_kind_and_size(h100):
+    @dataclasses.dataclass(frozen=True)
+    class Op:
+        kind: str
+        nbytes: int
+
+    placement = Placement.of(range(64), 8)
+    assert h100.op_time_s(Op("all_reduce", GiB), placement) == h100.time_s("all_reduce", GiB,
+                                                                           placement)
+
+
+def test_an_estimate_reads_as_prism_debug_cost_prints_it(h100):
+    estimate = h100.estimate("all_reduce", GiB, Placement.of(range(64), 8))
+    assert estimate.describe("h100-ib400") == (
+        "all_reduce of 1073741824 bytes on 64 ranks (8 node(s) x 8) on h100-ib400: 5731.2 us, "
+        "busbw 368.8 GB/s (nvls_tree/Simple)")

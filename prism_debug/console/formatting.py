@@ -1,0 +1,223 @@
+"""The console's text: replies and events of the bus in words, for a person
+(``--json`` prints the replies themselves).  Pure functions of the reply."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+
+def format_status(status: dict) -> str:
+    state = status["state"]
+    if state == "paused" and status.get("paused_at"):
+        state = describe_pause(status["paused_at"])
+    elif state == "exited" and status.get("exit_code") is not None:
+        state = f"exited with code {status['exit_code']}"
+    emulated = status.get("emulated_s")  # unknown while the rank is away from the bus
+    return "\n".join([
+        f"rank: {status['rank']} of {status['world_size']}",
+        f"state: {state}",
+        f"iteration: {'-' if status['iteration'] is None else status['iteration']}",
+        f"emulated time: {'-' if emulated is None else f'{emulated:.3f} s'}",
+        f"breakpoints: {status['breakpoints']}",
+        f"pid: {status['pid']}",
+        f"session: {status['session']}",
+        f"clients: {status['clients']}",
+    ])
+
+
+def describe_pause(data: dict) -> str:
+    """``paused at iteration 3 (break 1)``, ``paused before all_reduce on dp[3] (seq 12) ...``."""
+    if data.get("at") == "collective":
+        text = f"paused before {describe_collective(data)} in iteration {data['iteration']}"
+    else:
+        text = f"paused at iteration {data['iteration']}"
+    return f"{text} ({data['reason']})" if data.get("reason") else text
+
+
+def describe_collective(data: dict) -> str:
+    text = str(data.get("op"))
+    if data.get("family") is not None:
+        text += f" on {format_group(data['family'], data.get('index'))}"
+    if data.get("seq") is not None:
+        text += f" (seq {data['seq']})"
+    return text
+
+
+def format_group(family: str | None, index: int | None) -> str:
+    if family is None:
+        return "-"
+    return family if index is None else f"{family}[{index}]"
+
+
+def format_bytes(num_bytes: int) -> str:
+    if num_bytes < 1024:
+        return f"{num_bytes} B"
+    size = float(num_bytes)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if size < 1024 or unit == "TiB":
+            break
+    return f"{size:.1f} {unit}"
+
+
+def format_event_text(event: dict) -> str:
+    """One event in words (without its sequence number)."""
+    kind, data = event["kind"], event.get("data") or {}
+    try:
+        return _describe_event(kind, data)
+    except (KeyError, TypeError, ValueError):
+        # An event from a newer agent must not end the console: show it raw.
+        return f"{kind} {json.dumps(data)}"
+
+
+def format_event_line(event: dict) -> str:
+    """An event as ``events on`` prints it: ``[SEQ] what happened``."""
+    return f"[{event['seq']}] {format_event_text(event)}"
+
+
+def _describe_event(kind: str, data: dict) -> str:
+    if kind == "paused":
+        return describe_pause(data)
+    if kind == "exited":
+        return f"the rank exited with code {data.get('exit_code')}"
+    if kind == "iteration.start":
+        return f"iteration {data.get('iteration')} started"
+    if kind == "iteration.end":
+        return (f"iteration {data['iteration']} ended: {data['time_s'] * 1e3:.3f} ms "
+                f"(compute {data['compute_s'] * 1e3:.3f} ms, comm wait "
+                f"{data['comm_wait_s'] * 1e3:.3f} ms, {data['num_collectives']} collectives)")
+    if kind in ("coll.enter", "coll.exit"):
+        return f"{'enter' if kind == 'coll.enter' else 'exit'} {describe_collective(data)}"
+    if kind == "snapshot":
+        return (f"snapshot {data['id']} taken after iteration {data['iteration']} "
+                f"({format_bytes(data['bytes'])} in {data['dump_s']:.2f} s)")
+    if kind == "restored":
+        return f"restored snapshot {data['id']}" if data.get("id") else "restored"
+    if kind == "output":
+        return f"output: {data.get('line', '')}"
+    if kind == "resumed":
+        return "resumed"
+    if kind == "agent.lost":
+        return "lost contact with the rank's agent"
+    if kind == "agent.back":
+        return "the rank's agent is back"
+    return f"{kind} {json.dumps(data)}"
+
+
+def format_where(frames: list[dict]) -> str:
+    if not frames:
+        return "no frames"
+    lines = []
+    for number, frame in enumerate(frames, start=1):
+        marker = ">" if number == len(frames) else " "
+        lines.append(f'{marker} File "{frame["file"]}", line {frame["line"]}, in {frame["function"]}')
+        if frame.get("code"):
+            lines.append(f"    {frame['code'].strip()}")
+    return "\n".join(lines)
+
+
+_TIMELINE_ROW = "{:>5}  {:<14} {:<10} {:>10} {:>10} {:>12} {:>9} {:>10}"
+
+
+def format_timeline(timeline: dict) -> str:
+    ops = timeline["ops"]
+    if not ops:
+        return f"iteration {timeline['iteration']}: no collectives yet"
+    lines = [f"iteration {timeline['iteration']}: {len(ops)} collectives",
+             _TIMELINE_ROW.format("seq", "op", "group", "bytes", "start ms", "duration ms",
+                                  "wait ms", "last rank")]
+    for op in ops:
+        last = "-" if op.get("last_rank") is None else op["last_rank"]
+        lines.append(_TIMELINE_ROW.format(
+            op["seq"], op["op"], format_group(op["family"], op["index"]), format_bytes(op["bytes"]),
+            f"{op['start_ms']:.3f}", _ms(op["duration_ms"]), f"{op['wait_ms']:.3f}", last))
+    lines.append(_TIMELINE_ROW.format(
+        "total", "", "", format_bytes(sum(op["bytes"] for op in ops)), "",
+        _ms(sum(op["duration_ms"] or 0.0 for op in ops)),
+        f"{sum(op['wait_ms'] for op in ops):.3f}", ""))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _ms(value: float | None) -> str:
+    return "never" if value is None else f"{value:.3f}"  # an op that never completes
+
+
+def format_perturb(result: dict) -> str:
+    if "perturbations" in result:
+        return "\n".join(f"{p['index']}: {p['summary']}" for p in result["perturbations"]) \
+            or "no perturbations"
+    verb = "cleared" if result["cleared"] else "applied"
+    return f"{result['perturbation']}: {verb} {result['when']}"
+
+
+def format_peers(peers: dict) -> str:
+    lines = [f"mode: {peers['mode']}"]
+    if peers.get("note"):
+        lines.append(peers["note"])
+    if not peers["peers"]:
+        lines.append("no peers")
+        return "\n".join(lines)
+    coords = [" ".join(f"{axis}={value}" for axis, value in peer["coords"].items()) or "-"
+              for peer in peers["peers"]]
+    width = max(len("coords"), *(len(text) for text in coords))
+    row = "{:>6} {:>6} {:>6} {:>10}  {:<%d}  {}" % width
+    lines.append(row.format("rank", "node", "class", "time ms", "coords", "perturbations"))
+    for peer, coord in zip(peers["peers"], coords):
+        time_ms = "-" if peer.get("time_ms") is None else f"{peer['time_ms']:.3f}"
+        klass = "-" if peer.get("class") is None else peer["class"]
+        lines.append(row.format(peer["rank"], peer["node"], klass, time_ms, coord,
+                                ", ".join(peer["perturbations"]) or "-"))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def format_new_break(result: dict, temporary: bool) -> str:
+    label = "temporary breakpoint" if temporary else "breakpoint"
+    return f"{label} {result['id']}: {result['description']}"
+
+
+def format_breaks(breakpoints: list[dict], kinds: dict[int, str]) -> str:
+    """pdb's listing: ``Num Type Disp Hits Where``."""
+    if not breakpoints:
+        return "no breakpoints"
+    lines = ["Num Type Disp Hits Where"]
+    for bp in breakpoints:
+        kind = bp.get("kind") or kinds.get(bp["id"], "-")
+        disp = "del" if bp["temporary"] else "keep"
+        lines.append(f"{bp['id']:<3} {kind:<4} {disp:<4} {bp['hits']:<4} {bp['description']}")
+    return "\n".join(lines)
+
+
+def format_deleted(deleted: list[int]) -> str:
+    if not deleted:
+        return "no breakpoints deleted"
+    noun = "breakpoint" if len(deleted) == 1 else "breakpoints"
+    return f"deleted {noun} {', '.join(str(number) for number in deleted)}"
+
+
+def format_snapshot(snapshot: dict) -> str:
+    return (f"snapshot {snapshot['id']}: after iteration {snapshot['iteration']}, "
+            f"{format_bytes(snapshot['bytes'])} in {snapshot['dump_s']:.2f} s ({snapshot['path']})")
+
+
+def format_snapshots(snapshots: list[dict]) -> str:
+    if not snapshots:
+        return "no snapshots"
+    width = max(len("id"), *(len(s["id"]) for s in snapshots))
+    row = "{:<%d}  {:>9}  {:>10}  {:<19}  {}" % width
+    lines = [row.format("id", "iteration", "size", "created", "parent")]
+    for s in snapshots:
+        lines.append(row.format(s["id"], s["iteration"], format_bytes(s["image_bytes"]),
+                                format_time(s["created"]), s.get("parent") or "-"))
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def format_restored(result: dict) -> str:
+    return (f"restored snapshot {result['id']}: paused after iteration {result['iteration']} "
+            f"(pid {result['pid']})")
+
+def format_time(created: float | str) -> str:
+    """A manifest's creation time (unix seconds) in local time; strings pass through."""
+    if isinstance(created, str):
+        return created
+    return datetime.datetime.fromtimestamp(created).strftime("%Y-%m-%d %H:%M:%S")
