@@ -41,7 +41,7 @@ def measure(graph: ExecutionGraph, perturbed: float,
             iterations: int) -> tuple[float, float]:
     world = graph.world_size
     model = CostModel(load_profile("h100-ib400"))
-    engine = ReplayEngine(graph, lambda op, placement: model.time_s(op.kind, op.nbytes, placement))
+    engine = ReplayEngine(graph, model.op_time_s)
     if perturbed:
         rng = np.random.default_rng(0)
         engine.slow(rng.choice(world, int(world * perturbed), replace=False), 1.2)

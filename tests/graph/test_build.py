@@ -52,11 +52,7 @@ def test_a_family_of_single_ranks_spans_no_axis_but_stays_in_the_graph(tmp_path)
     graph.save(tmp_path / "g.json.gz")
     assert ExecutionGraph.load(tmp_path / "g.json.gz") == graph
     # run --graph: the script's size-1 groups match the graph, and their ops cost nothing
-    model = CostModel(load_profile("h100-ib400"))
-
-    def cost(op, placement):
-        return model.time_s(op.kind, op.nbytes, placement)
-
+    cost = CostModel(load_profile("h100-ib400")).op_time_s
     GraphEngine(graph, ReplayEngine(graph, cost, real_rank=37)).group([37], GroupRef("tp", 37))
     replay = ReplayEngine(graph, cost, record=True)
     replay.run(2)
