@@ -74,14 +74,14 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
     profile = dataclasses.replace(load_profile(hardware), gpus_per_node=world.gpus_per_node)
     command = manifest.command if manifest is not None else _command(scenario)
     graph_path = _graph(scenario, command, run_dir, message)
-    graph = ExecutionGraph.load(graph_path) if graph_path else None  # once for every run
-    if scenario.faults and graph is None:
-        raise ConfigError(f"{scenario.source}: faults act on virtual peers replayed from an "
-                          "execution graph: give run.graph (a file, or profile)")
     if manifest is not None and graph_path is not None \
             and manifest.graph_digest != sha256_file(graph_path):
         raise ConfigError(f"{scenario.source}: run.graph {graph_path} is not the graph snapshot "
                           f"{manifest.id} was taken with: give that graph")
+    graph = ExecutionGraph.load(graph_path) if graph_path else None  # once for every run
+    if scenario.faults and graph is None:
+        raise ConfigError(f"{scenario.source}: faults act on virtual peers replayed from an "
+                          "execution graph: give run.graph (a file, or profile)")
     faults = scenario.seeded_faults()
     for fault in faults:
         targets = resolve(fault, world.size, world.gpus_per_node, graph).targets

@@ -27,11 +27,8 @@ def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def graph(tmp_path_factory):
-    path = tmp_path_factory.mktemp("graph") / "example-64.prism"
-    proc = cli("profile", "--world-size", "64", "--out", str(path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return path
+def graph(example_graph):
+    return example_graph
 
 
 def fail_run(graph, tmp_path, env=None):
@@ -111,10 +108,10 @@ def test_the_console_perturbs_lists_and_clears(graph, tmp_path, monkeypatch):
     assert "no perturbation 4: perturb list shows 1" in console.stdout + console.stderr
     # a scenario's faults, their selectors resolved by the rank against its graph
     assert console.stdout.splitlines()[-5:-1] == [
-        "slow family:dp:0 1.5 from 1: applied now",
+        "slow family:dp:0 1.5: applied now",
         "s: 1 fault(s) in force; its expectations are judged by prism-debug scenario run",
         "0: desync 13 op at 9  (1 ranks: 13)",
-        "1: slow family:dp:0 1.5 from 1  (2 ranks: 0,8)",
+        "1: slow family:dp:0 1.5  (2 ranks: 0,8)",
     ]
 
 
