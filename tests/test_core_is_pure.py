@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 CORE = ["prism_debug.cost", "prism_debug.graph", "prism_debug.engine",
-        "prism_debug.agent.tracker", "prism_debug.agent.config", "prism_debug.errors",
+        "prism_debug.backend.tracker", "prism_debug.agent.config", "prism_debug.errors",
         "prism_debug.snapshot.store"]
 FORBIDDEN = {"torch", "zmq", "pycriu", "click"}
 

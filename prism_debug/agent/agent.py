@@ -34,7 +34,7 @@ from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog
 from prism_debug.engine.perturbations import Selectors, parse_perturbation
 from prism_debug.agent.program import ProgramRecorder
-from prism_debug.agent.tracker import IterationTracker
+from prism_debug.backend.tracker import IterationTracker
 from prism_debug.backend.install import install
 from prism_debug.backend.runtime import Runtime
 from prism_debug.backend.values import Values

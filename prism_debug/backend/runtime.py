@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from prism_debug.agent.tracker import IterationTracker
+from prism_debug.backend.tracker import IterationTracker
 from prism_debug.backend.values import Values
 from prism_debug.backend.work import FutureCompleter, flat_tensors
 from prism_debug.engine import EmulatedClock, Engine
