@@ -13,8 +13,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "prism_debug"
 # the small pieces they share: pure Python and numpy
 CORE = ["prism_debug.cost", "prism_debug.graph", "prism_debug.engine", "prism_debug.faults",
         "prism_debug.scenario", "prism_debug.checked", "prism_debug.example",
-        "prism_debug.errors", "prism_debug.agent.tracker", "prism_debug.agent.config",
-        "prism_debug.backend.flight_recorder", "prism_debug.snapshot.store"]
+        "prism_debug.errors", "prism_debug.agent.config", "prism_debug.backend.tracker",
+        "prism_debug.backend.hooks", "prism_debug.backend.flight_recorder",
+        "prism_debug.snapshot.store"]
 FORBIDDEN = {"torch", "zmq", "pycriu", "click"}
 MAX_LINES = 600
 

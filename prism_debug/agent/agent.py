@@ -33,7 +33,7 @@ from prism_debug.agent.debugger import Debugger
 from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog
 from prism_debug.agent.program import ProgramRecorder
-from prism_debug.agent.tracker import IterationTracker
+from prism_debug.backend.tracker import IterationTracker
 from prism_debug.backend.install import install
 from prism_debug.backend.runtime import Runtime
 from prism_debug.backend.values import Values
@@ -340,7 +340,7 @@ class Agent:
         # (a console's request may have been read just as the iteration ended)
         asked = debugger is not None and any(k <= iteration for k in self._snapshots_asked)
         if self.config.snapshot_due(iteration) or asked:
-            self._stop_for_snapshot(iteration)
+            self.stop_for_snapshot(iteration)
         if debugger is not None:
             self._publish("iteration.start", {"iteration": iteration + 1,
                                               "time_s": self.clock.now()})
@@ -351,8 +351,16 @@ class Agent:
             self._stop_pending = True
             self.runtime.stop_requested = True
 
-    def _stop_for_snapshot(self, iteration: int) -> None:
-        """Wait at a consistent point while the controller dumps the rank.
+    def ask_snapshot(self, iteration: int) -> None:
+        """Snapshot the rank at the end of ``iteration``: the console's
+        ``snapshot`` while the rank runs (so with a bus only); the main thread
+        stops for it at that boundary."""
+        self._snapshots_asked.add(iteration)
+
+    def stop_for_snapshot(self, iteration: int) -> None:
+        """Wait at a consistent point while the controller dumps the rank: the
+        boundary that ended ``iteration``, on the main thread (or run for it by
+        the debugger while it is paused there).
 
         At an iteration boundary nothing is in flight; the event log is
         flushed (and append-only, as CRIU needs files that grow after a dump).

@@ -167,10 +167,10 @@ class Commands:
         paused = debugger.paused_at
         if paused is not None and paused["at"] == "iteration":
             iteration = paused["iteration"] - 1
-            debugger.run_paused(lambda: agent._stop_for_snapshot(iteration))
+            debugger.run_paused(lambda: agent.stop_for_snapshot(iteration))
             return {"iteration": iteration, "when": "now"}
         iteration = agent.tracker.iteration
-        agent._snapshots_asked.add(iteration)
+        agent.ask_snapshot(iteration)
         return {"iteration": iteration, "when": "at the end of the iteration"}
 
     # -- what the rank saw ------------------------------------------------------------

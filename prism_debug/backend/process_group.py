@@ -104,9 +104,9 @@ class PrismProcessGroup(dist.ProcessGroup):
         if watch is not None:  # a paused rank's pause is not harness time either
             t0 += watch.enter(op, self.ref, rt.tracker.num_collectives + 1, nbytes)
         done = rt.engine.collective(stream or self._stream, op, nbytes, arrival)
-        work = PrismWork(rt, done, result)
         self.num_issued += 1
-        work.group, work.seq, work.op, work.arrival = self, self.num_issued, op, arrival
+        work = PrismWork(rt, done, result, group=self, seq=self.num_issued, op=op,
+                         arrival=arrival)
         if self._coalesced is not None:
             self._coalesced.append(work)
         work.record = rt.tracker.collective(op, self.ref, nbytes, arrival, done)

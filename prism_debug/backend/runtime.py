@@ -10,8 +10,13 @@ from typing import Callable
 
 import torch
 
-from prism_debug.agent.tracker import IterationTracker
+from prism_debug.backend.hooks import (
+    FlightHook, PeerFaultsHook, RecorderHook, WatchdogHook, WatchHook,
+)
+from prism_debug.backend.peer_faults import PeerFaults
+from prism_debug.backend.tracker import IterationTracker
 from prism_debug.backend.values import Values
+from prism_debug.backend.watchdog import ErrorHandling, Watchdog
 from prism_debug.backend.work import FutureCompleter, flat_tensors
 from prism_debug.engine import EmulatedClock, Engine
 from prism_debug.graph import FamilyRecorder
@@ -34,18 +39,22 @@ class Runtime:
     stop_check: Callable[[], None] = lambda: None
     stop_requested: bool = dataclasses.field(default=False, init=False)
     # set while profiling a slice: records the rank's program (agent/program.py)
-    recorder: object | None = None
+    recorder: RecorderHook | None = None
     longest_wait: tuple | None = dataclasses.field(default=None, init=False)
     # the debugger, while it watches collectives (breakpoints, stepping,
     # events): ``enter`` may pause and returns the wall seconds it did
-    watch: object | None = dataclasses.field(default=None, init=False)
+    watch: WatchHook | None = dataclasses.field(default=None, init=False)
     # overrides every group's timeout (a scenario's), in seconds
     collective_timeout_s: float | None = None
-    watchdog: object = dataclasses.field(default=None)
-    # what faulty peers hand the real rank (nan, inf, corrupt)
-    peer_faults: object = dataclasses.field(default=None)
+    # what NCCL's watchdog does at an op's deadline (backend/watchdog.py); by
+    # default as the environment says
+    watchdog: WatchdogHook = dataclasses.field(
+        default_factory=lambda: Watchdog(ErrorHandling.from_env()))
+    # what faulty peers hand the real rank (nan, inf, corrupt); None: the
+    # rank's own PeerFaults, made in __post_init__ (it needs the rank)
+    peer_faults: PeerFaultsHook = None  # type: ignore[assignment]
     # the flight recorder (backend/flight_log.py), when the env turns it on
-    flight: object | None = None
+    flight: FlightHook | None = None
     # called once with the iteration in which the rank first hands a collective
     # a NaN or inf of its own (None: nobody asks, nothing is checked)
     on_nonfinite: Callable[[int], None] | None = None
@@ -55,11 +64,7 @@ class Runtime:
     def __post_init__(self) -> None:
         self.completer = FutureCompleter(self.clock, self._future_completed)
         self._last_activity = self.clock.now()
-        if self.watchdog is None:
-            from prism_debug.backend.watchdog import ErrorHandling, Watchdog
-            self.watchdog = Watchdog(ErrorHandling.from_env())
         if self.peer_faults is None:
-            from prism_debug.backend.peer_faults import PeerFaults
             self.peer_faults = PeerFaults(self.rank)
 
     def next_group_id(self) -> int:

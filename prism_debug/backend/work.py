@@ -12,6 +12,9 @@ import time
 import torch.distributed as dist
 from torch.futures import Future
 
+from prism_debug.backend.tracker import OpRecord
+from prism_debug.backend.watchdog import TimedOutOp
+
 log = logging.getLogger(__name__)
 
 
@@ -19,9 +22,17 @@ class PrismWork(dist._Work):
     """The handle of one emulated op: done when the emulated clock reaches
     ``done``.  ``wait()`` blocks the calling thread until then."""
 
-    def __init__(self, runtime, done, result: list) -> None:
+    def __init__(self, runtime, done, result: list, *, group=None, seq: int = 0,
+                 op: str = "", arrival: float = 0.0) -> None:
         super().__init__()
         self._runtime = runtime
+        # what the watchdog needs to know: the group that issued it (None for
+        # a coalesced batch's own Work: the watchdog watches its ops), the op's
+        # number in that group, its name, and when the rank issued it
+        self.group = group
+        self.seq = seq
+        self.op = op
+        self.arrival = arrival
         # a float, or a callable the graph engine answers once the peers' side
         # is known (resolved at the first wait)
         self._deferred = done if callable(done) else None
@@ -30,19 +41,13 @@ class PrismWork(dist._Work):
         self._future: Future | None = None
         self.source_rank: int | None = None  # group rank a recv came from
         self.recorded: tuple[int, int] | None = None  # its issue in the program being profiled
-        self.record = None  # its OpRecord, while the iteration's ops are recorded
+        self.record: OpRecord | None = None  # while the iteration's ops are recorded
 
     def _source_rank(self) -> int:
         # torch asks for it after a recv without ``src``.
         if self.source_rank is None:
             raise RuntimeError("source rank is only known for receives")
         return self.source_rank
-
-    # set by the group that issued it: what the watchdog needs to know
-    group = None
-    seq = 0
-    op = ""
-    arrival = 0.0
 
     def wait(self, timeout=None) -> bool:
         runtime = self._runtime
@@ -86,10 +91,8 @@ class PrismWork(dist._Work):
     def deadline(self) -> float:
         return self.arrival + self.group.timeout_s
 
-    def timed_out(self):
+    def timed_out(self) -> TimedOutOp:
         """The op as the watchdog reports it, at its deadline."""
-        from prism_debug.backend.watchdog import TimedOutOp
-
         group = self.group
         numel = sum(t.numel() for t in flat_tensors(self._result))
         return TimedOutOp(

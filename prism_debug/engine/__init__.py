@@ -27,8 +27,8 @@ class Engine(Protocol):
                    arrival: float) -> float | Callable[[], float]:
         """Completion time (emulated clock) of an op the real rank entered at
         ``arrival``, or a zero-argument callable that gives it once the script
-        waits (the graph engine's ``Deferred``: it may depend on ops the real
-        rank has not issued yet)."""
+        waits (the graph engine's ``DeferredCompletion``: it may depend on ops
+        the real rank has not issued yet)."""
 
 
 __all__ = ["ComputeModel", "EmulatedClock", "Engine", "GraphCompute", "LockstepEngine", "OpTiming",

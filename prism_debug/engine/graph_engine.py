@@ -14,7 +14,7 @@ from prism_debug.engine.replay import ReplayEngine
 from prism_debug.graph import ExecutionGraph, GraphError, GroupRef, OpSpec
 
 
-class Deferred:
+class DeferredCompletion:
     """A completion time the replay engine gives once it can."""
 
     __slots__ = ("replay", "handle")
@@ -69,18 +69,18 @@ class GraphEngine:
         return GraphStream(group.family, (peer_rank - my_rank) // stride)
 
     def collective(self, stream: GraphStream, op: str, nbytes: int,
-                   arrival: float) -> Deferred:
+                   arrival: float) -> DeferredCompletion:
         try:
             handle = self.replay.real_issue(
                 OpSpec(op, stream.family, nbytes, peer=stream.peer), arrival)
         except GraphError as error:
             self._mismatch(error)
-        return Deferred(self.replay, handle)
+        return DeferredCompletion(self.replay, handle)
 
-    def last_arrival(self, deferred: Deferred) -> tuple[int, float] | None:
+    def last_arrival(self, deferred: DeferredCompletion) -> tuple[int, float] | None:
         return self.replay.last_arrival(deferred.handle)
 
-    def op_of(self, deferred: Deferred) -> OpSpec:
+    def op_of(self, deferred: DeferredCompletion) -> OpSpec:
         return self.replay.real_op(deferred.handle)
 
     def iteration_end(self) -> None:

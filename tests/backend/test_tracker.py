@@ -1,6 +1,6 @@
 import hashlib
 
-from prism_debug.agent.tracker import IterationTracker
+from prism_debug.backend.tracker import IterationTracker
 from prism_debug.graph import GroupRef
 
 
