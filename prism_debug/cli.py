@@ -306,7 +306,8 @@ def _bundled_example_command(world_size: int, iterations: int | None = None) -> 
     if not EXAMPLE_SCRIPT.is_file():
         raise ConfigError(f"the bundled example is missing ({EXAMPLE_SCRIPT}); "
                           "install prism-debug from a checkout (pip install -e .)")
-    example = RUN_DEFAULTS if iterations is None else \
+    # (a count below 1 is RunOptions' to refuse, with the option's name)
+    example = RUN_DEFAULTS if iterations is None or iterations < 1 else \
         dataclasses.replace(RUN_DEFAULTS, iterations=iterations)
     if (problem := example.layout_problem(world_size)) is not None:
         raise ConfigError(problem)

@@ -12,7 +12,9 @@ from hypothesis import given, settings
 from prism_debug.engine import GraphCompute
 from prism_debug.engine.replay import ReplayEngine
 from prism_debug.graph.execution import ExecutionGraph, Mesh
-from tests.engine.test_replay import constant_cost, pipeline_graph, pipeline_jobs, tp_then_dp_graph
+from tests.engine.test_replay import (
+    constant_cost, perturb, pipeline_graph, pipeline_jobs, tp_then_dp_graph,
+)
 
 
 class StretchedRanks:
@@ -197,19 +199,9 @@ def test_the_graphs_gaps_as_arrays_give_the_graphs_timeline(job):
     times = []
     for compute in (None, SameAsGraph()):
         engine = ReplayEngine(graph, constant_cost, compute=compute)
-        _perturb(engine, before)
+        perturb(engine, before)
         engine.run(1)
-        _perturb(engine, after)
+        perturb(engine, after)
         engine.run(3)
         times.append(all_times(engine))
     assert times[0] == pytest.approx(times[1], rel=1e-12)
-
-
-def _perturb(engine, perturbations):
-    for kind, target, value in perturbations:
-        if kind == "slow":
-            engine.slow([target], value)
-        elif kind == "delay":
-            engine.delay([target], value)
-        else:
-            engine.link([target], bandwidth_factor=value)

@@ -425,7 +425,7 @@ def pipeline_jobs(draw):
                                                                          max_size=2))
 
 
-def _perturb(engine, perturbations):
+def perturb(engine, perturbations):
     for kind, target, value in perturbations:
         if kind == "slow":
             engine.slow([target], value)
@@ -442,9 +442,9 @@ def test_compressed_columns_give_the_timeline_of_every_column(job):
     times = []
     for compress in (True, False):
         engine = ReplayEngine(graph, constant_cost, compress=compress)
-        _perturb(engine, before)
+        perturb(engine, before)
         engine.run(1)
-        _perturb(engine, after)  # columns set apart mid-replay
+        perturb(engine, after)  # columns set apart mid-replay
         engine.run(3)
         times.append([t for r in range(graph.world_size) for t in engine.iteration_times(r)])
     assert times[0] == pytest.approx(times[1], rel=1e-12)
@@ -459,9 +459,9 @@ def test_waits_shorter_than_their_op_give_the_timeline_of_per_rank_maxima(job):
         engine = ReplayEngine(graph, constant_cost)
         if not shortcut:  # every wait takes max(now, done) rank by rank
             engine._loop._factor_top = lambda state: math.inf
-        _perturb(engine, before)
+        perturb(engine, before)
         engine.run(1)
-        _perturb(engine, after)
+        perturb(engine, after)
         engine.run(3)
         times.append([t for r in range(graph.world_size) for t in engine.iteration_times(r)])
     assert times[0] == pytest.approx(times[1], rel=1e-12)

@@ -70,7 +70,8 @@ def test_a_scenario_starts_from_a_snapshot(snapshot, example_graph):
     proc = cli("scenario", "run", str(late), str(dead), "--store", str(store),
                "--report", str(tmp / "verdicts.json"), "--run-dir", str(tmp / "runs"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    verdicts = [line for line in proc.stdout.splitlines() if line.startswith(("PASS", "FAIL"))]
+    verdicts = [line for line in proc.stdout.splitlines()
+                if line.startswith(("PASS  ", "FAIL  "))]
     assert verdicts[:1] == ["PASS  exit code 0: got 0"] and len(verdicts) == 5
     assert all(line.startswith("PASS") for line in verdicts), proc.stdout
     assert f"prism-debug: restoring snapshot {snapshot_id} (rank 5 of 64, after iteration 2)" \
@@ -91,9 +92,10 @@ def test_a_snapshot_scenario_refuses_what_a_restore_cannot_change(snapshot, exam
     path.write_text(path.read_text().replace("iterations: 2}", "iterations: 2, timeout_s: 5}"))
     proc = cli("scenario", "lint", str(path))
     assert proc.returncode == 1
+    column = path.read_text().splitlines()[2].index("timeout_s: 5") + len("timeout_s: ") + 1
     assert proc.stdout.splitlines() == [
-        f"{path}:3:63: run.timeout_s: a restored snapshot keeps its process groups' timeouts: "
-        "take the snapshot from a run with --collective-timeout"]
+        f"{path}:3:{column}: run.timeout_s: a restored snapshot keeps its process groups' "
+        "timeouts: take the snapshot from a run with --collective-timeout"]
     other = scenario(tmp, "other-graph", snapshot_id, tmp / "run" / "agent.json", "")
     proc = cli("scenario", "run", str(other), "--store", str(store))
     assert proc.returncode == 2
