@@ -183,11 +183,12 @@ def check_unchanged(manifest: Manifest) -> None:
     script = script_of(manifest.command)
     if manifest.script_digest and script is not None:
         if not script.is_file():
-            raise SnapshotError(f"snapshot {manifest.id}: its script {script} is gone")
+            raise SnapshotError(f"snapshot {manifest.id}: its script {script} is gone",
+                                snapshot_id=manifest.id)
         if sha256_file(script) != manifest.script_digest:
             raise SnapshotError(f"snapshot {manifest.id}: its script {script} changed since "
                                 "the snapshot; restoring would mix old code in memory with new "
-                                "code on disk")
+                                "code on disk", snapshot_id=manifest.id)
 
 
 def restore_tools(manifest: Manifest) -> criu_api.Criu:

@@ -153,7 +153,8 @@ def dump(criu: Criu, pid: int, images_dir: Path, *, leave_running: bool = True,
         client.dump()
     except Exception as exc:  # pycriu raises its own exception classes, errno only
         raise CriuError(f"criu dump of pid {pid} failed: "
-                        f"{_log_error(images_dir / 'dump.log', exc)}") from None
+                        f"{_log_error(images_dir / 'dump.log', exc)}",
+                        log=images_dir / "dump.log") from None
     finally:
         for fd in fds:
             os.close(fd)
@@ -175,8 +176,8 @@ def restore(criu: Criu, images_dir: Path, work_dir: Path, inherit: dict[str, int
             entry.fd = descriptor
         return client.restore().pid
     except Exception as exc:
-        raise CriuError(f"criu restore failed: {_log_error(work_dir / 'restore.log', exc)}") \
-            from None
+        raise CriuError(f"criu restore failed: {_log_error(work_dir / 'restore.log', exc)}",
+                        log=work_dir / "restore.log") from None
     finally:
         for fd in fds:
             os.close(fd)

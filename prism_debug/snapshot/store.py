@@ -108,7 +108,8 @@ class Store:
         path = self.root / snapshot_id
         if snapshot_id.startswith(_TMP_PREFIX) or not (path / MANIFEST).is_file():
             raise SnapshotError(f"no snapshot {snapshot_id!r} in {self.root} (list them with "
-                                f"prism-debug snapshot ls --store {self.root})")
+                                f"prism-debug snapshot ls --store {self.root})",
+                                snapshot_id=snapshot_id)
         return Manifest.from_json((path / MANIFEST).read_text(), path / MANIFEST)
 
     def list(self) -> list[Manifest]:
@@ -124,15 +125,16 @@ class Store:
         manifest = self.get(snapshot_id)
         path = self.root / snapshot_id
         if not manifest.files:
-            raise SnapshotError(f"snapshot {snapshot_id} has no images")
+            raise SnapshotError(f"snapshot {snapshot_id} has no images",
+                                snapshot_id=snapshot_id)
         for name, digest in manifest.files.items():
             image = path / name
             if not image.is_file():
                 raise SnapshotError(f"snapshot {snapshot_id} is damaged: image {name} is "
-                                    "missing")
+                                    "missing", snapshot_id=snapshot_id)
             if sha256_file(image) != digest:
                 raise SnapshotError(f"snapshot {snapshot_id} is damaged: image {name} does not "
-                                    "match its checksum")
+                                    "match its checksum", snapshot_id=snapshot_id)
         if manifest.parent is not None:
             self.verify(manifest.parent)
         return manifest
@@ -148,7 +150,7 @@ class Store:
         if children and not force:
             raise SnapshotError(f"snapshot {snapshot_id} is the parent of incremental "
                                 f"snapshot(s) {', '.join(children)}; remove those first or "
-                                "pass --force to remove them all")
+                                "pass --force to remove them all", snapshot_id=snapshot_id)
         removed = []
         for child in children:
             removed += self.remove(child, force=True)
