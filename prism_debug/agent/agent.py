@@ -41,6 +41,7 @@ from prism_debug.cost import CostModel, HardwareProfile
 from prism_debug.engine import EmulatedClock, LockstepEngine, ReplayEngine
 from prism_debug.engine.graph_engine import GraphEngine
 from prism_debug.engine.injection import apply_fault
+from prism_debug.errors import ConfigError, PrismError
 from prism_debug.faults import Fault, Injection, fault_from_dict, fault_text, resolve
 from prism_debug.graph import ExecutionGraph, FamilyRecorder
 
@@ -225,6 +226,9 @@ class Agent:
     def resolve(self, fault: Fault) -> Injection:
         """Whom ``fault`` hits in this rank's world and graph (:class:`ConfigError` if
         nobody can be: a rank outside the world, a family the graph lacks)."""
+        if self.graph_engine is None:
+            raise ConfigError("faults act on virtual peers replayed from a graph: run with "
+                              "--graph (prism-debug profile makes one)")
         config = self.config
         return resolve(fault, config.world_size, config.gpus_per_node, self.graph_engine.graph)
 
@@ -397,9 +401,11 @@ class Agent:
                 bus=control.get("bus"), bus_curve=control.get("bus_curve"))
             self.tracker.record_ops = self.config.record_ops
             # a scenario that starts from this snapshot: its faults act from here
-            if self.graph_engine is not None:
-                for data in control.get("faults", ()):
+            for data in control.get("faults", ()):
+                try:
                     self.inject(fault_from_dict(data))
+                except PrismError as exc:  # a fault nobody here can take: say so, end
+                    self._fatal(exc)
             if control.get("watch_nonfinite"):
                 self.runtime.on_nonfinite = self._first_nonfinite
         if control.get("restored"):

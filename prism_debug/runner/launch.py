@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from prism_debug.agent.config import ENV_VAR, AgentConfig
-from prism_debug.errors import GraphError, LaunchError
+from prism_debug.errors import ConfigError, GraphError, LaunchError
 from prism_debug.faults import resolve
 from prism_debug.graph import ExecutionGraph
 from prism_debug.runner import report as reporting
@@ -187,6 +187,9 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
     store = Store(options.store or DEFAULT_STORE)
     manifest = store.verify(options.snapshot_id)
     check_unchanged(manifest)
+    if options.faults and manifest.graph_digest is None:
+        raise ConfigError(f"faults act on virtual peers replayed from a graph; snapshot "
+                          f"{manifest.id} was taken from a run without --graph")
     criu = restore_tools(manifest)
     run_dir = options.run_dir or default_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -210,6 +213,9 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
             message, restored_from=manifest.id)
     finally:
         session.close()
+    error = next((e["message"] for e in events if e["kind"] == "error"), None)
+    if error is not None:
+        raise ConfigError(f"the restored rank refused: {error}")
     return RunResult(report, exit_code, run_dir, session.snapshots_taken, events)
 
 
