@@ -1,7 +1,9 @@
 """prism-debug: run one rank of a huge torch.distributed job on the machine you have.
 
-The only API a training script may call is :func:`iteration`; everything else
-is driven from the ``prism-debug`` command line.
+A training script may call :func:`iteration`; everything else is driven from
+the ``prism-debug`` command line or, from Python, :mod:`prism_debug.api` (run a
+rank, restore a snapshot, run a scenario), imported on its own so that this
+package stays light inside the rank.
 """
 
 from prism_debug.errors import PrismError
