@@ -221,10 +221,14 @@ class KeysError(BusError):
     """Raised when CURVE keys are needed (a bind beyond loopback, a session that uses
     them) and are missing or unreadable."""
 
+    type = "Keys"
+
 
 class SessionNotFound(BusError):
     """Raised when no running session matches a rank or session id (or several do and the
     user has to choose); the message lists what is running."""
+
+    type = "SessionNotFound"
 
 
 class DebuggerError(PrismError):

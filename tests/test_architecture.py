@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "prism_debug"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "prism_debug"
 # graph, engine, cost model, faults, scenarios, the flight-recorder format, and
 # the small pieces they share: pure Python and numpy
 CORE = ["prism_debug.cost", "prism_debug.graph", "prism_debug.engine", "prism_debug.faults",
@@ -113,3 +114,29 @@ def test_no_module_is_too_long_to_read_in_a_sitting():
     long = {module_name(p): n for p in PACKAGE.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+def layers_in_readme() -> list[str]:
+    """The README's layout list: prism_debug's folders and modules, top down."""
+    text = (ROOT / "README.md").read_text()
+    block = text[text.index("## Layout"):].split("```")[1]
+    layers = []
+    for line in block.splitlines():
+        name = line[2:].split(" ", 1)[0] if line.startswith("  ") and line[2] != " " else ""
+        if name.endswith("/"):
+            layers.append(name[:-1])
+        elif name.endswith(".py"):
+            layers.append(name[:-3])
+    return layers
+
+
+def test_every_import_points_up_the_readmes_layout():
+    layers = layers_in_readme()
+    units = {name.split(".")[1] for name in import_graph() if name != "prism_debug"}
+    assert sorted(layers) == sorted(units)  # the list names every folder and module
+    upward = sorted(
+        f"{name} imports {dep}"
+        for name, deps in import_graph().items() if name != "prism_debug"
+        for dep in deps if dep != "prism_debug"
+        if layers.index(dep.split(".")[1]) > layers.index(name.split(".")[1]))
+    assert upward == []

@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from torch.optim.optimizer import (
@@ -69,8 +70,8 @@ class Agent:
         if config.graph_path:
             graph = ExecutionGraph.load(Path(config.graph_path))
             model = CostModel(profile)
-            replay = ReplayEngine(graph, model.op_time_s,
-                                  real_rank=config.rank, record=bool(config.trace_ranks))
+            replay = ReplayEngine(graph, model.op_time_s, real_rank=config.rank,
+                                  record=bool(config.trace_ranks), seed=config.seed)
             engine = self.graph_engine = GraphEngine(graph, replay, self._fatal)
         else:
             engine = LockstepEngine(CostModel(profile), profile.gpus_per_node)
@@ -88,8 +89,8 @@ class Agent:
         # faults in force: each as written, whom it hits, and the replay
         # engine's handle; changes asked while the rank runs wait for the next
         # boundary (the engine is the main thread's)
-        self.faults: list[tuple[str, Injection, object]] = []
-        self.faults_due: list = []
+        self.faults: list[InForce] = []
+        self.faults_due: list[Callable[[], object]] = []
         if self.graph_engine is not None:
             for data in config.faults:
                 self.inject(fault_from_dict(data))
@@ -238,23 +239,24 @@ class Agent:
         ``text`` is how it was written, for ``perturb list``."""
         injection = injection or self.resolve(fault)
         handle = apply_fault(self.graph_engine.replay, injection)
-        self.faults.append((text or fault_text(fault), injection, handle))
-        self.runtime.peer_faults.set(entry[1] for entry in self.faults)
+        self.faults.append(InForce(text or fault_text(fault), injection, handle))
+        self.runtime.peer_faults.set(self.faults_in_force())
 
-    def withdraw(self, index: int | None = None) -> list[str]:
-        """Take back fault ``index`` (from 0), or all of them; how those were written."""
-        chosen = self.faults if index is None else [self.faults[index]]
-        for _, _, handle in chosen:
-            if handle is not None:
-                self.graph_engine.replay.remove(handle)
-        # by identity: two equal lines typed twice are two faults
-        self.faults = [entry for entry in self.faults
-                       if not any(entry is taken for taken in chosen)]
-        self.runtime.peer_faults.set(entry[1] for entry in self.faults)
-        return [text for text, _, _ in chosen]
+    def withdraw(self, entries: list["InForce"] | None = None) -> list[str]:
+        """Take back ``entries`` (of :attr:`faults`, chosen when asked), or every
+        fault; how those still in force were written.  By identity, and
+        idempotent: a clear asked twice before the boundary takes one back once."""
+        chosen = [e for e in (self.faults if entries is None else entries)
+                  if any(e is f for f in self.faults)]
+        for entry in chosen:
+            if entry.handle is not None:
+                self.graph_engine.replay.remove(entry.handle)
+        self.faults = [e for e in self.faults if not any(e is taken for taken in chosen)]
+        self.runtime.peer_faults.set(self.faults_in_force())
+        return [entry.text for entry in chosen]
 
     def faults_in_force(self) -> list[Injection]:
-        return [injection for _, injection, _ in self.faults]
+        return [entry.injection for entry in self.faults]
 
     def _dump_flight_record(self, op) -> str | None:
         """The watchdog's flight-record dump: the real rank's and its group's peers'."""
@@ -389,10 +391,17 @@ class Agent:
                 break
             time.sleep(0.001)
         if control.get("restored"):
+            # a scenario that starts from this snapshot: its faults act from here
+            for data in control.get("faults", ()):
+                try:
+                    self.inject(fault_from_dict(data))
+                except PrismError as exc:  # a fault nobody here can take: say so, end
+                    self._fatal(exc)
             self._emit({"kind": "resumed", "iteration": iteration, "pid": os.getpid(),
                         "backend": self._backend, "rank": self.config.rank,
                         "world_size": self.config.world_size, "snapshot": control.get("snapshot"),
-                        "families": self._families(), "time_s": self.clock.now()})
+                        "families": self._families(), "faults": len(self.faults),
+                        "time_s": self.clock.now()})
             self.config = dataclasses.replace(
                 self.config, iterations=control.get("iterations"),
                 record_ops=bool(control.get("record_ops")),
@@ -400,12 +409,6 @@ class Agent:
                 snapshot_every=control.get("snapshot_every"),
                 bus=control.get("bus"), bus_curve=control.get("bus_curve"))
             self.tracker.record_ops = self.config.record_ops
-            # a scenario that starts from this snapshot: its faults act from here
-            for data in control.get("faults", ()):
-                try:
-                    self.inject(fault_from_dict(data))
-                except PrismError as exc:  # a fault nobody here can take: say so, end
-                    self._fatal(exc)
             if control.get("watch_nonfinite"):
                 self.runtime.on_nonfinite = self._first_nonfinite
         if control.get("restored"):
@@ -489,6 +492,16 @@ class Agent:
 COLL_EVENTS_PER_S = float(os.environ.get("PRISM_DEBUG_COLL_EVENTS_PER_S", 2000))
 _ITERATION_FIELDS = ("iteration", "start_s", "time_s", "compute_s", "comm_wait_s",
                      "num_collectives", "digest")
+
+
+@dataclasses.dataclass(eq=False)
+class InForce:
+    """A fault in force on this rank: as written, whom it hits, and the replay
+    engine's handle for it (None for a fault that changes values only)."""
+
+    text: str
+    injection: Injection
+    handle: object | None
 
 
 def _peak_rss() -> int:

@@ -127,9 +127,9 @@ class Commands:
     def do_faults(self) -> dict:
         """The faults in force, as written, and whom they hit."""
         self._need_graph()
-        return {"perturbations": [{"index": i, "text": text, "summary": injection.summary(text)}
-                                  for i, (text, injection, _) in
-                                  enumerate(self._agent.faults)]}
+        return {"perturbations": [
+            {"index": i, "text": entry.text, "summary": entry.injection.summary(entry.text)}
+            for i, entry in enumerate(self._agent.faults)]}
 
     def do_unperturb(self, index: int | None = None) -> dict:
         """Take back fault ``index`` (``faults`` numbers them), or every one."""
@@ -138,9 +138,12 @@ class Commands:
         if index is not None and not 0 <= index < len(agent.faults):
             raise BadArguments(f"no perturbation {index}: perturb list shows "
                                f"{len(agent.faults)}")
-        what = "every perturbation" if index is None else agent.faults[index][0]
+        # the entry is chosen now: a clear asked twice before the boundary
+        # takes back the fault it named, once
+        chosen = None if index is None else [agent.faults[index]]
+        what = "every perturbation" if chosen is None else chosen[0].text
         return {"perturbation": what, "cleared": True,
-                "when": self._at_boundary(lambda: agent.withdraw(index))}
+                "when": self._at_boundary(lambda: agent.withdraw(chosen))}
 
     def _need_graph(self) -> None:
         if self._agent.graph_engine is None:

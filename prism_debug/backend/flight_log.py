@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Iterable
 
 from prism_debug.backend.flight_recorder import (
-    BUFFER_SIZE_ENV, FlightRecorder, dump_prefix_from_env, python_frames, scalar_type_name,
-    write_group_dumps,
+    BUFFER_SIZE_ENV, FlightRecorder, buffer_size_from_env, dump_prefix_from_env, python_frames,
+    scalar_type_name, write_group_dumps,
 )
 from prism_debug.backend.work import flat_tensors
 from prism_debug.errors import ConfigError
@@ -64,7 +64,6 @@ class FlightLog:
         """On when a buffer size is set and positive (0 or unset: off)."""
         if not any(name in env for name in BUFFER_SIZE_ENV):
             return None
-        from prism_debug.backend.flight_recorder import buffer_size_from_env
         size = buffer_size_from_env(env)
         return cls(rank, size, dump_prefix_from_env(env), clock) if size > 0 else None
 

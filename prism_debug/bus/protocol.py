@@ -30,7 +30,7 @@ from prism_debug.errors import (
 )
 from prism_debug.faults import fault_from_dict
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2  # 2: faults travel as typed dicts (perturb, faults, unperturb)
 MAX_FRAME_BYTES = 1 << 20
 MAX_ID_CHARS = 64
 

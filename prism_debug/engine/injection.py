@@ -40,7 +40,8 @@ def apply_fault(engine: TimingPrimitives, injection: Injection) -> object | None
                            iterations=fault.iterations)
     if action == Action.DELAY:
         return engine.delay(targets, fault.seconds, family=fault.family,
-                            first_iteration=fault.first_iteration, iterations=fault.iterations)
+                            first_iteration=fault.first_iteration, iterations=fault.iterations,
+                            first_op=fault.first_op)
     if action == Action.LINK:
         intermittent = fault.intermittent
         return engine.link(

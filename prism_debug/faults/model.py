@@ -59,6 +59,9 @@ class DesyncKind(enum.StrEnum):
 VALUE_ACTIONS = frozenset({Action.NAN, Action.INF, Action.CORRUPT})
 #: actions after which the peers never arrive (the flight record tells them apart)
 MISSING_ACTIONS = frozenset({Action.FAIL, Action.HANG, Action.DESYNC})
+#: actions whose window is whole iterations (the others may start at a collective):
+#: a compute factor and a link's state hold for an iteration in the engine
+WHOLE_ITERATION_ACTIONS = frozenset({Action.SLOW, Action.LINK})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,7 +99,10 @@ class Selector(Checked):
     def word(self) -> str:
         """The selector as one RANKS word of the perturbation grammar."""
         if self.ranks_text is not None:
-            return self.ranks_text.replace(" ", "")
+            words = self.ranks_text.split()
+            if len(words) == 2 and words[0] == "node":  # "node 3": the ranks on node 3
+                return f"node:{words[1]}"
+            return "".join(words)
         if self.selects_nodes:
             return f"node:{self.node_text}"
         if self.family is not None:
@@ -227,6 +233,10 @@ class Fault(Checked):
         if self.at.time_s is not None:
             yield ("at", "time_s"), ("faults start at an iteration (and a collective in it); "
                                      "time_s triggers are not supported")
+        if self.at.collective is not None and self.action in WHOLE_ITERATION_ACTIONS:
+            yield ("at", "collective"), (f"a {self.action} fault acts on whole iterations: "
+                                         "remove collective (the other actions may start at "
+                                         "a collective)")
         if self.duration is not None:
             if self.action == Action.HANG and self.duration.iterations is not None:
                 yield ("for", "iterations"), ("a hang stalls for time_s seconds, or lasts "
@@ -380,4 +390,4 @@ def _build(cls, data: dict, where: str):
     try:
         return cls(**values)
     except InvalidFields as exc:
-        raise ConfigError(f"{where}: {exc}") from None
+        raise ConfigError(f"{where}: {exc}") from exc

@@ -51,7 +51,7 @@ def select(selector: Selector, world_size: int, gpus_per_node: int,
         else:
             found = topology.class_ranks(selector.class_)
     except PrismError as exc:  # the graph's GraphError: no such family, group or class
-        raise ConfigError(f"{selector.word()}: {exc}") from None
+        raise ConfigError(f"{selector.word()}: {exc}") from exc
     return list(dict.fromkeys(found))
 
 

@@ -3,7 +3,8 @@
 ::
 
     slow RANKS FACTOR [from I] [for N]        compute x FACTOR from iteration I, for N iterations
-    delay RANKS SECONDS [family F] [from I] [for N]   arrive SECONDS late at every (F) collective
+    delay RANKS SECONDS [family F] [from I] [op K] [for N]
+                                              arrive SECONDS late at every (F) collective
     link NODES BANDWIDTH [LATENCY_US] [from I] [for N] [flap PERIOD_S DUTY]
                                               groups spanning NODES: bandwidth x BANDWIDTH, +LATENCY;
                                               flapping: degraded DUTY of every PERIOD_S
@@ -48,7 +49,7 @@ from prism_debug.faults.model import (
 
 USAGE = {
     "slow": "slow RANKS FACTOR [from I] [for N]",
-    "delay": "delay RANKS SECONDS [family F] [from I] [for N]",
+    "delay": "delay RANKS SECONDS [family F] [from I] [op K] [for N]",
     "link": "link NODES BANDWIDTH_FACTOR [LATENCY_US] [from I] [for N] [flap PERIOD_S DUTY]",
     "fail": "fail RANKS [at I] [op K]",
     "hang": "hang RANKS [at I] [op K] [for SECONDS]",
@@ -62,7 +63,7 @@ USAGE_TEXT = "\n".join(USAGE.values())
 
 # the keywords each action takes (``at``/``from`` are one)
 _TAKES = {
-    "slow": {"from", "for"}, "delay": {"from", "for", "family"},
+    "slow": {"from", "for"}, "delay": {"from", "op", "for", "family"},
     "link": {"from", "for", "flap"}, "fail": {"from", "op"}, "hang": {"from", "op", "for"},
     "nan": {"from", "op", "for", "family"}, "inf": {"from", "op", "for", "family"},
     "corrupt": {"from", "op", "for", "family"}, "desync": {"from", "op", "family"},
@@ -140,7 +141,7 @@ def parse_fault(text: str, world_size: int | None = None,
     try:
         return FAULT_TYPES[Action(action)](**fields)
     except InvalidFields as exc:
-        raise ConfigError(f"{exc}: {usage}") from None
+        raise ConfigError(f"{exc}: {usage}") from exc
 
 
 def fault_text(fault: Fault) -> str:

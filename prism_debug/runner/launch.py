@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from prism_debug.agent.config import ENV_VAR, AgentConfig
-from prism_debug.errors import ConfigError, GraphError, LaunchError
+from prism_debug.errors import ConfigError, GraphError, LaunchError, SnapshotError
 from prism_debug.faults import resolve
 from prism_debug.graph import ExecutionGraph
 from prism_debug.runner import report as reporting
@@ -216,6 +216,12 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
     error = next((e["message"] for e in events if e["kind"] == "error"), None)
     if error is not None:
         raise ConfigError(f"the restored rank refused: {error}")
+    resumed = next((e for e in events if e["kind"] == "resumed"), None)
+    if options.faults and resumed is not None and resumed.get("faults") != len(options.faults):
+        # a rank snapshotted by an older prism-debug reads no faults at restore
+        raise SnapshotError(f"snapshot {manifest.id}'s rank put {resumed.get('faults') or 0} "
+                            f"of {len(options.faults)} faults in force: it predates faults "
+                            "at restore; take the snapshot again", snapshot_id=manifest.id)
     return RunResult(report, exit_code, run_dir, session.snapshots_taken, events)
 
 

@@ -125,8 +125,10 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
         # a restored run's iterations count on from its snapshot's
         horizon = spec.last_iteration or (
             manifest.iteration + (spec.iterations or 4) if manifest is not None else 4)
-        predicted = plan.predicted_ratio(graph, CostModel(profile).op_time_s, world.rank,
-                                         faults, horizon)
+        predicted = plan.predicted_ratio(
+            graph, CostModel(profile).op_time_s, world.rank, faults, horizon,
+            first_iteration=manifest.iteration + 1 if manifest is not None else 2,
+            seed=scenario.seed)
         message(f"scenario: the replay engine predicts iterations x{predicted:.3f}")
     message(f"scenario: {scenario.name}: run with the faults")
     observed = _observe(start("run", True, run_dir / "report.json", message))
@@ -135,13 +137,27 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
 
 
 def _snapshot(scenario: Scenario, store: Path | None) -> Manifest:
-    """The snapshot the scenario starts from, checked against its world."""
+    """The snapshot the scenario starts from, checked against its world, its
+    faults and its expectations (a restored rank runs only the iterations
+    after the snapshot's)."""
     manifest = Store(store or DEFAULT_STORE).verify(scenario.run.snapshot)
     world = scenario.world
+    where = f"{scenario.source}: run.snapshot {manifest.id}"
     if (manifest.rank, manifest.world_size) != (world.rank, world.size):
-        raise ConfigError(f"{scenario.source}: run.snapshot {manifest.id} is of rank "
-                          f"{manifest.rank} of {manifest.world_size}; the scenario's world is "
-                          f"rank {world.rank} of {world.size}")
+        raise ConfigError(f"{where} is of rank {manifest.rank} of {manifest.world_size}; the "
+                          f"scenario's world is rank {world.rank} of {world.size}")
+    taken = manifest.iteration
+    for i, fault in enumerate(scenario.faults):
+        if fault.last_iteration <= taken:
+            raise ConfigError(f"{where} was taken after iteration {taken}: faults[{i}] (line "
+                              f"{fault.line}) ends at iteration {fault.last_iteration:g}, "
+                              "before the restored rank resumes")
+    for i, expectation in enumerate(scenario.expect):
+        asked = plan.iterations_named(expectation)
+        if asked and min(asked) <= taken:
+            raise ConfigError(f"{where} was taken after iteration {taken}: expect[{i}] (line "
+                              f"{expectation.line}) looks at iteration {min(asked)}, which the "
+                              "restored rank does not run")
     return manifest
 
 

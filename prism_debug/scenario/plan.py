@@ -126,6 +126,15 @@ def needs_prediction(scenario: Scenario) -> bool:
     return any(isinstance(e, ExpectIterationTime) and e.predicted for e in scenario.expect)
 
 
+def iterations_named(expectation: Expectation) -> list[int]:
+    """The iterations an expectation looks at by number (none: every one)."""
+    if isinstance(expectation, (ExpectIterationTime, ExpectNanAt)):
+        return [] if expectation.iteration is None else [expectation.iteration]
+    if isinstance(expectation, ExpectDigests):
+        return [iteration for iteration, _ in expectation.digests]
+    return []
+
+
 def _exception(e: ExpectException, seen: Observed, *_) -> tuple[bool, str]:
     want = f"exception {e.type}" + (f" matching {e.match!r}" if e.match else "")
     if seen.exception is None:
@@ -227,16 +236,18 @@ def _short(text: str, limit: int = 160) -> str:
 
 
 def predicted_ratio(graph: ExecutionGraph, cost: CostFn, rank: int, faults: Sequence[Fault],
-                    iterations: int) -> float:
+                    iterations: int, *, first_iteration: int = 2, seed: int = 0) -> float:
     """How much ``faults`` stretch ``rank``'s iterations, as the replay engine
     predicts from the graph alone: the perturbed replay's median iteration
-    time after the first over the unperturbed one's."""
+    time over the unperturbed one's, both over the iterations a run observes
+    (``first_iteration`` to ``iterations``: after the first, or after the
+    snapshot a restored run resumes from)."""
     medians = []
     for in_force in ((), faults):
-        engine = ReplayEngine(graph, cost)
+        engine = ReplayEngine(graph, cost, seed=seed)
         for fault in in_force:
             apply_fault(engine, resolve(fault, graph.world_size, graph.gpus_per_node, graph))
         engine.run(iterations)
-        times = engine.iteration_times(rank)
-        medians.append(statistics.median(times[1:] or times))
+        times = engine.iteration_times(rank)[:iterations]
+        medians.append(statistics.median(times[first_iteration - 1:] or times))
     return medians[1] / medians[0]

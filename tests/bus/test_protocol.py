@@ -51,7 +51,7 @@ def rejection(raw, verbs=VERBS):
 
 def test_a_request_round_trips_with_the_id_given_or_a_fresh_one():
     raw = encode_request("break", {"kind": "iter", "iteration": 3}, id="r-1")
-    assert json.loads(raw) == {"v": 1, "id": "r-1", "verb": "break",
+    assert json.loads(raw) == {"v": 2, "id": "r-1", "verb": "break",
                                "args": {"kind": "iter", "iteration": 3}}
     assert decode_request(raw) == Request("r-1", "break", {"kind": "iter", "iteration": 3})
     first, second = (decode_request(encode_request("status")) for _ in range(2))
@@ -59,13 +59,13 @@ def test_a_request_round_trips_with_the_id_given_or_a_fresh_one():
 
 
 def test_args_may_be_left_out_of_a_request():
-    assert decode_request(frame(v=1, id="x", verb="where")) == Request("x", "where", {})
+    assert decode_request(frame(v=2, id="x", verb="where")) == Request("x", "where", {})
 
 
 def test_a_reply_round_trips():
     assert decode_reply(encode_reply("r-1", {"state": "running"})) == (
         "r-1", {"state": "running"})
-    assert json.loads(encode_reply("r-1", {})) == {"v": 1, "id": "r-1", "ok": True,
+    assert json.loads(encode_reply("r-1", {})) == {"v": 2, "id": "r-1", "ok": True,
                                                    "result": {}}
 
 
@@ -73,7 +73,7 @@ def test_an_event_round_trips_with_its_topic():
     topic, body = encode_event(7, 4097, "paused", {"iteration": 3, "reason": "step"},
                                wall=1700000000.5)
     assert topic == b"rank.4097.paused"
-    assert decode_event(topic, body) == {"v": 1, "seq": 7, "rank": 4097, "kind": "paused",
+    assert decode_event(topic, body) == {"v": 2, "seq": 7, "rank": 4097, "kind": "paused",
                                          "wall": 1700000000.5,
                                          "data": {"iteration": 3, "reason": "step"}}
 
@@ -168,24 +168,24 @@ def test_absurd_nesting_is_a_bad_message_not_a_recursion_error():
               "0: invalid start byte)"),
     (b"{", "request is not UTF-8 JSON (Expecting property name enclosed in double quotes: "
            "line 1 column 2 (char 1))"),
-    ('{"v": 1}'.encode("utf-16"), "request is not UTF-8 JSON ('utf-8' codec can't decode "
+    ('{"v": 2}'.encode("utf-16"), "request is not UTF-8 JSON ('utf-8' codec can't decode "
                                   "byte 0xff in position 0: invalid start byte)"),
     (b"[1, 2]", "request must be a JSON object, got list"),
     (b'"status"', "request must be a JSON object, got str"),
     (frame(id="a", verb="status"), "request has no version 'v'; this prism-debug speaks "
-                                   "protocol version 1 (run the same prism-debug on both ends)"),
-    (frame(v=2, id="a", verb="status"), "request has protocol version 2; this prism-debug "
-                                        "speaks protocol version 1 (run the same prism-debug "
+                                   "protocol version 2 (run the same prism-debug on both ends)"),
+    (frame(v=3, id="a", verb="status"), "request has protocol version 3; this prism-debug "
+                                        "speaks protocol version 2 (run the same prism-debug "
                                         "on both ends)"),
     (frame(v=True, id="a", verb="status"), "request has protocol version True; this "
-                                           "prism-debug speaks protocol version 1 (run the "
+                                           "prism-debug speaks protocol version 2 (run the "
                                            "same prism-debug on both ends)"),
-    (frame(v=1, verb="status"), "request 'id' must be a str of 1..64 characters, got none"),
-    (frame(v=1, id=5, verb="status"), "request 'id' must be a str of 1..64 characters, got "
+    (frame(v=2, verb="status"), "request 'id' must be a str of 1..64 characters, got none"),
+    (frame(v=2, id=5, verb="status"), "request 'id' must be a str of 1..64 characters, got "
                                       "int"),
-    (frame(v=1, id="", verb="status"), "request 'id' must be a str of 1..64 characters, got "
+    (frame(v=2, id="", verb="status"), "request 'id' must be a str of 1..64 characters, got "
                                        "0 characters"),
-    (frame(v=1, id="x" * 65, verb="status"), "request 'id' must be a str of 1..64 "
+    (frame(v=2, id="x" * 65, verb="status"), "request 'id' must be a str of 1..64 "
                                              "characters, got 65 characters"),
 ])
 def test_a_frame_that_is_no_request_is_a_bad_message_without_an_id(raw, message):
@@ -193,13 +193,13 @@ def test_a_frame_that_is_no_request_is_a_bad_message_without_an_id(raw, message)
 
 
 @pytest.mark.parametrize("message, text", [
-    ({"v": 1, "id": "a"}, "request 'verb' must be a str, got none"),
-    ({"v": 1, "id": "a", "verb": None}, "request 'verb' must be a str, got null"),
-    ({"v": 1, "id": "a", "verb": "status", "args": [1]},
+    ({"v": 2, "id": "a"}, "request 'verb' must be a str, got none"),
+    ({"v": 2, "id": "a", "verb": None}, "request 'verb' must be a str, got null"),
+    ({"v": 2, "id": "a", "verb": "status", "args": [1]},
      "request 'args' must be an object, got list"),
-    ({"v": 1, "id": "a", "verb": "status", "arg": {}},
+    ({"v": 2, "id": "a", "verb": "status", "arg": {}},
      "request has unknown field 'arg' (a request holds v, id, verb and args)"),
-    ({"v": 1, "id": "a", "verb": "status", "b": 0, "a": 0},
+    ({"v": 2, "id": "a", "verb": "status", "b": 0, "a": 0},
      "request has unknown fields 'a', 'b' (a request holds v, id, verb and args)"),
 ])
 def test_a_bad_envelope_with_an_id_is_a_bad_message_that_keeps_the_id(message, text):
@@ -308,7 +308,7 @@ ERRORS = [(BadMessage, "BadMessage"), (UnknownVerb, "UnknownVerb"),
 def test_each_error_travels_as_its_type_and_comes_back_as_its_class(cls, wire_type):
     assert cls.type == wire_type and issubclass(cls, BusError) and issubclass(cls, PrismError)
     raw = encode_error("r-9", cls("rank 3 is being restored: wait for the restored event"))
-    assert json.loads(raw) == {"v": 1, "id": "r-9", "ok": False, "error": {
+    assert json.loads(raw) == {"v": 2, "id": "r-9", "ok": False, "error": {
         "type": wire_type, "message": "rank 3 is being restored: wait for the restored event"}}
     with pytest.raises(cls) as info:
         decode_reply(raw)
@@ -342,20 +342,20 @@ def test_encode_error_takes_a_class_a_type_string_or_any_exception():
         decode_request(b"[]")
     except BusError as exc:
         raw = encode_error(exc.request_id, exc)
-    assert json.loads(raw) == {"v": 1, "id": None, "ok": False, "error": {
+    assert json.loads(raw) == {"v": 2, "id": None, "ok": False, "error": {
         "type": "BadMessage", "message": "request must be a JSON object, got list"}}
 
 
 @pytest.mark.parametrize("raw, message", [
     (b"nope", "reply is not UTF-8 JSON (Expecting value: line 1 column 1 (char 0))"),
-    (frame(v=1, id="a", ok="yes"), "reply 'ok' must be a bool, got str"),
-    (frame(v=1, id=None, ok=True, result={}), "reply 'id' must be a str, got null"),
-    (frame(v=1, id="a", ok=True, result=[]), "reply 'result' must be an object, got list"),
-    (frame(v=1, id=3, ok=False, error={}), "error reply 'id' must be a str or null, got int"),
-    (frame(v=1, id="a", ok=False, error={"type": "Internal"}),
+    (frame(v=2, id="a", ok="yes"), "reply 'ok' must be a bool, got str"),
+    (frame(v=2, id=None, ok=True, result={}), "reply 'id' must be a str, got null"),
+    (frame(v=2, id="a", ok=True, result=[]), "reply 'result' must be an object, got list"),
+    (frame(v=2, id=3, ok=False, error={}), "error reply 'id' must be a str or null, got int"),
+    (frame(v=2, id="a", ok=False, error={"type": "Internal"}),
      "error reply 'error' must be an object with str 'type' and 'message'"),
     (frame(v=0, id="a", ok=True, result={}), "reply has protocol version 0; this prism-debug "
-                                             "speaks protocol version 1 (run the same "
+                                             "speaks protocol version 2 (run the same "
                                              "prism-debug on both ends)"),
 ])
 def test_a_malformed_reply_is_a_bad_message(raw, message):
@@ -367,15 +367,15 @@ def test_a_malformed_reply_is_a_bad_message(raw, message):
 # --- malformed events -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("topic, body, message", [
-    (b"rank.1.paused", frame(v=1, seq=0, rank=1, kind="paused", wall=1.0, data={}),
+    (b"rank.1.paused", frame(v=2, seq=0, rank=1, kind="paused", wall=1.0, data={}),
      "event 'seq' must be an int >= 1, got 0"),
-    (b"rank.1.paused", frame(v=1, seq=1, rank="1", kind="paused", wall=1.0, data={}),
+    (b"rank.1.paused", frame(v=2, seq=1, rank="1", kind="paused", wall=1.0, data={}),
      "event needs an int 'rank' and a str 'kind', got str and str"),
-    (b"rank.1.paused", frame(v=1, seq=1, rank=1, kind="paused", wall=None, data={}),
+    (b"rank.1.paused", frame(v=2, seq=1, rank=1, kind="paused", wall=None, data={}),
      "event 'wall' must be a number, got null"),
-    (b"rank.1.paused", frame(v=1, seq=1, rank=1, kind="paused", wall=1, data=[]),
+    (b"rank.1.paused", frame(v=2, seq=1, rank=1, kind="paused", wall=1, data=[]),
      "event 'data' must be an object, got list"),
-    (b"rank.2.paused", frame(v=1, seq=1, rank=1, kind="paused", wall=1.0, data={}),
+    (b"rank.2.paused", frame(v=2, seq=1, rank=1, kind="paused", wall=1.0, data={}),
      "event topic b'rank.2.paused' does not match its body (rank 1, kind 'paused')"),
 ])
 def test_a_malformed_event_is_a_bad_message(topic, body, message):

@@ -10,7 +10,7 @@ import pytest
 from prism_debug.engine.injection import apply_fault
 from prism_debug.engine.replay import ReplayEngine
 from prism_debug.faults import parse_fault, resolve
-from tests.engine.test_replay import constant_cost, pipeline_graph, tp_then_dp_graph
+from tests.engine.test_replay import constant_cost, tp_then_dp_graph
 
 
 class Engine:
@@ -31,7 +31,11 @@ class Engine:
      ("slow", tuple(range(8, 16)), 1.16, ("first_iteration", 3), ("iterations", 2))),
     ("slow 4-5 2", ("slow", (4, 5), 2.0, ("first_iteration", 1), ("iterations", math.inf))),
     ("delay 7 0.005 family dp from 2",
-     ("delay", (7,), 0.005, ("family", "dp"), ("first_iteration", 2), ("iterations", math.inf))),
+     ("delay", (7,), 0.005, ("family", "dp"), ("first_iteration", 2), ("first_op", 0),
+      ("iterations", math.inf))),
+    ("delay 7 0.005 from 2 op 3 for 2",
+     ("delay", (7,), 0.005, ("family", None), ("first_iteration", 2), ("first_op", 2),
+      ("iterations", 2))),
     ("fail 13 at 3", ("fail", (13,), ("at_iteration", 3), ("at_op", 0), ("family", None))),
     ("fail 1,3 op 2", ("fail", (1, 3), ("at_iteration", 1), ("at_op", 1), ("family", None))),
     ("hang 9 at 2 op 3", ("fail", (9,), ("at_iteration", 2), ("at_op", 2), ("family", None))),
@@ -98,6 +102,15 @@ def test_a_stall_delays_one_collective_once():
     assert engine.iteration_times(0) == pytest.approx([2.7, 2.95, 2.7])
     assert engine.iteration_times(2) == pytest.approx([2.7, 2.95, 2.7])
     # ... until iteration 3's TP all-reduces pair ranks 1 and 3 with the late ones
+    assert engine.iteration_times(1) == pytest.approx([2.7, 2.7, 2.95])
+
+
+def test_a_delay_from_a_collective_spares_the_ones_before():
+    engine, _ = engine_with("delay 0 0.25 from 2 op 2 for 1")
+    engine.run(3)
+    # iteration 2: rank 0 reaches its second collective, the DP all-reduce,
+    # 0.25 s late (its TP all-reduce, op 1, on time), as the stall above
+    assert engine.iteration_times(0) == pytest.approx([2.7, 2.95, 2.7])
     assert engine.iteration_times(1) == pytest.approx([2.7, 2.7, 2.95])
 
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from prism_debug.errors import ConfigError
-from prism_debug.faults import Selector, parse_fault, rank_text, resolve, select
+from prism_debug.faults import (
+    Selector, SlowFault, Trigger, fault_text, parse_fault, rank_text, resolve, select,
+)
 from tests.engine.test_replay import pipeline_graph
 
 
@@ -58,3 +60,21 @@ def test_summary_names_the_ranks():
 def test_a_selector_seed_goes_with_a_fraction():
     with pytest.raises(ConfigError, match="seed goes with fraction"):
         Selector(ranks_text="1", seed="3")
+
+
+def test_a_written_back_fault_hits_the_same_ranks():
+    # forms the grammar spells one way: "node 3" in a file, a one-node list
+    for chosen in (Selector(ranks_text="node 3"), Selector(nodes="3"), Selector(node=3)):
+        fault = SlowFault(select=chosen, factor=2.0)
+        again = parse_fault(fault_text(fault))
+        assert resolve(again, 64, 8).targets == resolve(fault, 64, 8).targets == \
+            tuple(range(24, 32))
+
+
+def test_compute_and_links_act_on_whole_iterations():
+    with pytest.raises(ConfigError, match="at.collective: a slow fault acts on whole "
+                                          "iterations: remove collective"):
+        SlowFault(select=Selector(ranks_text="1"), factor=2.0,
+                  at=Trigger(iteration=2, collective=3))
+    with pytest.raises(ConfigError, match="^slow does not take op"):
+        parse_fault("slow 1 2 from 2 op 3")

@@ -51,7 +51,7 @@ def test_the_window_of_a_fault():
 
 @pytest.mark.parametrize("text, message", [
     ("stall 3", "unknown perturbation 'stall 3': use one of slow RANKS FACTOR [from I] "
-                "[for N]; delay RANKS SECONDS [family F] [from I] [for N]; link NODES "
+                "[for N]; delay RANKS SECONDS [family F] [from I] [op K] [for N]; link NODES "
                 "BANDWIDTH_FACTOR [LATENCY_US] [from I] [for N] [flap PERIOD_S DUTY]; fail "
                 "RANKS [at I] [op K]; hang RANKS [at I] [op K] [for SECONDS]; nan RANKS "
                 "[family F] [at I] [op K] [for N]; inf RANKS [family F] [at I] [op K] [for "
@@ -77,8 +77,8 @@ def test_the_window_of_a_fault():
     ("nan 3 at 2 at 3", "at is given twice: nan RANKS [family F] [at I] [op K] [for N]"),
     ("nan 3 family", "family needs a value: nan RANKS [family F] [at I] [op K] [for N]"),
     ("family:dp:0 x", "unknown perturbation 'family:dp:0 x': use one of slow RANKS FACTOR "
-                      "[from I] [for N]; delay RANKS SECONDS [family F] [from I] [for N]; link "
-                      "NODES BANDWIDTH_FACTOR [LATENCY_US] [from I] [for N] [flap PERIOD_S "
+                      "[from I] [for N]; delay RANKS SECONDS [family F] [from I] [op K] [for N]; "
+                      "link NODES BANDWIDTH_FACTOR [LATENCY_US] [from I] [for N] [flap PERIOD_S "
                       "DUTY]; fail RANKS [at I] [op K]; hang RANKS [at I] [op K] [for SECONDS]; "
                       "nan RANKS [family F] [at I] [op K] [for N]; inf RANKS [family F] [at I] "
                       "[op K] [for N]; corrupt RANKS SCALE [family F] [at I] [op K] [for N]; "

@@ -149,10 +149,10 @@ def test_malformed_frames_never_stop_the_controller(tmp_path, session_dir):
     info = wait_for_session(run)
     rng = random.Random(0)
     frames = [b"", b"\x00\xff", b"{", b"[]", b'{"v": 2, "id": "x", "verb": "status"}',
-              b'{"v": 1, "id": "x", "verb": "nope"}',
-              b'{"v": 1, "id": "x", "verb": "break", "args": {"kind": "iter"}}',
-              b'{"v": 1, "id": "x", "verb": "agent.hello", "args": {"rank": 5, "pid": 1}}',
-              b'{"v": 1, "id": "x", "verb": "agent.events", "args": {"events": [["x", {}]]}}',
+              b'{"v": 2, "id": "x", "verb": "nope"}',
+              b'{"v": 2, "id": "x", "verb": "break", "args": {"kind": "iter"}}',
+              b'{"v": 2, "id": "x", "verb": "agent.hello", "args": {"rank": 5, "pid": 1}}',
+              b'{"v": 2, "id": "x", "verb": "agent.events", "args": {"events": [["x", {}]]}}',
               b"x" * (MAX_FRAME_BYTES + 1)]
     frames += [bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
                for _ in range(200)]
@@ -172,7 +172,7 @@ def test_malformed_frames_never_stop_the_controller(tmp_path, session_dir):
         types = {reply["error"]["type"] for reply in replies}
         assert types == {"BadMessage", "UnknownVerb", "BadArguments"}
         by_frame = {frames[i]: replies[i]["error"] for i in range(7)}
-        assert by_frame[b'{"v": 1, "id": "x", "verb": "nope"}']["type"] == "UnknownVerb"
+        assert by_frame[b'{"v": 2, "id": "x", "verb": "nope"}']["type"] == "UnknownVerb"
         # a client that vanishes mid-command loses nothing for the others
         fuzzer.send(encode_request("status"))
         fuzzer.close(0)

@@ -175,3 +175,13 @@ def test_the_engine_predicts_a_straggler_stage_stretches_every_stage():
     # 1 (rank 2) too: it waits on the late sends.
     ratio = predicted_ratio(pipeline_graph(), constant_cost, 2, [parse_fault("slow 0-1 1.5")], 3)
     assert ratio == pytest.approx(1.7 / 1.2)
+
+
+def test_a_prediction_looks_at_the_iterations_a_run_observes():
+    # stage 0 slowed in iteration 3 only: rank 2's iterations 2-5 take 1.2,
+    # 1.7, 1.2, 1.2 s; a run from the start sees the median of 2-5 (unchanged),
+    # one restored after iteration 2 and run for one more sees iteration 3
+    slow = [parse_fault("slow 0-1 1.5 from 3 for 1")]
+    assert predicted_ratio(pipeline_graph(), constant_cost, 2, slow, 5) == pytest.approx(1.0)
+    assert predicted_ratio(pipeline_graph(), constant_cost, 2, slow, 3,
+                           first_iteration=3) == pytest.approx(1.7 / 1.2)
