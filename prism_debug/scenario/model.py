@@ -24,7 +24,8 @@ a file with its line and column, like a compiler.  The schema::
           # | fraction: 0.01 (that share of the world, at least one rank, drawn with
           #   the scenario's seed, or the selector's own seed: "...")
         at: {iteration: 3}               # {iteration: N} | {iteration: N, collective: K};
-                                         # absent: from iteration 1
+                                         # absent: from iteration 1 (slow and link
+                                         # act on whole iterations: no collective)
         for: {iterations: 2}             # {iterations: N}; a hang's {time_s: T} is a stall;
                                          # absent: to the end
     expect:                              # each item has exactly one key
