@@ -53,7 +53,7 @@ AGENT_SILENT_S = 5.0  # no heartbeat for this long: the agent is reported lost
 CLIENT_CHECK_S = 2.0  # how often clients that went away without detaching are noticed
 # sent to every client now and then: it drops a reply to no request of its own,
 # and the ROUTER raises EHOSTUNREACH for a client whose connection is gone
-_PING = b'{"v":1,"id":"~ping","ok":true,"result":{}}'
+_PING = encode_reply("~ping", {})
 
 
 @dataclasses.dataclass(frozen=True)

@@ -148,7 +148,7 @@ def test_malformed_frames_never_stop_the_controller(tmp_path, session_dir):
     run = start(tmp_path, "--paused", iterations=3)
     info = wait_for_session(run)
     rng = random.Random(0)
-    frames = [b"", b"\x00\xff", b"{", b"[]", b'{"v": 2, "id": "x", "verb": "status"}',
+    frames = [b"", b"\x00\xff", b"{", b"[]", b'{"v": 3, "id": "x", "verb": "status"}',
               b'{"v": 2, "id": "x", "verb": "nope"}',
               b'{"v": 2, "id": "x", "verb": "break", "args": {"kind": "iter"}}',
               b'{"v": 2, "id": "x", "verb": "agent.hello", "args": {"rank": 5, "pid": 1}}',
