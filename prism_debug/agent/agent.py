@@ -92,8 +92,7 @@ class Agent:
         self.faults: list[InForce] = []
         self.faults_due: list[Callable[[], object]] = []
         if self.graph_engine is not None:
-            for data in config.faults:
-                self.inject(fault_from_dict(data))
+            self._inject_all(config.faults)
         if config.record_program:
             self.runtime.recorder = ProgramRecorder(self.clock.now())
         self.initialised = False
@@ -258,6 +257,17 @@ class Agent:
     def faults_in_force(self) -> list[Injection]:
         return [entry.injection for entry in self.faults]
 
+    def _inject_all(self, dicts) -> int:
+        """Put the faults the controller sent (their dict forms) in force; how
+        many.  One it cannot take (a family the graph lacks) ends the rank with
+        that one error, which the controller reports."""
+        for data in dicts:
+            try:
+                self.inject(fault_from_dict(data))
+            except PrismError as exc:
+                self._fatal(exc)
+        return len(dicts)
+
     def _dump_flight_record(self, op) -> str | None:
         """The watchdog's flight-record dump: the real rank's and its group's peers'."""
         flight = self.runtime.flight
@@ -391,16 +401,13 @@ class Agent:
                 break
             time.sleep(0.001)
         if control.get("restored"):
-            # a scenario that starts from this snapshot: its faults act from here
-            for data in control.get("faults", ()):
-                try:
-                    self.inject(fault_from_dict(data))
-                except PrismError as exc:  # a fault nobody here can take: say so, end
-                    self._fatal(exc)
+            # a scenario that starts from this snapshot: its faults act from
+            # here, beside any the snapshot's run had in force already
+            added = self._inject_all(control.get("faults", ()))
             self._emit({"kind": "resumed", "iteration": iteration, "pid": os.getpid(),
                         "backend": self._backend, "rank": self.config.rank,
                         "world_size": self.config.world_size, "snapshot": control.get("snapshot"),
-                        "families": self._families(), "faults": len(self.faults),
+                        "families": self._families(), "faults_added": added,
                         "time_s": self.clock.now()})
             self.config = dataclasses.replace(
                 self.config, iterations=control.get("iterations"),

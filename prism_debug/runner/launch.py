@@ -31,7 +31,7 @@ from prism_debug.runner.children import (
     supervise,
 )
 from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, check_command
-from prism_debug.runner.paths import DEFAULT_STORE, HOOKS_DIR, SOURCE_ROOT, default_run_dir
+from prism_debug.runner.paths import HOOKS_DIR, SOURCE_ROOT, default_run_dir, open_store
 from prism_debug.runner.session import NoSession, Session, open_session
 from prism_debug.runner.snapshots import (
     Snapshotter,
@@ -39,7 +39,6 @@ from prism_debug.runner.snapshots import (
     restore_process,
     restore_tools,
 )
-from prism_debug.snapshot.store import Store
 
 Message = Callable[[str], None]
 
@@ -52,7 +51,7 @@ def run(options: RunOptions, message: Message = _quiet) -> RunResult:
     """Run ``options.command`` as one real rank of the emulated job, to its end."""
     check_command(options.command)
     graph = load_graph(options)
-    store = Store(options.store or DEFAULT_STORE)
+    store = open_store(options.store)
     snapshotter = None
     if options.takes_snapshots:
         # CRIU missing or unusable: say so before the run starts
@@ -184,7 +183,7 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
 def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
     """A new run from a snapshot, continued to its end, with a bus of its own
     (so a restored rank can be attached to as well)."""
-    store = Store(options.store or DEFAULT_STORE)
+    store = open_store(options.store)
     manifest = store.verify(options.snapshot_id)
     check_unchanged(manifest)
     if options.faults and manifest.graph_digest is None:
@@ -217,11 +216,12 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
     if error is not None:
         raise ConfigError(f"the restored rank refused: {error}")
     resumed = next((e for e in events if e["kind"] == "resumed"), None)
-    if options.faults and resumed is not None and resumed.get("faults") != len(options.faults):
+    added = resumed.get("faults_added") if resumed is not None else None
+    if options.faults and resumed is not None and added != len(options.faults):
         # a rank snapshotted by an older prism-debug reads no faults at restore
-        raise SnapshotError(f"snapshot {manifest.id}'s rank put {resumed.get('faults') or 0} "
-                            f"of {len(options.faults)} faults in force: it predates faults "
-                            "at restore; take the snapshot again", snapshot_id=manifest.id)
+        raise SnapshotError(f"snapshot {manifest.id}'s rank put {added or 0} of "
+                            f"{len(options.faults)} faults in force: it predates faults at "
+                            "restore; take the snapshot again", snapshot_id=manifest.id)
     return RunResult(report, exit_code, run_dir, session.snapshots_taken, events)
 
 
