@@ -10,16 +10,19 @@ held to the same rules.  Faults (``prism_debug.faults``) and scenarios
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 from dataclasses import MISSING, field
 from typing import Any, Callable, Iterator
 
-from prism_debug.errors import InvalidFields
+from prism_debug.errors import ConfigError, InvalidFields
 from prism_debug.errors import key_path as dotted
 
 Check = Callable[[Any], "str | None"]
-__all__ = ["Checked", "InvalidFields", "at_least", "declare", "dotted", "field_errors",
-           "non_negative", "not_empty", "one_of", "positive", "unit_interval"]
+__all__ = ["Checked", "InvalidFields", "at_least", "declare", "declared_fields", "dotted",
+           "field_errors",
+           "from_mapping", "non_negative", "not_empty", "one_of", "positive", "to_mapping",
+           "unit_interval"]
 
 
 def declare(kind: str, *, key: str | None = None, default: Any = MISSING,
@@ -81,3 +84,66 @@ def one_of(obj, keys: dict[str, str], what: str) -> Iterator[tuple[tuple, str]]:
         yield (), f"give one of {what}"
     elif len(given) > 1:
         yield (given[1],), f"give one of {what}, not both {given[0]} and {given[1]}"
+
+
+# -- the dict form: YAML keys, nested objects as mappings (what a file holds) ---------
+
+
+def declared_fields(cls) -> Iterator[tuple[str, dataclasses.Field]]:
+    """``cls``'s declared fields, each with its YAML key, in order."""
+    for f in dataclasses.fields(cls):
+        if f.metadata:
+            yield f.metadata["key"] or f.name, f
+
+
+def to_mapping(obj) -> dict:
+    """``obj`` as a file writes it: its declared fields by YAML key, unset ones left out."""
+    out = {}
+    for key, f in declared_fields(type(obj)):
+        value = getattr(obj, f.name)
+        if value is None:
+            continue
+        if f.metadata["kind"] == "object":
+            value = to_mapping(value)
+        elif isinstance(value, enum.Enum):
+            value = value.value
+        out[key] = value
+    return out
+
+
+_PLAIN = {"int": int, "float": (int, float), "text": str}
+
+
+def from_mapping(cls, data: dict, where: str):
+    """A ``cls`` from :func:`to_mapping`'s form; :class:`ConfigError` naming the key
+    (``where`` leads the path) that is unknown, missing or of the wrong kind."""
+    fields = dict(declared_fields(cls))
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}: use {', '.join(fields)}")
+    missing = [key for key, f in fields.items()
+               if key not in data and f.default is dataclasses.MISSING]
+    if missing:
+        raise ConfigError(f"{where}: missing required key {missing[0]!r}")
+    values = {}
+    for key, value in data.items():
+        f = fields[key]
+        kind, of = f.metadata["kind"], f.metadata["of"]
+        if value is None:
+            values[f.name] = None
+        elif kind == "object":
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}.{key}: expected a mapping, got {value!r}")
+            values[f.name] = from_mapping(of, value, f"{where}.{key}")
+        elif kind == "enum":
+            if value not in of._value2member_map_:
+                raise ConfigError(f"{where}.{key}: {value!r} is not one of {', '.join(of)}")
+            values[f.name] = of(value)
+        elif kind in _PLAIN and isinstance(value, _PLAIN[kind]) and not isinstance(value, bool):
+            values[f.name] = float(value) if kind == "float" else value
+        else:
+            raise ConfigError(f"{where}.{key}: expected {kind}, got {value!r}")
+    try:
+        return cls(**values)
+    except InvalidFields as exc:
+        raise ConfigError(f"{where}: {exc}") from exc

@@ -20,6 +20,7 @@ from prism_debug.errors import ConfigError, ExitCode, PrismError
 from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.graph.selectors import number_list, rank_list
+from prism_debug.runner.options import python_command
 
 
 class _Cli(click.Group):
@@ -144,10 +145,9 @@ _store_option = click.option(
 
 
 def _store(store: Path | None):
-    from prism_debug.runner.paths import DEFAULT_STORE
-    from prism_debug.snapshot.store import Store
+    from prism_debug.runner.paths import open_store
 
-    return Store(store or DEFAULT_STORE)
+    return open_store(store)
 
 
 @snapshot.command("ls")
@@ -311,7 +311,7 @@ def _bundled_example_command(world_size: int, iterations: int | None = None) -> 
         dataclasses.replace(RUN_DEFAULTS, iterations=iterations)
     if (problem := example.layout_problem(world_size)) is not None:
         raise ConfigError(problem)
-    return [sys.executable, str(EXAMPLE_SCRIPT), *example.argv(RUN_FLAGS)]
+    return python_command(EXAMPLE_SCRIPT, example.argv(RUN_FLAGS))
 
 
 @main.command(context_settings={"ignore_unknown_options": True})

@@ -37,8 +37,9 @@ def module_name(path: Path) -> str:
 def imports_of(path: Path, modules: set[str]) -> set[str]:
     """The package's modules ``path`` imports, wherever in it the import is."""
     found = set()
-    package = module_name(path) if path.name == "__init__.py" else module_name(path.parent / "x")
-    package = package.rpartition(".")[0] if path.name != "__init__.py" else package
+    # the package relative imports start from
+    package = module_name(path) if path.name == "__init__.py" \
+        else module_name(path).rpartition(".")[0]
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -132,11 +133,12 @@ def layers_in_readme() -> list[str]:
 
 def test_every_import_points_up_the_readmes_layout():
     layers = layers_in_readme()
-    units = {name.split(".")[1] for name in import_graph() if name != "prism_debug"}
+    graph = import_graph()
+    units = {name.split(".")[1] for name in graph if name != "prism_debug"}
     assert sorted(layers) == sorted(units)  # the list names every folder and module
     upward = sorted(
         f"{name} imports {dep}"
-        for name, deps in import_graph().items() if name != "prism_debug"
+        for name, deps in graph.items() if name != "prism_debug"
         for dep in deps if dep != "prism_debug"
         if layers.index(dep.split(".")[1]) > layers.index(name.split(".")[1]))
     assert upward == []

@@ -28,7 +28,7 @@ import math
 import torch
 
 from prism_debug.backend.work import flat_tensors
-from prism_debug.faults import VALUE_ACTIONS, Action, Injection
+from prism_debug.faults import VALUE_ACTIONS, Action, Fault, Injection
 
 _REDUCTIONS = frozenset({"all_reduce", "reduce", "reduce_scatter"})
 
@@ -44,8 +44,9 @@ class PeerFaults:
         self.active = tuple(i for i in injections if i.action in VALUE_ACTIONS)
         self._version += 1
 
-    def _in_group(self, pg) -> list[tuple[Injection, list[int]]]:
-        """Each fault with members of ``pg``, and their group ranks (kept on the group)."""
+    def _in_group(self, pg) -> list[tuple[Fault, list[int], "_Spoil"]]:
+        """Each fault with members of ``pg``, their group ranks, and what it does
+        to a contribution (kept on the group until the faults change)."""
         version, found = getattr(pg, "_prism_faulty_members", (-1, None))
         if version != self._version:
             index = {rank: i for i, rank in enumerate(pg.global_ranks)}
@@ -54,7 +55,7 @@ class PeerFaults:
                 members = sorted(index[r] for r in injection.targets
                                  if r in index and r != self.rank)
                 if members:
-                    found.append((injection, members))
+                    found.append((injection.fault, members, _Spoil.of(injection.fault)))
             pg._prism_faulty_members = (self._version, found)
         return found
 
@@ -64,13 +65,12 @@ class PeerFaults:
         anything changed.  ``source`` is the group rank data came from (broadcast
         root, receive peer, scatter root)."""
         changed = False
-        for injection, members in self._in_group(pg):
-            fault = injection.fault
+        for fault, members, spoil in self._in_group(pg):
             if fault.family is not None and fault.family != pg.ref.family:
                 continue
             if not fault.covers(iteration, collective):
                 continue
-            changed |= _corrupt(op, result, members, pg.size(), _Spoil.of(injection), source)
+            changed |= _corrupt(op, result, members, pg.size(), spoil, source)
         return changed
 
 
@@ -84,8 +84,7 @@ class _Spoil:
         self.scale = scale
 
     @classmethod
-    def of(cls, injection: Injection) -> "_Spoil":
-        fault = injection.fault
+    def of(cls, fault: Fault) -> "_Spoil":
         return cls(fault.action, fault.scale if fault.action == Action.CORRUPT else 1.0)
 
 

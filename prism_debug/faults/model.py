@@ -13,21 +13,21 @@ data-parallel peers, the real rank's count).
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar
 
 from prism_debug.checked import (
     Checked,
-    InvalidFields,
     at_least,
     declare,
+    from_mapping,
     non_negative,
     not_empty,
     one_of,
     positive,
+    to_mapping,
     unit_interval,
 )
 from prism_debug.errors import ConfigError
@@ -225,7 +225,7 @@ class Fault(Checked):
 
     def to_dict(self) -> dict:
         """The fault as a scenario file writes it (``action`` first)."""
-        return {"action": str(self.action), **_mapping(self)}
+        return {"action": str(self.action), **to_mapping(self)}
 
     def _rules(self):
         # The replay engine counts iterations and collectives, not seconds:
@@ -331,63 +331,4 @@ def fault_from_dict(data: Any) -> Fault:
     if action not in Action._value2member_map_:
         raise ConfigError(f"unknown fault action {action!r}: use one of {', '.join(Action)}")
     cls = FAULT_TYPES[Action(action)]
-    return _build(cls, {k: v for k, v in data.items() if k != "action"}, str(action))
-
-
-# -- the dict form: YAML keys, nested objects as mappings -------------------------------
-
-
-def _declared(cls) -> Iterator[tuple[str, dataclasses.Field]]:
-    for f in dataclasses.fields(cls):
-        if f.metadata:
-            yield f.metadata["key"] or f.name, f
-
-
-def _mapping(obj) -> dict:
-    out = {}
-    for key, f in _declared(type(obj)):
-        value = getattr(obj, f.name)
-        if value is None:
-            continue
-        if f.metadata["kind"] == "object":
-            value = _mapping(value)
-        elif isinstance(value, enum.Enum):
-            value = value.value
-        out[key] = value
-    return out
-
-
-_PLAIN = {"int": int, "float": (int, float), "text": str}
-
-
-def _build(cls, data: dict, where: str):
-    fields = dict(_declared(cls))
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}: use {', '.join(fields)}")
-    missing = [key for key, f in fields.items()
-               if key not in data and f.default is dataclasses.MISSING]
-    if missing:
-        raise ConfigError(f"{where}: missing required key {missing[0]!r}")
-    values = {}
-    for key, value in data.items():
-        f = fields[key]
-        kind, of = f.metadata["kind"], f.metadata["of"]
-        if value is None:
-            values[f.name] = None
-        elif kind == "object":
-            if not isinstance(value, dict):
-                raise ConfigError(f"{where}.{key}: expected a mapping, got {value!r}")
-            values[f.name] = _build(of, value, f"{where}.{key}")
-        elif kind == "enum":
-            if value not in of._value2member_map_:
-                raise ConfigError(f"{where}.{key}: {value!r} is not one of {', '.join(of)}")
-            values[f.name] = of(value)
-        elif kind in _PLAIN and isinstance(value, _PLAIN[kind]) and not isinstance(value, bool):
-            values[f.name] = float(value) if kind == "float" else value
-        else:
-            raise ConfigError(f"{where}.{key}: expected {kind}, got {value!r}")
-    try:
-        return cls(**values)
-    except InvalidFields as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
+    return from_mapping(cls, {k: v for k, v in data.items() if k != "action"}, str(action))

@@ -50,7 +50,27 @@ def run_files(run_dir: Path) -> dict[str, Path]:
     return files
 
 
-class Child:
+class _RankProcess:
+    """What every form of the rank does alike: signals go to its process group,
+    and a kill is SIGKILL then a reap."""
+
+    pid: int
+
+    def wait(self) -> int:
+        raise NotImplementedError
+
+    def signal(self, signum: int) -> None:
+        try:
+            os.killpg(self.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.wait()
+
+
+class Child(_RankProcess):
     """The rank as a plain child process."""
 
     def __init__(self, popen: subprocess.Popen) -> None:
@@ -63,15 +83,8 @@ class Child:
     def wait(self) -> int:
         return self._popen.wait()
 
-    def signal(self, signum: int) -> None:
-        _killpg(self.pid, signum)
 
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        self.wait()
-
-
-class IsolatedChild:
+class IsolatedChild(_RankProcess):
     """The rank behind ``unshare``: waited for through it, signalled and dumped
     as itself (the namespace's init, seen from here)."""
 
@@ -106,14 +119,10 @@ class IsolatedChild:
     def signal(self, signum: int) -> None:
         # A namespace's init only receives the signals it handles (SIGINT, in
         # Python), and SIGKILL and SIGSTOP from outside: stop it by force.
-        _killpg(self.pid, signum if signum == signal.SIGINT else signal.SIGKILL)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        self.wait()
+        super().signal(signum if signum == signal.SIGINT else signal.SIGKILL)
 
 
-class RestoredChild:
+class RestoredChild(_RankProcess):
     """A copy of the rank CRIU restored as this process's child (``rst_sibling``)."""
 
     def __init__(self, pid: int) -> None:
@@ -131,20 +140,6 @@ class RestoredChild:
         while self.poll() is None:
             time.sleep(0.01)
         return self.returncode
-
-    def signal(self, signum: int) -> None:
-        _killpg(self.pid, signum)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGKILL)
-        self.wait()
-
-
-def _killpg(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 def continue_rank(pid: int) -> None:

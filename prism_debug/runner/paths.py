@@ -8,11 +8,17 @@ import time
 from pathlib import Path
 
 import prism_debug
+from prism_debug.snapshot.store import Store
 
 PACKAGE_ROOT = Path(prism_debug.__file__).resolve().parent
 SOURCE_ROOT = PACKAGE_ROOT.parent
 HOOKS_DIR = SOURCE_ROOT / "hooks"
 DEFAULT_STORE = SOURCE_ROOT / "snapshots"
+
+
+def open_store(path: Path | None) -> Store:
+    """The snapshot store at ``path`` (``--store``), or the default one."""
+    return Store(path or DEFAULT_STORE)
 
 
 def default_run_dir() -> Path:

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from prism_debug.checked import InvalidFields, dotted
+from prism_debug.checked import InvalidFields, declared_fields, dotted
 from prism_debug.errors import ScenarioError
 from prism_debug.faults import FAULT_TYPES, Action, Fault
 from prism_debug.scenario.model import (
@@ -188,7 +188,7 @@ class _Reader:
     def _fields(self, cls, node, path, extra: Sequence[str] = (), check_unknown: bool = True):
         """The values of ``cls``'s fields read from mapping ``node``; None when it
         is not a mapping; the key ``_INVALID`` when a field could not be read."""
-        specs = {f.metadata["key"] or f.name: f for f in dataclasses.fields(cls) if f.metadata}
+        specs = dict(declared_fields(cls))
         pairs = self._mapping(node, path, [*extra, *specs] if check_unknown else None)
         if pairs is None:
             return None

@@ -198,6 +198,12 @@ class Expectation(Checked):
     value_field: ClassVar[str | None] = None
     line: int = field(default=0, compare=False)
 
+    def iterations_named(self) -> list[tuple[tuple, int]]:
+        """The iterations it looks at by number, each with its key path (none:
+        it looks at the run as a whole, or at every iteration)."""
+        iteration = getattr(self, "iteration", None)
+        return [] if iteration is None else [((self.kind, "iteration"), iteration)]
+
 
 @dataclass(frozen=True, kw_only=True)
 class ExpectException(Expectation):
@@ -291,6 +297,9 @@ class ExpectDigests(Expectation):
     kind, value_field = "digests", "digests"
     digests: tuple[tuple[int, str], ...] = declare("digests", check=not_empty)
 
+    def iterations_named(self) -> list[tuple[tuple, int]]:
+        return [(("digests", iteration), iteration) for iteration, _ in self.digests]
+
     def _rules(self):
         seen = set()
         for iteration, digest in self.digests:
@@ -371,11 +380,6 @@ def cross_rules(world: World | None, run: Run | None, selects: Sequence[Selector
         if trigger is not None and trigger.iteration is not None and trigger.iteration > last:
             yield ("faults", i, "at", "iteration"), f"iteration {trigger.iteration}: {late}"
     for i, expectation in enumerate(expect):
-        if isinstance(expectation, (ExpectIterationTime, ExpectNanAt)):
-            n = expectation.iteration
-            if n is not None and n > last:
-                yield ("expect", i, expectation.kind, "iteration"), f"iteration {n}: {late}"
-        elif isinstance(expectation, ExpectDigests):
-            for n, _ in expectation.digests:
-                if n > last:
-                    yield ("expect", i, "digests", n), f"iteration {n}: {late}"
+        for path, n in expectation.iterations_named() if expectation is not None else ():
+            if n > last:
+                yield ("expect", i, *path), f"iteration {n}: {late}"

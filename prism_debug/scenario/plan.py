@@ -126,15 +126,6 @@ def needs_prediction(scenario: Scenario) -> bool:
     return any(isinstance(e, ExpectIterationTime) and e.predicted for e in scenario.expect)
 
 
-def iterations_named(expectation: Expectation) -> list[int]:
-    """The iterations an expectation looks at by number (none: every one)."""
-    if isinstance(expectation, (ExpectIterationTime, ExpectNanAt)):
-        return [] if expectation.iteration is None else [expectation.iteration]
-    if isinstance(expectation, ExpectDigests):
-        return [iteration for iteration, _ in expectation.digests]
-    return []
-
-
 def _exception(e: ExpectException, seen: Observed, *_) -> tuple[bool, str]:
     want = f"exception {e.type}" + (f" matching {e.match!r}" if e.match else "")
     if seen.exception is None:
