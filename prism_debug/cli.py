@@ -415,10 +415,10 @@ def calibrate(nccl_tests, local, processes, base, name, out) -> None:
     if local:
         from prism_debug.runner.local_bench import measure
 
-        click.echo(f"calibrate: timing gloo all-reduce and send/recv between {processes} "
-                   "processes …")
-        measurements = list(measure(processes))
-        profile = fitting.local_profile(*measurements, name=name)
+        click.echo(f"calibrate: timing gloo all-reduce, send/recv, all-gather, reduce-scatter "
+                   f"and broadcast between {processes} processes …")
+        measurements = measure(processes)
+        profile = fitting.local_profile(measurements, name=name)
     else:
         measurements = []
         for item in nccl_tests:
