@@ -241,29 +241,52 @@ def _scale_latency(profile: HardwareProfile, scale: float, inter: bool) -> Hardw
 
 def fit_op(m: Measurements) -> OpFit:
     """``time = latency + bytes × factor / busbw`` for one op, by linear least
-    squares on the relative error over all its sizes; where a knee (a
-    bandwidth change at one of the measured sizes, as messages outgrow the
-    caches) fits better, with ``large_busbw`` beyond it."""
+    squares on the relative error over all its sizes.  Two departures from
+    one line are fitted where they fit better, each at a measured size: a
+    knee past which the bandwidth falls (messages outgrowing the caches), and
+    a faster path for the smallest messages (a backend switching algorithm,
+    as NCCL switches to LL); ``_FAST_PATH`` keeps noise from buying the latter."""
     factor = bus_factor(m.op, m.num_ranks)
     x = np.array([size * factor for size, _ in m.samples], dtype=float)
     t = np.array([seconds for _, seconds in m.samples], dtype=float)
+    sizes = sorted(set(x))
+    knees = [0.0, *(k for k in sizes[1:-1] if k >= SMALL_BYTES)]  # past latency, not the last
+    smalls = [0.0, *(s for s in sizes[:-2] if s < SMALL_BYTES)]  # latency-bound sizes only
     best: tuple[float, OpFit] | None = None
-    # knees only where messages are past latency (64 KiB) and not the largest
-    for knee in [0.0, *(k for k in sorted(set(x))[1:-1] if k >= SMALL_BYTES)]:
-        columns = [np.ones_like(x), np.minimum(x, knee) if knee else x]
-        if knee:
-            columns.append(np.maximum(x - knee, 0.0))
-        design = np.stack(columns, axis=1) / t[:, None]  # relative residuals
-        coef = np.linalg.lstsq(design, np.ones_like(t), rcond=None)[0]
-        if coef[0] < 0 or (coef[1:] <= 0).any() or (knee and coef[2] < coef[1]):
-            continue  # not a latency and a bandwidth that falls (or stays): noise
-        error = float(np.sum((design @ coef - 1.0) ** 2))
-        if best is None or error < best[0] - 1e-12:
-            best = (error, OpFit(m.op, m.num_ranks, float(coef[0]), 1 / coef[1], int(knee),
-                                 1 / coef[2] if knee else 0.0))
+    for knee in knees:
+        for small in smalls:
+            fitted = _fit_form(m, x, t, knee, small)
+            if fitted is not None and (best is None or fitted[0] < best[0] - 1e-12):
+                best = fitted
     if best is None:  # times that fall with size: keep the bandwidth, no latency
         return OpFit(m.op, m.num_ranks, 0.0, float(np.sum(x * t) / np.sum(t * t)))
     return best[1]
+
+
+_FAST_PATH = 0.8  # a fast path for small messages must save at least 20 % of the latency
+
+
+def _fit_form(m: Measurements, x, t, knee: float, small: float):
+    """(squared relative error, fit) of one form, or None where the least
+    squares answer is no latency-and-bandwidth (a negative or rising one)."""
+    columns = [(x > small).astype(float)]
+    if small:
+        columns.append((x <= small).astype(float))
+    columns.append(np.minimum(x, knee) if knee else x)
+    if knee:
+        columns.append(np.maximum(x - knee, 0.0))
+    design = np.stack(columns, axis=1) / t[:, None]  # relative residuals
+    coef = list(np.linalg.lstsq(design, np.ones_like(t), rcond=None)[0])
+    error = float(np.sum((design @ np.array(coef) - 1.0) ** 2))
+    latency = coef.pop(0)
+    small_latency = coef.pop(0) if small else 0.0
+    slopes = coef
+    if latency < 0 or small_latency < 0 or min(slopes) <= 0 or (knee and slopes[1] < slopes[0]):
+        return None
+    if small and small_latency > _FAST_PATH * latency:
+        return None
+    return error, OpFit(m.op, m.num_ranks, float(latency), 1 / slopes[0], int(knee),
+                        1 / slopes[1] if knee else 0.0, int(small), float(small_latency))
 
 
 def local_profile(measurements: list[Measurements], name: str) -> HardwareProfile:
@@ -345,6 +368,9 @@ net_loss_per_doubling = {profile.net_scale_loss:.9g}
                  f"busbw_gbs = {gbs(fit.busbw)}\n")
         if fit.knee_bytes:
             text += f"knee_bytes = {fit.knee_bytes}\nlarge_busbw_gbs = {gbs(fit.large_busbw)}\n"
+        if fit.small_bytes:
+            text += (f"small_bytes = {fit.small_bytes}\n"
+                     f"small_latency_us = {fit.small_latency * 1e6:.9g}\n")
     return text
 
 

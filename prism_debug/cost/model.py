@@ -240,8 +240,9 @@ class CostModel:
 def _fitted(fit: OpFit, op: str, nbytes: int, n: int) -> tuple[float, str, str]:
     """``op`` priced from its one-node fit, measured on ``fit.ranks`` ranks: on
     ``n`` ranks the latency scales with the ring's sequential steps."""
-    latency = fit.latency * _steps(op, n) / _steps(op, fit.ranks)
-    time_s = latency + fit.transfer_s(nbytes * bus_factor(op, n))
+    bus_bytes = nbytes * bus_factor(op, n)
+    latency = fit.latency_s(bus_bytes) * _steps(op, n) / _steps(op, fit.ranks)
+    time_s = latency + fit.transfer_s(bus_bytes)
     return time_s, ("p2p" if op in ("send", "recv") else "ring"), "Simple"
 
 

@@ -34,13 +34,21 @@ class OpFit:
     busbw: float  # bytes/s, nccl-tests' bus bandwidth
     knee_bytes: int = 0
     large_busbw: float = 0.0
+    # messages of at most ``small_bytes`` bus bytes take ``small_latency``
+    # instead (a backend's fast path for tiny messages); 0: none
+    small_bytes: int = 0
+    small_latency: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.ranks < 2 or self.latency < 0 or not self.busbw > 0 or self.knee_bytes < 0:
+        if (self.ranks < 2 or min(self.latency, self.small_latency) < 0 or not self.busbw > 0
+                or min(self.knee_bytes, self.small_bytes) < 0):
             raise HardwareProfileError(f"fit for {self.op}: needs ranks >= 2, latency >= 0 and "
                                        f"busbw > 0, got {self}")
         if self.knee_bytes and not self.large_busbw > 0:
             raise HardwareProfileError(f"fit for {self.op}: a knee needs large_busbw > 0")
+
+    def latency_s(self, bus_bytes: float) -> float:
+        return self.small_latency if bus_bytes <= self.small_bytes else self.latency
 
     def transfer_s(self, bus_bytes: float) -> float:
         """Seconds to move ``bus_bytes`` (bytes × the op's bus factor)."""
@@ -197,7 +205,9 @@ def _op_fit(op: str, table: dict, path: Path) -> OpFit:
         return OpFit(op=op, ranks=int(table["ranks"]), latency=float(table["latency_us"]) * 1e-6,
                      busbw=float(table["busbw_gbs"]) * 1e9,
                      knee_bytes=int(table.get("knee_bytes", 0)),
-                     large_busbw=float(table.get("large_busbw_gbs", 0.0)) * 1e9)
+                     large_busbw=float(table.get("large_busbw_gbs", 0.0)) * 1e9,
+                     small_bytes=int(table.get("small_bytes", 0)),
+                     small_latency=float(table.get("small_latency_us", 0.0)) * 1e-6)
     except (KeyError, TypeError, ValueError) as exc:
         raise HardwareProfileError(
             f"hardware profile {path}: [fit.{op}] needs ranks, latency_us and busbw_gbs "
