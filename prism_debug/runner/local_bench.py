@@ -102,7 +102,11 @@ def _summary(op: str, nbytes: int, per_rank: list[list[float]]) -> list:
     pass counts its slowest rank (the ping-pong: rank 0's round trips)."""
     passes = per_rank[0] if op == "send" else [max(ranks) for ranks in zip(*per_rank)]
     q1, median, q3 = statistics.quantiles(passes, n=4)
-    return [nbytes, median, (q3 - q1) / 2 / median]
+    # the spread: half the interquartile range, or how far the medians of the
+    # first and the second half of the passes drifted apart, if further
+    half = len(passes) // 2
+    drift = abs(statistics.median(passes[:half]) - statistics.median(passes[half:])) / 2
+    return [nbytes, median, max(q3 - q1, 2 * drift) / 2 / median]
 
 
 WORKER = (sys.executable, "-m", "prism_debug.runner.local_bench")
