@@ -92,3 +92,24 @@ def test_noise_of_a_few_percent_does_not_buy_a_fast_path():
         return (190e-6 if size <= 8 else 200e-6) + size / 2.5e9
 
     assert fit_op(measured("all_reduce", 2, time_of)).small_bytes == 0
+
+
+def test_a_profile_with_knees_and_fast_paths_round_trips(tmp_path):
+    from prism_debug.cost import HardwareProfile
+
+    def knee_and_fast_path(size):
+        return (130e-6 if size <= 8 else 200e-6) + min(size, 262144) / 2e9 + max(
+            size - 262144, 0) / 1e9
+
+    runs = [measured("all_reduce", 2, knee_and_fast_path),
+            measured("send", 2, lambda size: 40e-6 + size / 4e9)]
+    profile = local_profile(runs, "local")
+    fit = profile.op_fit("all_reduce")
+    assert (fit.knee_bytes, fit.small_bytes) == (262144, 8)
+    (tmp_path / "local.toml").write_text(to_toml(profile))
+    loaded = load_profile(str(tmp_path / "local.toml"))
+    assert HardwareProfile.from_dict(loaded.to_dict()) == loaded
+    model = CostModel(loaded)
+    for size, seconds in runs[0].samples:
+        assert model.time_s("all_reduce", size, Placement(2, 1, 2)) == pytest.approx(seconds,
+                                                                                    rel=1e-6)
