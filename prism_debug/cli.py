@@ -400,10 +400,12 @@ def replay(path, iterations, hardware, ranks_text, as_json) -> None:
 @click.option("--processes", default=2, show_default=True, help="Processes for --local.")
 @click.option("--base", default=DEFAULT_PROFILE, show_default=True,
               help="Profile whose form the nccl-tests fit keeps.")
+@click.option("--no-nvls", "no_nvls", is_flag=True,
+              help="The cluster has no NVLink SHARP (A100, PCIe GPUs): fit rings and trees only.")
 @click.option("--name", default=None, help="Name of the fitted profile [default: from --out].")
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Where to write the profile (TOML, usable as --hardware).")
-def calibrate(nccl_tests, local, processes, base, name, out) -> None:
+def calibrate(nccl_tests, local, processes, base, no_nvls, name, out) -> None:
     """Fit a hardware profile from nccl-tests results or local gloo runs."""
     from prism_debug.cost import calibrate as fitting
 
@@ -415,10 +417,10 @@ def calibrate(nccl_tests, local, processes, base, name, out) -> None:
     if local:
         from prism_debug.runner.local_bench import measure
 
-        click.echo(f"calibrate: timing gloo all-reduce and send/recv between {processes} "
-                   "processes …")
-        measurements = list(measure(processes))
-        profile = fitting.local_profile(*measurements, name=name)
+        click.echo(f"calibrate: timing gloo all-reduce, send/recv, all-gather, reduce-scatter "
+                   f"and broadcast between {processes} processes …")
+        measurements = measure(processes)
+        profile = fitting.local_profile(measurements, name=name)
     else:
         measurements = []
         for item in nccl_tests:
@@ -429,7 +431,10 @@ def calibrate(nccl_tests, local, processes, base, name, out) -> None:
                 raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
             measurements.append(fitting.parse_nccl_tests(
                 text, path, fitting.NCCL_TESTS_OPS.get(op.lower()) if op else None))
-        profile = fitting.fit(load_profile(base), measurements, name)
+        base_profile = load_profile(base)
+        if no_nvls:
+            base_profile = dataclasses.replace(base_profile, nvls_bw=0.0)
+        profile = fitting.fit(base_profile, measurements, name)
     out.write_text(fitting.to_toml(profile))
     for line in fitting.fit_table(CostModel(load_profile(str(out))), measurements):
         click.echo(line)

@@ -11,11 +11,12 @@ from prism_debug.cost.model import (
 from prism_debug.cost.profile import (
     DEFAULT_PROFILE,
     HardwareProfile,
+    OpFit,
     bundled_profiles,
     load_profile,
 )
 
 __all__ = [
     "COLLECTIVES", "CostModel", "DEFAULT_PROFILE", "Estimate", "HardwareProfile",
-    "Placement", "PricedOp", "bundled_profiles", "bus_factor", "load_profile",
+    "OpFit", "Placement", "PricedOp", "bundled_profiles", "bus_factor", "load_profile",
 ]

@@ -2,10 +2,16 @@
 
 Measurements are (op, bytes, seconds) samples on a group of ``num_ranks``
 ranks over ``num_nodes`` nodes: parsed from nccl-tests output, or measured
-with real gloo collectives on this host (``runner/local_bench.py``).  The
-model's form is kept (``time = latency + bytes × factor / bandwidth``): a
-fit sets the bandwidth from the largest messages and rescales the latency
-constants so the model reproduces the smallest messages' time.
+with real gloo collectives on this host (``runner/local_bench.py``).
+
+* nccl-tests runs (``fit``) keep the base profile's form and fit, by least
+  squares over every size of every run, the bandwidths and latency scales
+  the runs can show (one-node runs: NVLink, NVLS, intra-node latency;
+  multi-node runs: NIC, network latency, and the network's loss per doubling
+  of nodes when the runs span several node counts).
+* Local gloo runs (``local_profile``) fit each op on its own: latency and
+  bus bandwidth by linear least squares over all its sizes, with a second
+  bandwidth beyond a knee when messages outgrow the caches.
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ import math
 import re
 from pathlib import Path
 
+import numpy as np
+
 from prism_debug.cost.model import CostModel, Placement, bus_factor
-from prism_debug.cost.profile import HardwareProfile
+from prism_debug.cost.profile import HardwareProfile, OpFit
 from prism_debug.errors import ConfigError
 
 NCCL_TESTS_OPS = {
@@ -37,6 +45,9 @@ class Measurements:
     num_nodes: int
     samples: tuple[tuple[int, float], ...]  # (bytes, seconds)
     source: str
+    # per sample, how much repeated measurements of it vary (half their
+    # interquartile range over their median); empty when not measured here
+    spread: tuple[float, ...] = ()
 
     @property
     def placement(self) -> Placement:
@@ -94,9 +105,113 @@ def _op_from_name(source: str) -> str:
 
 
 def fit(base: HardwareProfile, measurements: list[Measurements], name: str) -> HardwareProfile:
-    """``base`` with bandwidths and latency scales fitted to ``measurements``."""
-    profile = dataclasses.replace(base, name=name, sources=tuple(m.source for m in measurements),
-                                  description=f"fitted by prism-debug calibrate from {base.name}")
+    """``base`` with its bandwidths, latency scales and network loss at scale
+    fitted to ``measurements`` by least squares over every size of every run
+    (relative error: a 1 GiB message counts as much as an 8-byte one)."""
+    if not measurements:
+        raise ConfigError("nothing to fit: give at least one nccl-tests output")
+    start = _first_guess(base, measurements)
+    params = _free_parameters(base, measurements)
+    x0 = np.zeros(len(params))
+    x0[[i for i, p in enumerate(params) if p.name == "loss"]] = start.net_scale_loss
+
+    def residuals(x) -> np.ndarray:
+        model = CostModel(_apply(start, params, x))
+        return np.array([math.log(model.estimate(m.op, size, m.placement).time_s / seconds)
+                         for m in measurements for size, seconds in m.samples])
+
+    lower = np.array([0.0 if p.name == "loss" else -12.0 for p in params])
+    upper = np.array([0.95 if p.name == "loss" else 12.0 for p in params])
+    best = _levenberg_marquardt(residuals, x0, lower, upper)
+    return dataclasses.replace(
+        _apply(start, params, best), name=name, sources=tuple(m.source for m in measurements),
+        description=f"fitted by prism-debug calibrate from {base.name}")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Param:
+    name: str
+    fields: tuple[str, ...]  # profile fields one multiplier scales together
+
+
+_INTRA_LATENCY = ("base_ring", "base_tree", "nvlink_ring", "nvlink_tree", "nvls_lat")
+_NET_LATENCY = ("net_ring", "net_tree", "nvls_tree_net_lat")
+
+
+def _free_parameters(base: HardwareProfile, measurements: list[Measurements]) -> list[_Param]:
+    """What the runs can tell: intra-node bandwidth and latency from one-node
+    runs, network bandwidth and latency from multi-node runs, and the loss per
+    doubling of nodes only from runs on two or more node counts beyond one."""
+    nodes = {m.num_nodes for m in measurements}
+    # latency constants are free only where some message is small enough to show them
+    small = {m.num_nodes > 1 for m in measurements if min(m.samples)[0] <= SMALL_BYTES}
+    params = []
+    if 1 in nodes:
+        params.append(_Param("nvlink", ("nvlink_bw",)))
+        if False in small:
+            params.append(_Param("intra_lat", _INTRA_LATENCY))
+        if base.nvls_bw > 0 and any(m.op == "all_reduce" and m.num_nodes == 1
+                                    and m.num_ranks == base.gpus_per_node for m in measurements):
+            params.append(_Param("nvls", ("nvls_bw",)))
+    multi = nodes - {1}
+    if multi:
+        params.append(_Param("nic", ("nic_bw",)))
+        if True in small:
+            params.append(_Param("net_lat", _NET_LATENCY))
+        if len(multi) >= 2 and max(multi) >= 3:
+            params.append(_Param("loss", ("net_scale_loss",)))
+    return params
+
+
+def _apply(profile: HardwareProfile, params: list[_Param], x) -> HardwareProfile:
+    changes = {}
+    for param, value in zip(params, x):
+        for field in param.fields:
+            if param.name == "loss":
+                changes[field] = float(value)
+                continue
+            old, scale = getattr(profile, field), math.exp(value)
+            changes[field] = (tuple(v * scale for v in old) if isinstance(old, tuple)
+                              else old * scale)
+    return dataclasses.replace(profile, **changes)
+
+
+def _levenberg_marquardt(residuals, x0, lower, upper, iterations: int = 60) -> np.ndarray:
+    """Minimise ``|residuals(x)|²`` within bounds (numeric Jacobian; the
+    model is piecewise smooth: it takes the fastest algorithm)."""
+    x = np.clip(np.asarray(x0, dtype=float), lower, upper)
+    r = residuals(x)
+    cost, damping = float(r @ r), 1e-3
+    for _ in range(iterations):
+        jacobian = np.empty((r.size, x.size))
+        for j in range(x.size):
+            h = 1e-6 * max(1.0, abs(x[j]))
+            probe = x.copy()
+            probe[j] = probe[j] + h if probe[j] + h <= upper[j] else probe[j] - h
+            jacobian[:, j] = (residuals(probe) - r) / (probe[j] - x[j])
+        scale = np.sqrt(np.maximum((jacobian ** 2).sum(axis=0), 1e-12))
+        while True:
+            a = np.vstack([jacobian, np.diag(math.sqrt(damping) * scale)])
+            b = np.concatenate([-r, np.zeros(x.size)])
+            step = np.linalg.lstsq(a, b, rcond=None)[0]
+            candidate = np.clip(x + step, lower, upper)
+            r_new = residuals(candidate)
+            if float(r_new @ r_new) < cost:
+                break
+            damping *= 4
+            if damping > 1e12:
+                return x
+        improvement = cost - float(r_new @ r_new)
+        x, r, cost, damping = candidate, r_new, float(r_new @ r_new), max(damping / 3, 1e-9)
+        if improvement < 1e-12 * max(cost, 1e-30) or np.abs(step).max() < 1e-10:
+            break
+    return x
+
+
+def _first_guess(base: HardwareProfile, measurements: list[Measurements]) -> HardwareProfile:
+    """Bandwidths from the largest messages, latency scales from the smallest:
+    where the least-squares fit starts."""
+    profile = base
     for m in sorted(measurements, key=lambda m: m.num_nodes):  # intra-node first
         bandwidth = m.bus_bandwidth()
         if m.num_nodes == 1:
@@ -107,16 +222,16 @@ def fit(base: HardwareProfile, measurements: list[Measurements], name: str) -> H
             per_node = m.placement.ranks_per_node
             nic = bandwidth / (1 if m.op == "all_to_all" else per_node)
             profile = dataclasses.replace(profile, nic_bw=nic)
-        predicted = CostModel(profile).estimate(m.op, min(s for s, _ in m.samples), m.placement)
-        if predicted.time_s > 0:
+        smallest = min(size for size, _ in m.samples)
+        predicted = CostModel(profile).estimate(m.op, smallest, m.placement)
+        if predicted.time_s > 0 and smallest <= SMALL_BYTES:
             profile = _scale_latency(profile, m.latency_s() / predicted.time_s,
                                      inter=m.num_nodes > 1)
     return profile
 
 
 def _scale_latency(profile: HardwareProfile, scale: float, inter: bool) -> HardwareProfile:
-    fields = ("net_ring", "net_tree", "nvls_tree_net_lat") if inter else (
-        "base_ring", "base_tree", "nvlink_ring", "nvlink_tree", "nvls_lat")
+    fields = _NET_LATENCY if inter else _INTRA_LATENCY
     changes = {}
     for field in fields:
         value = getattr(profile, field)
@@ -124,37 +239,95 @@ def _scale_latency(profile: HardwareProfile, scale: float, inter: bool) -> Hardw
     return dataclasses.replace(profile, **changes)
 
 
-def local_profile(all_reduce: Measurements, p2p: Measurements, name: str) -> HardwareProfile:
+def fit_op(m: Measurements) -> OpFit:
+    """``time = latency + bytes × factor / busbw`` for one op, by linear least
+    squares on the relative error over all its sizes.  Two departures from
+    one line are fitted where they fit better, each at a measured size: a
+    knee past which the bandwidth falls (messages outgrowing the caches), and
+    a faster path for the smallest messages (a backend switching algorithm,
+    as NCCL switches to LL); ``_FAST_PATH`` keeps noise from buying the latter."""
+    factor = bus_factor(m.op, m.num_ranks)
+    x = np.array([size * factor for size, _ in m.samples], dtype=float)
+    t = np.array([seconds for _, seconds in m.samples], dtype=float)
+    sizes = sorted(set(x))
+    knees = [0.0, *(k for k in sizes[1:-1] if k >= SMALL_BYTES)]  # past latency, not the last
+    smalls = [0.0, *(s for s in sizes[:-2] if s < SMALL_BYTES)]  # latency-bound sizes only
+    best: tuple[float, OpFit] | None = None
+    for knee in knees:
+        for small in smalls:
+            fitted = _fit_form(m, x, t, knee, small)
+            if fitted is not None and (best is None or fitted[0] < best[0] - 1e-12):
+                best = fitted
+    if best is None:  # times that fall with size: keep the bandwidth, no latency
+        return OpFit(m.op, m.num_ranks, 0.0, float(np.sum(x * t) / np.sum(t * t)))
+    return best[1]
+
+
+_FAST_PATH = 0.8  # a fast path for small messages must save at least 20 % of the latency
+
+
+def _fit_form(m: Measurements, x, t, knee: float, small: float):
+    """(squared relative error, fit) of one form, or None where the least
+    squares answer is no latency-and-bandwidth (a negative or rising one)."""
+    columns = [(x > small).astype(float)]
+    if small:
+        columns.append((x <= small).astype(float))
+    columns.append(np.minimum(x, knee) if knee else x)
+    if knee:
+        columns.append(np.maximum(x - knee, 0.0))
+    design = np.stack(columns, axis=1) / t[:, None]  # relative residuals
+    coef = list(np.linalg.lstsq(design, np.ones_like(t), rcond=None)[0])
+    error = float(np.sum((design @ np.array(coef) - 1.0) ** 2))
+    latency = coef.pop(0)
+    small_latency = coef.pop(0) if small else 0.0
+    slopes = coef
+    if latency < 0 or small_latency < 0 or min(slopes) <= 0 or (knee and slopes[1] < slopes[0]):
+        return None
+    if small and small_latency > _FAST_PATH * latency:
+        return None
+    return error, OpFit(m.op, m.num_ranks, float(latency), 1 / slopes[0], int(knee),
+                        1 / slopes[1] if knee else 0.0, int(small), float(small_latency))
+
+
+def local_profile(measurements: list[Measurements], name: str) -> HardwareProfile:
     """A profile for ranks on this host talking through gloo: one "node" of
-    ``num_ranks`` ranks, Simple ring only (LL, LL128 and NVLS are NCCL's)."""
-    n = all_reduce.num_ranks
-    bandwidth = min(all_reduce.bus_bandwidth(), p2p.bus_bandwidth())
-    ar_latency, p2p_latency = all_reduce.latency_s(), p2p.latency_s()
+    ``num_ranks`` ranks.  Each measured op is priced from its own fit; the
+    rest (all-to-all, gather, ...) from a Simple ring whose bandwidth and
+    per-step latency come from the all-reduce and send/recv fits."""
+    fits = {m.op: fit_op(m) for m in measurements}
+    missing = {"all_reduce", "send"} - set(fits)
+    if missing:
+        raise ConfigError(f"local calibration needs all_reduce and send measurements, "
+                          f"missing {', '.join(sorted(missing))}")
+    all_reduce, p2p = fits["all_reduce"], fits["send"]
+    n = all_reduce.ranks
+    bandwidth = min(all_reduce.busbw, p2p.busbw)
     # ring all-reduce: base + 2(n-1)·hop;  p2p: base + hop
-    hop = max(0.0, (ar_latency - p2p_latency) / max(1, 2 * (n - 1) - 1))
-    base = max(0.0, p2p_latency - hop)
+    hop = max(0.0, (all_reduce.latency - p2p.latency) / max(1, 2 * (n - 1) - 1))
+    base = max(0.0, p2p.latency - hop)
     never = 1.0  # a second: LL, LL128 and NVLS never win
     return HardwareProfile(
         name=name, description=f"gloo between {n} processes on this host, measured",
-        gpus_per_node=n, sources=(all_reduce.source, p2p.source),
-        nvlink_bw=bandwidth, nvls_bw=bandwidth, nic_bw=bandwidth, tree_factor=1.0,
+        gpus_per_node=n, sources=tuple(dict.fromkeys(m.source for m in measurements)),
+        nvlink_bw=bandwidth, nvls_bw=0.0, nic_bw=bandwidth, tree_factor=1.0,
         base_ring=(never, never, base), base_tree=(never, never, base),
         nvlink_ring=(0.0, 0.0, hop), nvlink_tree=(0.0, 0.0, hop),
         net_ring=(0.0, 0.0, hop), net_tree=(0.0, 0.0, hop),
         nvls_lat=never, nvls_tree_net_lat=never,
-        protocol_efficiency=(1.0, 1.0, 1.0), ll_max_bw=(math.inf,) * 3)
+        protocol_efficiency=(1.0, 1.0, 1.0), ll_max_bw=(math.inf,) * 3,
+        op_fits=tuple(fits.values()))
 
 
 def to_toml(profile: HardwareProfile) -> str:
     """The profile as a TOML file ``load_profile`` reads back."""
     def micros(values) -> str:
-        return "[" + ", ".join(f"{v * 1e6:.6g}" for v in values) + "]"
+        return "[" + ", ".join(f"{v * 1e6:.9g}" for v in values) + "]"
 
     def gbs(value: float) -> str:
-        return "inf" if math.isinf(value) else f"{value / 1e9:.6g}"
+        return "inf" if math.isinf(value) else f"{value / 1e9:.9g}"
 
     sources = ",\n".join(f"  {s!r}" for s in profile.sources)
-    return f"""# Written by prism-debug calibrate.
+    text = f"""# Written by prism-debug calibrate.
 name = {profile.name!r}
 description = {profile.description!r}
 gpus_per_node = {profile.gpus_per_node}
@@ -178,25 +351,41 @@ nvlink_ring = {micros(profile.nvlink_ring)}
 nvlink_tree = {micros(profile.nvlink_tree)}
 net_ring = {micros(profile.net_ring)}
 net_tree = {micros(profile.net_tree)}
-nvls = {profile.nvls_lat * 1e6:.6g}
-nvls_tree_net = {profile.nvls_tree_net_lat * 1e6:.6g}
+nvls = {profile.nvls_lat * 1e6:.9g}
+nvls_tree_net = {profile.nvls_tree_net_lat * 1e6:.9g}
 
 [protocol_efficiency]
 ll = {profile.protocol_efficiency[0]}
 ll128 = {profile.protocol_efficiency[1]}
 simple = {profile.protocol_efficiency[2]}
+
+[scale]
+net_loss_per_doubling = {profile.net_scale_loss:.9g}
 """
+    for fit in profile.op_fits:
+        text += (f"\n[fit.{fit.op}]  # least squares over every measured size\n"
+                 f"ranks = {fit.ranks}\nlatency_us = {fit.latency * 1e6:.9g}\n"
+                 f"busbw_gbs = {gbs(fit.busbw)}\n")
+        if fit.knee_bytes:
+            text += f"knee_bytes = {fit.knee_bytes}\nlarge_busbw_gbs = {gbs(fit.large_busbw)}\n"
+        if fit.small_bytes:
+            text += (f"small_bytes = {fit.small_bytes}\n"
+                     f"small_latency_us = {fit.small_latency * 1e6:.9g}\n")
+    return text
 
 
 def fit_table(model: CostModel, measurements: list[Measurements]) -> list[str]:
-    """How well ``model`` reproduces ``measurements``: the smallest and largest
-    message of each, measured against predicted (``prism-debug calibrate``)."""
-    lines = [f"{'op':>14} {'ranks':>6} {'nodes':>6} {'bytes':>10} {'measured us':>12} "
-             f"{'model us':>10} {'error':>7}"]
+    """How well ``model`` reproduces ``measurements``: every size of each,
+    measured against predicted, and how much the measurement itself varied
+    where that is known (``prism-debug calibrate``)."""
+    lines = [f"{'op':>14} {'ranks':>6} {'nodes':>6} {'bytes':>11} {'measured us':>12} "
+             f"{'model us':>10} {'error':>7} {'noise':>6}"]
     for m in measurements:
-        for nbytes, seconds in (min(m.samples), max(m.samples)):
+        spread = m.spread or (None,) * len(m.samples)
+        for (nbytes, seconds), noise in zip(m.samples, spread):
             predicted = model.estimate(m.op, nbytes, m.placement).time_s
-            lines.append(f"{m.op:>14} {m.num_ranks:>6} {m.num_nodes:>6} {nbytes:>10} "
+            lines.append(f"{m.op:>14} {m.num_ranks:>6} {m.num_nodes:>6} {nbytes:>11} "
                          f"{seconds * 1e6:>12.1f} {predicted * 1e6:>10.1f} "
-                         f"{100 * (predicted - seconds) / seconds:>+6.1f}%")
+                         f"{100 * (predicted - seconds) / seconds:>+6.1f}% "
+                         + (f"{100 * noise:>5.1f}%" if noise is not None else f"{'-':>6}"))
     return lines

@@ -12,6 +12,14 @@
   group's placement, and takes the fastest.  Latency constants follow
   ``src/graph/tuning.cc``: ring latency grows with the number of steps, tree
   latency with log2(nodes), which is why a ring-only model is wrong at scale.
+* Bandwidth depends on the node count as in NCCL's per-node-count columns
+  (1 node, 2 nodes, 3+ nodes): on two nodes a tree (or NVLS-tree) crosses the
+  network with half the data, so it can reach twice the NICs' bandwidth
+  (NVIDIA/nccl#209, nccl-tests#196); from three nodes on it cannot.  Beyond
+  that, a profile may lose a share of its network bandwidth per doubling of
+  nodes (``net_scale_loss``: a fabric's congestion, which calibration fits).
+* A profile measured on one node (``calibrate --local``) carries per-op
+  least-squares fits, used as measured for groups on one node.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import dataclasses
 import math
 from typing import Protocol
 
-from prism_debug.cost.profile import LL, LL128, SIMPLE, HardwareProfile
+from prism_debug.cost.profile import LL, LL128, SIMPLE, HardwareProfile, OpFit
 from prism_debug.errors import ConfigError
 
 COLLECTIVES = (
@@ -125,28 +133,36 @@ class CostModel:
         n = placement.num_ranks
         if n <= 1 or self.is_free:
             return Estimate(op, nbytes, placement, 0.0, math.inf, "local", "-")
-        if op == "barrier":
-            # NCCL implements a barrier as an all-reduce of one element.
-            best = self._candidates("all_reduce", 4, placement)
+        # NCCL implements a barrier as an all-reduce of one element.
+        priced_op, priced_bytes = ("all_reduce", 4) if op == "barrier" else (op, nbytes)
+        fit = self.profile.op_fit("send" if priced_op == "recv" else priced_op)
+        if fit is not None and placement.num_nodes == 1:
+            time_s, algorithm, protocol = _fitted(fit, priced_op, priced_bytes, n)
         else:
-            best = self._candidates(op, nbytes, placement)
-        time_s, algorithm, protocol = min(best)
+            time_s, algorithm, protocol = min(self._candidates(priced_op, priced_bytes, placement))
         factor = bus_factor(op, n)
         busbw = nbytes * factor / time_s / 1e9 if time_s > 0 else math.inf
         return Estimate(op, nbytes, placement, time_s, busbw, algorithm, protocol)
 
     # -- algorithms ----------------------------------------------------------
 
+    def _net_bw(self, nics: int, nodes: int) -> float:
+        """Network bandwidth of ``nics`` NICs in a group over ``nodes`` nodes,
+        less ``net_scale_loss`` per doubling of nodes beyond two."""
+        doublings = max(0.0, math.log2(nodes) - 1)
+        return nics * self.profile.nic_bw * (1 - self.profile.net_scale_loss) ** doublings
+
     def _candidates(self, op: str, nbytes: int, pl: Placement):
         p = self.profile
         n, k, m = pl.num_ranks, pl.num_nodes, pl.ranks_per_node
         factor = bus_factor(op, n)
         # Across nodes a ring is as fast as the node with the fewest NICs in it.
-        ring_bw = p.nvlink_bw if k == 1 else min(p.nvlink_bw, pl.fewest_per_node * p.nic_bw)
+        net_bw = self._net_bw(pl.fewest_per_node, k) if k > 1 else math.inf
+        ring_bw = min(p.nvlink_bw, net_bw)
         ll_cap = p.ll_max_bw[min(k, 3) - 1]
 
         if op in ("send", "recv"):
-            bw = p.nvlink_bw if k == 1 else p.nic_bw
+            bw = p.nvlink_bw if k == 1 else self._net_bw(1, k)
             hop = p.nvlink_ring if k == 1 else p.net_ring
             for proto in _PROTOCOLS:
                 lat = p.base_ring[proto] + hop[proto]
@@ -161,7 +177,7 @@ class CostModel:
             inter = nbytes * (n - m) / n
             hop = p.nvlink_ring if k == 1 else p.net_ring
             lat = p.base_ring[SIMPLE] + hop[SIMPLE]
-            xfer = max(intra / p.nvlink_bw, inter / p.nic_bw if inter else 0.0)
+            xfer = max(intra / p.nvlink_bw, inter / self._net_bw(1, k) if inter else 0.0)
             yield lat + xfer, "p2p", "Simple"
             return
 
@@ -189,6 +205,10 @@ class CostModel:
 
         if op != "all_reduce":
             return
+        # On two nodes a tree sends half the data over the network (the other
+        # half stays on NVLink), so it can run at twice the NICs' bandwidth;
+        # NCCL's tuning takes the intra-node speed for 1-2 nodes.
+        tree_net = 2 * net_bw if k == 2 and pl.fewest_per_node > 1 else net_bw
         if k > 1:
             # Double binary tree between nodes, chain inside each node.
             depth = math.log2(k)
@@ -196,17 +216,17 @@ class CostModel:
                 lat = p.base_tree[proto] + 2 * (
                     (m - 1) * p.nvlink_tree[proto] + depth * p.net_tree[proto]
                 )
-                bw = ring_bw * p.tree_factor
+                bw = min(p.nvlink_bw, tree_net) * p.tree_factor
                 yield (self._time(lat, nbytes, factor, bw, proto, ll_cap), "tree",
                        _PROTOCOL_NAMES[proto])
-        if pl.fewest_per_node == p.gpus_per_node and m > 1:
+        if pl.fewest_per_node == p.gpus_per_node and m > 1 and p.nvls_bw > 0:
             # NVLink SHARP: the switch reduces, inside a node (NVLS) or as the
             # intra-node half of NVLS-tree across nodes.
             if k == 1:
                 lat, bw, name = p.nvls_lat, p.nvls_bw, "nvls"
             else:
                 lat = p.nvls_lat + 2 * math.log2(k) * p.nvls_tree_net_lat
-                bw, name = min(p.nvls_bw, m * p.nic_bw), "nvls_tree"
+                bw, name = min(p.nvls_bw, tree_net), "nvls_tree"
             yield self._time(lat, nbytes, factor, bw, SIMPLE, ll_cap), name, "Simple"
 
     def _time(self, lat: float, nbytes: int, factor: float, bw: float, proto: int,
@@ -215,3 +235,20 @@ class CostModel:
         if proto == LL:
             bw = min(bw, ll_cap)  # tuning.cc's llMaxBws: LL stops scaling early
         return lat + nbytes * factor / bw
+
+
+def _fitted(fit: OpFit, op: str, nbytes: int, n: int) -> tuple[float, str, str]:
+    """``op`` priced from its one-node fit, measured on ``fit.ranks`` ranks: on
+    ``n`` ranks the latency scales with the ring's sequential steps."""
+    bus_bytes = nbytes * bus_factor(op, n)
+    latency = fit.latency_s(bus_bytes) * _steps(op, n) / _steps(op, fit.ranks)
+    time_s = latency + fit.transfer_s(bus_bytes)
+    return time_s, ("p2p" if op in ("send", "recv") else "ring"), "Simple"
+
+
+def _steps(op: str, n: int) -> int:
+    if op == "all_reduce":
+        return 2 * (n - 1)
+    if op in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return n - 1
+    return 1  # point-to-point, and pipelined chains (broadcast, reduce)

@@ -21,6 +21,42 @@ PROTOCOLS = ("ll", "ll128", "simple")
 LL, LL128, SIMPLE = range(3)
 
 
+@dataclasses.dataclass(frozen=True)
+class OpFit:
+    """One collective's time measured on one node and fitted by least squares
+    (``calibrate --local``): ``latency + bytes × factor / busbw``, where bus
+    bytes (bytes × factor) beyond ``knee_bytes`` move at the lower
+    ``large_busbw`` (out of cache); ``knee_bytes`` 0: one bandwidth throughout."""
+
+    op: str
+    ranks: int
+    latency: float  # seconds, at ``ranks`` ranks
+    busbw: float  # bytes/s, nccl-tests' bus bandwidth
+    knee_bytes: int = 0
+    large_busbw: float = 0.0
+    # messages of at most ``small_bytes`` bus bytes take ``small_latency``
+    # instead (a backend's fast path for tiny messages); 0: none
+    small_bytes: int = 0
+    small_latency: float = 0.0
+
+    def __post_init__(self) -> None:
+        if (self.ranks < 2 or min(self.latency, self.small_latency) < 0 or not self.busbw > 0
+                or min(self.knee_bytes, self.small_bytes) < 0):
+            raise HardwareProfileError(f"fit for {self.op}: needs ranks >= 2, latency >= 0 and "
+                                       f"busbw > 0, got {self}")
+        if self.knee_bytes and not self.large_busbw > 0:
+            raise HardwareProfileError(f"fit for {self.op}: a knee needs large_busbw > 0")
+
+    def latency_s(self, bus_bytes: float) -> float:
+        return self.small_latency if bus_bytes <= self.small_bytes else self.latency
+
+    def transfer_s(self, bus_bytes: float) -> float:
+        """Seconds to move ``bus_bytes`` (bytes × the op's bus factor)."""
+        if not self.knee_bytes or bus_bytes <= self.knee_bytes:
+            return bus_bytes / self.busbw
+        return self.knee_bytes / self.busbw + (bus_bytes - self.knee_bytes) / self.large_busbw
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HardwareProfile:
     """Bandwidths in bytes/s, latencies in seconds (converted on load)."""
@@ -43,14 +79,23 @@ class HardwareProfile:
     nvls_tree_net_lat: float
     protocol_efficiency: tuple[float, float, float]
     ll_max_bw: tuple[float, float, float]  # LL's busbw cap on 1, 2 and 3+ nodes
+    # Share of the network bandwidth lost per doubling of the node count beyond
+    # two nodes (a fabric's congestion at scale; 0 keeps NCCL's flat 3+-node column)
+    net_scale_loss: float = 0.0
+    op_fits: tuple[OpFit, ...] = ()  # measured collectives on one node (calibrate --local)
     path: str = ""
 
     def __post_init__(self) -> None:
         if self.gpus_per_node < 1:
             raise HardwareProfileError(f"profile {self.name!r}: gpus_per_node must be >= 1")
-        for field in ("nvlink_bw", "nvls_bw", "nic_bw"):
+        for field in ("nvlink_bw", "nic_bw"):
             if not getattr(self, field) > 0:
                 raise HardwareProfileError(f"profile {self.name!r}: {field} must be > 0")
+        if not self.nvls_bw >= 0:  # 0: no NVLink SHARP (A100, PCIe, gloo)
+            raise HardwareProfileError(f"profile {self.name!r}: nvls_bw must be >= 0")
+        if not 0 <= self.net_scale_loss < 1:
+            raise HardwareProfileError(
+                f"profile {self.name!r}: [scale] net_loss_per_doubling must be in [0, 1)")
         if not all(0 < e <= 1 for e in self.protocol_efficiency):
             raise HardwareProfileError(
                 f"profile {self.name!r}: protocol_efficiency values must be in (0, 1]"
@@ -62,6 +107,9 @@ class HardwareProfile:
         lats = (*self.base_ring, *self.base_tree, *self.nvlink_ring, *self.net_ring)
         return math.isinf(self.nvlink_bw) and math.isinf(self.nic_bw) and not any(lats)
 
+    def op_fit(self, op: str) -> OpFit | None:
+        return next((fit for fit in self.op_fits if fit.op == op), None)
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -71,6 +119,7 @@ class HardwareProfile:
         for key, value in data.items():
             if isinstance(value, list):
                 data[key] = tuple(value)
+        data["op_fits"] = tuple(OpFit(**fit) for fit in data.get("op_fits", ()))
         return cls(**data)
 
 
@@ -144,5 +193,22 @@ def _parse(raw: dict, path: Path) -> HardwareProfile:
         ),  # type: ignore[arg-type]
         ll_max_bw=tuple(number("bandwidth_gbs", f"ll_max_{nodes}") * gbs
                         for nodes in ("1node", "2nodes", "3nodes")),  # type: ignore[arg-type]
+        # optional tables: files written before they existed still load
+        net_scale_loss=number("scale", "net_loss_per_doubling") if "scale" in raw else 0.0,
+        op_fits=tuple(_op_fit(op, table, path) for op, table in raw.get("fit", {}).items()),
         path=str(path),
     )
+
+
+def _op_fit(op: str, table: dict, path: Path) -> OpFit:
+    try:
+        return OpFit(op=op, ranks=int(table["ranks"]), latency=float(table["latency_us"]) * 1e-6,
+                     busbw=float(table["busbw_gbs"]) * 1e9,
+                     knee_bytes=int(table.get("knee_bytes", 0)),
+                     large_busbw=float(table.get("large_busbw_gbs", 0.0)) * 1e9,
+                     small_bytes=int(table.get("small_bytes", 0)),
+                     small_latency=float(table.get("small_latency_us", 0.0)) * 1e-6)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HardwareProfileError(
+            f"hardware profile {path}: [fit.{op}] needs ranks, latency_us and busbw_gbs "
+            f"(numbers): {exc}") from None

@@ -131,8 +131,8 @@ def test_a_profile_value_that_is_not_a_number_is_named(tmp_path):
         load_profile(str(path))
 
 
-def test_calibrating_from_nccl_tests_reproduces_its_bandwidth_and_latency(tmp_path):
-    from prism_debug.cost.calibrate import fit, parse_nccl_tests, to_toml
+def test_calibrating_from_nccl_tests_fits_every_size_by_least_squares(tmp_path):
+    from prism_debug.cost.calibrate import fit, fit_table, parse_nccl_tests, to_toml
 
     log = Path(__file__).with_name("data") / "all_reduce_perf_8xh100.txt"
     measured = parse_nccl_tests(log.read_text(), str(log))
@@ -141,11 +141,56 @@ def test_calibrating_from_nccl_tests_reproduces_its_bandwidth_and_latency(tmp_pa
     profile = fit(load_profile("h100-ib400"), [measured], "fitted")
     (tmp_path / "fitted.toml").write_text(to_toml(profile))
     model = CostModel(load_profile(str(tmp_path / "fitted.toml")))
-    small = model.estimate("all_reduce", 8, Placement(8, 1, 8))
-    large = model.estimate("all_reduce", 8 * GiB, Placement(8, 1, 8))
-    assert small.time_s == pytest.approx(20e-6, rel=1e-3)
-    # the measured busbw already includes the latency the model adds back: 0.1 %
-    assert large.busbw_gbs == pytest.approx(8 * GiB * 1.75 / 31390e-6 / 1e9, rel=2e-3)
+    errors = [100 * (model.time_s("all_reduce", size, Placement(8, 1, 8)) - t) / t
+              for size, t in measured.samples]
+    # the fit weighs every size alike (relative error); the 1 MiB message sits
+    # on NCCL's ramp from LL to NVLS, which the model's min over protocols
+    # does not follow (before the least-squares fit: 20 us and 8 GiB exact,
+    # 1 MiB -23 %)
+    assert errors == pytest.approx([8.9, 3.8, -17.2, -7.4, 3.9, 3.5], abs=0.1)
+    table = fit_table(model, [measured])
+    assert len(table) == 1 + len(measured.samples)  # every size, not only the ends
+    assert table[3].split() == ["all_reduce", "8", "1", "1048576", "42.0", "34.8", "-17.2%",
+                                "-"]
+
+
+def test_old_profile_files_without_the_newer_tables_still_load(tmp_path):
+    text = (Path(__file__).resolve().parents[2] / "prism_debug/cost/profiles/h100-ib400.toml"
+            ).read_text()
+    assert "[scale]" not in text and "[fit." not in text
+    profile = load_profile("h100-ib400")
+    assert (profile.net_scale_loss, profile.op_fits) == (0.0, ())
+
+
+def test_two_nodes_let_a_tree_reach_twice_the_nics():
+    # NCCL: "on two nodes, NCCL uses the tree (or nvlstree) algorithm which can
+    # indeed go beyond the network bottleneck" (nccl-tests#196); not from 3 nodes
+    h100 = CostModel(load_profile("h100-ib400"))
+    two = h100.estimate("all_reduce", 8 * GiB, Placement(16, 2, 8))
+    three = h100.estimate("all_reduce", 8 * GiB, Placement(24, 3, 8))
+    assert (two.algorithm, round(two.busbw_gbs, 1)) == ("nvls_tree", 479.2)  # AWS p5: 479.28
+    assert (three.algorithm, round(three.busbw_gbs, 1)) == ("nvls_tree", 375.4)
+    # two GPUs per node: a ring gets two NICs (94 GB/s), the tree twice that
+    pair = h100.estimate("all_reduce", 8 * GiB, Placement(4, 2, 2))
+    assert (pair.algorithm, round(pair.busbw_gbs, 1)) == ("tree", 169.1)
+
+
+def test_a_profile_without_nvlink_sharp_uses_rings_and_trees():
+    a100 = CostModel(dataclasses.replace(load_profile("h100-ib400"), nvls_bw=0.0))
+    assert a100.estimate("all_reduce", GiB, Placement(8, 1, 8)).algorithm == "ring"
+    assert a100.estimate("all_reduce", GiB, Placement(64, 8, 8)).algorithm == "ring"
+
+
+def test_network_loss_per_doubling_of_nodes_derates_across_nodes_only():
+    base = dataclasses.replace(load_profile("h100-ib400"), nic_bw=20e9)  # NIC-bound rings
+    lossy = CostModel(dataclasses.replace(base, net_scale_loss=0.1))
+    plain = CostModel(base)
+    for ranks, ratio in ((8, 1.0), (16, 1.0), (64, 0.9 ** 2), (256, 0.9 ** 4)):
+        placement = Placement.of(range(ranks), 8)
+        large = 64 * GiB  # bandwidth-bound: the busbw ratio is the derating
+        assert (lossy.estimate("all_gather", large, placement).busbw_gbs
+                / plain.estimate("all_gather", large, placement).busbw_gbs
+                == pytest.approx(ratio if ranks > 16 else 1.0, rel=2e-3))
 
 
 def test_an_nccl_tests_file_without_rank_lines_says_what_is_missing():

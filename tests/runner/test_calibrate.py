@@ -1,8 +1,11 @@
 """prism-debug calibrate, with real gloo processes on this host."""
 
+import json
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -16,25 +19,67 @@ FAILING_WORKER = (sys.executable, "-c", "import os, sys, time\n"
                   "time.sleep(60)")
 
 
+OPS = ("all_reduce", "send", "all_gather", "reduce_scatter", "broadcast")
+DATA = Path(__file__).resolve().parents[1] / "cost" / "data"
+
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prism_debug.cli", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
 @pytest.mark.slow
-def test_local_calibration_writes_a_profile_that_reproduces_its_measurements(tmp_path):
+def test_local_calibration_fits_every_measured_size(tmp_path):
+    load = os.getloadavg()[0] / os.cpu_count()
+    if load > 4:
+        # gloo's loopback times then follow the scheduler (an 8-byte ping-pong
+        # took 0.9-1.2 ms on this 2-core host at load 8, 36 us on a quiet
+        # 16-core one), not anything a latency and a bandwidth can fit
+        pytest.skip(f"this host runs {load:.0f}x its cores' worth of work")
     out = tmp_path / "local.toml"
-    proc = subprocess.run(
-        [sys.executable, "-m", "prism_debug.cli", "calibrate", "--local", "--out", str(out)],
-        capture_output=True, text=True, timeout=300)
+    started = time.monotonic()
+    proc = cli("calibrate", "--local", "--out", str(out))
+    elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    print(proc.stdout, f"calibrate --local took {elapsed:.1f} s")
     profile = load_profile(str(out))
     assert (profile.name, profile.gpus_per_node) == ("local", 2)
-    assert 1e6 < profile.nvlink_bw < 1e12  # between 1 MB/s and 1 TB/s of loopback
+    assert {fit.op for fit in profile.op_fits} == set(OPS)
+    rows = [line.split() for line in proc.stdout.splitlines() if line.split()[:1]
+            and line.split()[0] in OPS]
+    assert len(rows) == 5 * 8  # every op at every size, 8 B to 16 MiB
     model = CostModel(profile)
-    rows = [line.split() for line in proc.stdout.splitlines() if line.split()[:1] == ["all_reduce"]]
-    largest = max(rows, key=lambda row: int(row[3]))
-    measured_us, model_us = float(largest[4]), float(largest[5])
-    # the bandwidth comes from the largest messages: the model meets them there,
-    # within what loopback timings on a loaded 2-core machine vary by from one
-    # repetition to the next (a fit check, not a timing goal: ±25 % failed once)
-    assert model_us == pytest.approx(measured_us, rel=0.5)
+    for op, ranks, _, nbytes, _, model_us, _, _ in rows:
+        assert model.time_s(op, int(nbytes), Placement(int(ranks), 1, int(ranks))) * 1e6 == (
+            pytest.approx(float(model_us), abs=0.051))
+    # The fit meets every size it was fitted to within 10 % (on a quiet host:
+    # 40 of 40 sizes in each of 3 runs, worst 7.8 %), or, where this shared
+    # machine made the size's own repeated timings vary more, within twice
+    # that variation (printed as "noise": half the interquartile range of its
+    # passes, or half the drift between their first and second halves): a
+    # miss beyond both is the model's form, not the machine.
+    misses = [row for row in rows
+              if abs(float(row[6].rstrip("%"))) > max(10.0, 2 * float(row[7].rstrip("%")))]
+    assert not misses, "\n".join(" ".join(row) for row in misses)
     assert model.estimate("all_reduce", 8, Placement(2, 1, 2)).algorithm == "ring"
+    cost = cli("cost", "--hardware", str(out), "--op", "all_gather", "--bytes", "1M",
+               "--ranks", "2")
+    assert cost.returncode == 0 and "on local:" in cost.stdout, cost.stdout + cost.stderr
+
+
+def test_calibrated_on_a_clusters_smallest_runs_it_prices_its_larger_ones(tmp_path):
+    # AWS p4dn (8x A100, EFA), published nccl-tests runs (tests/cost/data):
+    # fitted on 1 and 2 nodes, asked about 3 and 4 nodes at 1 GiB
+    out = tmp_path / "p4dn.toml"
+    proc = cli("calibrate", "--no-nvls", "--out", str(out),
+               "--nccl-tests", str(DATA / "aws_p4dn_1node_all_reduce_perf.txt"),
+               "--nccl-tests", str(DATA / "aws_p4dn_2node_all_reduce_perf.txt"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for ranks, published_us in ((24, 64782.0), (32, 70253.0)):
+        cost = cli("cost", "--hardware", str(out), "--op", "all_reduce", "--bytes", "1G",
+                   "--ranks", str(ranks), "--json")
+        predicted_us = json.loads(cost.stdout)["time_us"]
+        assert abs(predicted_us - published_us) / published_us < 0.10
 
 
 def test_calibrate_needs_exactly_one_source(tmp_path):
