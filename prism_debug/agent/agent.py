@@ -243,11 +243,11 @@ class Agent:
 
         return Messages(book, sent, self._message_missing)
 
-    def _message_missing(self, missing: MissingMessage):
+    def _message_missing(self, missing: MissingMessage, family: str):
         """A profiled slice needs what a class not yet profiled sends: it ends
         here, and profiling runs it again once that class has run."""
         self._emit({"kind": "message_missing", "missing": missing.to_dict(),
-                    "families": self._families(),
+                    "family": family, "families": self._families(),
                     "program": self.runtime.recorder.end(self.clock.now())})
         self._events.flush()
         sys.stdout.flush()

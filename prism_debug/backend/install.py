@@ -59,7 +59,8 @@ class Messages:
 
     book: MessageBook
     on_sent: Callable[[PeerMessage], None] | None = None
-    on_missing: Callable[[MissingMessage], NoReturn] | None = None
+    # (the message, and the family of the group it was to come on)
+    on_missing: Callable[[MissingMessage, str], NoReturn] | None = None
 
 
 def install(runtime: Runtime, on_init: Callable[[str], None],
@@ -252,7 +253,7 @@ class _ObjectCollectives:
     def recv_object_list(self, object_list, src=None, group=None, device=None,
                          group_src=None, use_batch=False):
         peer = src if src is not None else dist.get_global_rank(group, group_src)
-        message = self._message(peer, OBJECTS)
+        message = self._message(peer, OBJECTS, group)
         # What that peer's class really sent; without one, mirrored: a peer
         # sends what the real rank sends, and the latest objects the real rank
         # sent on this group stand for them.
@@ -292,7 +293,7 @@ class _ObjectCollectives:
                 or not _is_control(tensor):
             return self._p2p["recv"](tensor, src=src, group=group, tag=tag, group_src=group_src)
         peer = src if src is not None else dist.get_global_rank(group, group_src)
-        message = self._message(peer, TENSOR)
+        message = self._message(peer, TENSOR, group)
         result = self._p2p["recv"](tensor, src=src, group=group, tag=tag, group_src=group_src)
         dtype = str(tensor.dtype).removeprefix("torch.")
         if message is not None and message.dtype == dtype \
@@ -312,7 +313,7 @@ class _ObjectCollectives:
         state.messages.on_sent(PeerMessage(iteration, delta, kind, order, payload, dtype,
                                            shape))
 
-    def _message(self, peer: int, kind: str) -> PeerMessage | None:
+    def _message(self, peer: int, kind: str, group) -> PeerMessage | None:
         """What ``peer``'s class sends here next (None: not known, mirror)."""
         messages = self._state.messages
         if messages is None:
@@ -322,7 +323,8 @@ class _ObjectCollectives:
         if isinstance(found, MissingMessage):
             if messages.on_missing is None:
                 return None
-            messages.on_missing(found)
+            ref = getattr(group or c10d._get_default_group(), "ref", None)
+            messages.on_missing(found, ref.family if ref is not None else WORLD_FAMILY)
         return found
 
 

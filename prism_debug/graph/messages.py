@@ -95,7 +95,7 @@ class MissingMessage:
         what = "objects (send_object_list)" if self.kind == OBJECTS else "a control tensor"
         sender = f"class {self.peer_class} (rank {self.peer})" if self.peer_class >= 0 \
             else f"rank {self.peer}"
-        return (f"{what} #{self.order} that {sender} sends to rank {self.peer_delta:+d} "
+        return (f"{what} #{self.order} that {sender} sends {self.peer_delta:+d} ranks away "
                 f"in iteration {self.iteration}")
 
 

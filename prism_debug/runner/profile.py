@@ -89,8 +89,10 @@ def profile(options: ProfileOptions, message: Callable[[str], None]) -> Executio
             stopped = MissingMessage(**missing["missing"])
             message(f"profile: {label}: rank {rank} waits for {stopped.describe()}; it runs "
                     f"again once that class has run")
+            # the receive it stopped at travels on its family too (the class axis)
+            stop = RecordedIssue(0.0, "recv", missing["family"], 0, "", -stopped.peer_delta)
             partial = SliceRecord(rank, tuple(missing["families"]),
-                                  (events_from_json(missing["program"]),), sent)
+                                  (events_from_json(missing["program"]) + (stop,),), sent)
             return _SliceRun(partial, stopped)
         if result.exit_code != 0:
             raise LaunchError(f"the slice for rank {rank} exited with code {result.exit_code}; "
@@ -171,9 +173,10 @@ def profile(options: ProfileOptions, message: Callable[[str], None]) -> Executio
             last_seen[rank] = news(rank)
         if not progress:
             rank, missing = next(iter(waiting.items()))
+            missing = dataclasses.replace(missing, peer_class=class_of(missing.peer))
             raise GraphError(f"profiling cannot finish: rank {rank} needs {missing.describe()}, "
-                             "which no profiled slice sends (a receive no stage answers in "
-                             "the same iteration)")
+                             "and no slice gets as far as sending it (each waits for a message "
+                             "first: a real job would hang there too)")
         order = [r for r in reversed(order) if r not in done]
     graph = build_graph(options.world_size, options.gpus_per_node, list(done.values()),
                         command=options.command)
