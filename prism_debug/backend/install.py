@@ -9,7 +9,7 @@
   the objects the real rank holds.  Pickled payloads cannot be zeros or noise.
 * Except for what a peer *sends* point to point, which depends on the peer's
   own model (pipelining's shape metadata and its warm-up vote): with
-  :class:`Messages`, ``send_object_list`` and small integer ``send``\ s are
+  :class:`Messages`, ``send_object_list`` and sends of small integer tensors are
   recorded while profiling, and ``recv_object_list`` / ``recv`` from a
   virtual peer get what that peer's class really sent (graph/messages.py).
 """

@@ -139,3 +139,17 @@ def test_a_graph_of_pickles_others_may_write_is_refused(tmp_path):
     _graph_with((message(kind=TENSOR, dtype="int32", shape=(1,)),)).save(path)
     os.chmod(path, 0o666)
     ExecutionGraph.load(path)  # raw tensor bytes are no code: any graph may carry them
+
+
+@given(st.lists(st.tuples(st.integers(1, 4), st.sampled_from((STRIDE, -STRIDE)),
+                          st.sampled_from((OBJECTS, TENSOR))), max_size=30))
+def test_receives_in_send_order_get_exactly_the_messages_sent(sends):
+    """Whatever a stage sends, in whatever order, the rank it sends to gets each
+    message back by receiving in the same order (per iteration, peer and kind)."""
+    counter = MessageCounter()
+    sent = [PeerMessage(it, delta, kind, counter.next(it, delta, kind), bytes([n % 256]))
+            for n, (it, delta, kind) in enumerate(sends)]
+    book = MessageBook(class_of, 4, {0: sent}, known=(0, 1))
+    for m in sent:
+        if m.peer_delta == STRIDE:  # stage 0's rank 1 sends to stage 1's rank 5
+            assert book.receive(m.iteration, 5, 1, m.kind) == m
