@@ -57,17 +57,29 @@ class ProfileOptions:
 
 
 def profile(options: ProfileOptions, message: Callable[[str], None]) -> ExecutionGraph:
-    """Profile one slice per class and write the graph.
+    """Profile one slice per class and write the graph (see :func:`_profile`)."""
+    if options.run_dir is not None:
+        return _profile(options, message, options.run_dir)
+    with tempfile.TemporaryDirectory(prefix="prism-profile-") as work_dir:
+        return _profile(options, message, Path(work_dir))
+
+
+def _profile(options: ProfileOptions, message: Callable[[str], None],
+             work_dir: Path) -> ExecutionGraph:
+    """Profile one slice per class and write the graph; ``work_dir`` holds
+    the messages each slice is given.
 
     A slice that receives what another class sends (pipelining's shape
     metadata and warm-up vote) needs that class's messages first.  The
     slices run in class order, then in reverse, and so on: a slice that stops
-    at a message no profiled slice has sent runs again in the next sweep, once
-    the classes before it (or after it) have sent theirs — a pipeline of S
-    stages takes 2S - 1 runs.  A sweep that learns nothing new ends with an
-    error naming the message nobody sends."""
+    at a message no profiled slice has sent runs again in a later sweep, once
+    the class it waits for has sent more (a slice stops at once, so a run
+    that stops costs little more than starting Python and torch).  Each chain
+    of messages across the stages takes one sweep: torch's PipelineStage has
+    four (the vote forward, its result back, shapes forward, gradient shapes
+    back), 4(S - 1) + 1 runs for S stages.  A sweep that learns nothing new
+    ends with an error naming the message nobody gets as far as sending."""
     hardware = dataclasses.replace(load_profile("zero"), gpus_per_node=options.gpus_per_node)
-    work_dir = options.run_dir or Path(tempfile.mkdtemp(prefix="prism-profile-"))
     runs = 0
 
     def run_slice(rank: int, label: str, given: Path | None) -> _SliceRun:
