@@ -93,10 +93,8 @@ class MissingMessage:
 
     def describe(self) -> str:
         what = "objects (send_object_list)" if self.kind == OBJECTS else "a control tensor"
-        sender = f"class {self.peer_class} (rank {self.peer})" if self.peer_class >= 0 \
-            else f"rank {self.peer}"
-        return (f"{what} #{self.order} that {sender} sends {self.peer_delta:+d} ranks away "
-                f"in iteration {self.iteration}")
+        return (f"{what} #{self.order} that rank {self.peer} sends {self.peer_delta:+d} ranks "
+                f"away in iteration {self.iteration}")
 
 
 class MessageBook:

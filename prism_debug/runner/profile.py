@@ -179,13 +179,12 @@ def _profile(options: ProfileOptions, message: Callable[[str], None],
                 given, class_stride=stride, num_classes=count, iterations=options.iterations,
                 known={class_of(r) for r in done} | {class_of(rank)},
                 messages={c: tuple(m.values()) for c, m in sent.items()})
-            label = f"class {class_of(rank)} of {len(ranks)}" + (
+            label = f"class {class_of(rank) + 1}/{len(ranks)}" + (
                 f" (sweep {sweep})" if sweep > 1 else "")
             progress |= take(rank, run_slice(rank, label, given))
             last_seen[rank] = news(rank)
         if not progress:
             rank, missing = next(iter(waiting.items()))
-            missing = dataclasses.replace(missing, peer_class=class_of(missing.peer))
             raise GraphError(f"profiling cannot finish: rank {rank} needs {missing.describe()}, "
                              "and no slice gets as far as sending it (each waits for a message "
                              "first: a real job would hang there too)")

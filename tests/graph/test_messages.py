@@ -58,7 +58,7 @@ def test_a_receive_from_a_class_not_profiled_yet_is_missing():
     assert book.receive(1, 5, 1, OBJECTS) == MissingMessage(1, 1, 0, 4, OBJECTS, 1)
     assert book.receive(1, 1, 5, OBJECTS) is None  # from class 1, known: nothing, mirror
     assert MissingMessage(1, 1, 0, 4, OBJECTS, 1).describe() == (
-        "objects (send_object_list) #1 that class 0 (rank 1) sends +4 ranks away in iteration 1")
+        "objects (send_object_list) #1 that rank 1 sends +4 ranks away in iteration 1")
 
 
 def test_the_first_slice_knows_no_class_and_misses_everything():

@@ -70,8 +70,9 @@ def test_profiling_runs_each_stage_again_until_its_neighbours_have_sent(profiled
     _, said = profiled
     # the vote forward, its result back, shapes forward, gradient shapes back: four
     # chains, each one sweep across the stages not done yet
-    assert "profile: class 3 of 4: rank 6144 waits for objects (send_object_list) #0 that " \
-           "class 2 (rank 4096) sends +2048 ranks away in iteration 1" in said
+    assert "profile: class 4/4: rank 6144 waits for objects (send_object_list) #0 that rank " \
+           "4096 sends +2048 ranks away in iteration 1; it runs again once that class has " \
+           "run" in said
     assert re.search(r"wrote .* after 13 slice runs", said), said
 
 
@@ -130,6 +131,6 @@ def test_profile_refuses_a_receive_no_stage_answers(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.endswith(
         "prism-debug: error: profiling cannot finish: rank 0 needs objects (send_object_list) "
-        "#0 that class 1 (rank 4) sends -4 ranks away in iteration 1, and no slice gets as far "
+        "#0 that rank 4 sends -4 ranks away in iteration 1, and no slice gets as far "
         "as sending it (each waits for a message first: a real job would hang there too)\n")
     assert not (tmp_path / "g.prism").exists()
