@@ -144,9 +144,9 @@ def _profile(options: ProfileOptions, message: Callable[[str], None],
         for m in outcome.record.messages:
             if m.key in mine and mine[m.key].payload != m.payload:
                 raise GraphError(f"rank {rank} sent different messages in two profiling runs "
-                                 f"(iteration {m.iteration}, {m.kind} #{m.order} to rank "
-                                 f"{m.peer_delta:+d}): profiling needs a script that sends the "
-                                 "same metadata for the same seed")
+                                 f"(iteration {m.iteration}, {m.kind} #{m.order} sent "
+                                 f"{m.peer_delta:+d} ranks away): profiling needs a script that "
+                                 "sends the same metadata for the same seed")
             mine[m.key] = m
         if outcome.missing is None:
             done[rank] = outcome.record
