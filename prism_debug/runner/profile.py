@@ -99,8 +99,9 @@ def _profile(options: ProfileOptions, message: Callable[[str], None],
         missing = next((e for e in events if e["kind"] == "message_missing"), None)
         if missing is not None and result.exit_code == NEEDS_MESSAGES_EXIT:
             stopped = MissingMessage(**missing["missing"])
-            message(f"profile: {label}: rank {rank} waits for {stopped.describe()}; it runs "
-                    f"again once that class has run")
+            message(f"profile: {label}: rank {rank} stopped after "
+                    f"{time.perf_counter() - started:.1f} s, waiting for {stopped.describe()}; "
+                    "it runs again once that class has run")
             # the receive it stopped at travels on its family too (the class axis)
             stop = RecordedIssue(0.0, "recv", missing["family"], 0, "", -stopped.peer_delta)
             partial = SliceRecord(rank, tuple(missing["families"]),
