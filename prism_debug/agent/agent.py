@@ -33,9 +33,9 @@ from prism_debug.agent.config import ENV_VAR, AgentConfig
 from prism_debug.agent.debugger import Debugger
 from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog
-from prism_debug.agent.program import ProgramRecorder
+from prism_debug.agent.program import MESSAGES_ENV, ProgramRecorder, slice_book
 from prism_debug.backend.tracker import IterationTracker
-from prism_debug.backend.install import install
+from prism_debug.backend.install import Messages, install
 from prism_debug.backend.runtime import Runtime
 from prism_debug.backend.values import Values
 from prism_debug.cost import CostModel, HardwareProfile
@@ -45,6 +45,7 @@ from prism_debug.engine.injection import apply_fault
 from prism_debug.errors import ConfigError, PrismError
 from prism_debug.faults import Fault, Injection, fault_from_dict, fault_text, resolve
 from prism_debug.graph import ExecutionGraph, FamilyRecorder
+from prism_debug.graph.messages import NEEDS_MESSAGES_EXIT, MessageBook, MissingMessage, PeerMessage
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class Agent:
         self.families = FamilyRecorder(config.world_size)
         self.tracker = IterationTracker(self.clock.now(), self._emit, config.record_ops)
         self.graph_engine: GraphEngine | None = None
+        graph = None
         if config.graph_path:
             graph = ExecutionGraph.load(Path(config.graph_path))
             model = CostModel(profile)
@@ -95,6 +97,7 @@ class Agent:
             self._inject_all(config.faults)
         if config.record_program:
             self.runtime.recorder = ProgramRecorder(self.clock.now())
+        self.messages = self._peer_messages(graph)
         self.initialised = False
         self.marker_mode = False  # the script marks iterations itself
         self._lead_optimizer: int | None = None
@@ -130,7 +133,7 @@ class Agent:
             numpy.random.seed(seed % 2**32)
         except ImportError:
             pass
-        install(self.runtime, self._on_init)
+        install(self.runtime, self._on_init, self.messages)
         self._emit({"kind": "loaded", "pid": os.getpid()})
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
@@ -220,6 +223,36 @@ class Agent:
                         "peak_rss_bytes": _peak_rss(),
                         "harness_excluded_s": self.clock.excluded_s})
         self._events.close()
+
+    # -- what virtual peers send (graph/messages.py) ------------------------------------
+
+    def _peer_messages(self, graph: ExecutionGraph | None) -> Messages | None:
+        if graph is not None:
+            return Messages(MessageBook(graph.class_of, graph.message_iterations,
+                                        graph.messages, range(len(graph.programs)))) \
+                if graph.messages else None
+        if not self.config.record_program:
+            return None  # lockstep: peers mirror the real rank
+        path = os.environ.get(MESSAGES_ENV)
+        book = slice_book(path)
+
+        def sent(message: PeerMessage) -> None:
+            self._emit({"kind": "message", "message": message.to_list()})
+            if path is not None:  # (the first slice cannot tell its own class yet)
+                book.add(book.class_of(self.config.rank), message)
+
+        return Messages(book, sent, self._message_missing)
+
+    def _message_missing(self, missing: MissingMessage, family: str):
+        """A profiled slice needs what a class not yet profiled sends: it ends
+        here, and profiling runs it again once that class has run."""
+        self._emit({"kind": "message_missing", "missing": missing.to_dict(),
+                    "family": family, "families": self._families(),
+                    "program": self.runtime.recorder.end(self.clock.now())})
+        self._events.flush()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(NEEDS_MESSAGES_EXIT)
 
     # -- faults ------------------------------------------------------------------------
 

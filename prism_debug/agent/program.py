@@ -13,8 +13,17 @@ completion was long settled when the wait came.
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
+from typing import Iterable
 
 from prism_debug.graph.build import RecordedEnd, RecordedEvent, RecordedIssue, RecordedWait
+from prism_debug.graph.messages import (
+    MessageBook,
+    PeerMessage,
+    messages_from_json,
+    messages_to_json,
+)
 
 
 class ProgramRecorder:
@@ -63,3 +72,30 @@ class ProgramRecorder:
 def events_from_json(rows: list[list]) -> tuple[RecordedEvent, ...]:
     kinds = {cls.__name__: cls for cls in (RecordedIssue, RecordedWait, RecordedEnd)}
     return tuple(kinds[row[0]](*row[1:]) for row in rows)
+
+
+# -- what a slice is told of the other classes' messages -------------------------------
+
+MESSAGES_ENV = "PRISM_DEBUG_PEER_MESSAGES"  # names the JSON file profiling writes
+
+
+def write_slice_messages(path: Path, *, class_stride: int, num_classes: int, iterations: int,
+                         known: Iterable[int], messages: dict[int, Iterable[PeerMessage]]) -> None:
+    """What the next slice may receive: the messages of the classes profiled
+    so far (``known``: those whose runs completed, plus the slice's own)."""
+    path.write_text(json.dumps({
+        "class_stride": class_stride, "num_classes": num_classes, "iterations": iterations,
+        "known": sorted(known), "messages": messages_to_json(messages)}))
+
+
+def slice_book(path: str | None) -> MessageBook:
+    """The book a profiled slice receives from.  Without a file (the first
+    slice: the mesh is not known yet) every message it receives is missing: the
+    slice stops at the first, and profiling runs it again once the layout is
+    known."""
+    if path is None:
+        return MessageBook(lambda rank: -1, 0, {}, known=())
+    data = json.loads(Path(path).read_text())
+    stride, count = data["class_stride"], data["num_classes"]
+    return MessageBook(lambda rank: (rank // stride) % count, data["iterations"],
+                       messages_from_json(data["messages"]), known=data["known"])

@@ -7,6 +7,11 @@
   through the default group (torch delegates to it), members or not.
 * Object collectives use mirror semantics at the object level: a peer holds
   the objects the real rank holds.  Pickled payloads cannot be zeros or noise.
+* Except for what a peer *sends* point to point, which depends on the peer's
+  own model (pipelining's shape metadata and its warm-up vote): with
+  :class:`Messages`, ``send_object_list`` and sends of small integer tensors are
+  recorded while profiling, and ``recv_object_list`` / ``recv`` from a
+  virtual peer get what that peer's class really sent (graph/messages.py).
 """
 
 from __future__ import annotations
@@ -14,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import io
 import logging
+import dataclasses
 import pickle
 import warnings
-from typing import Callable
+from typing import Callable, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -27,6 +34,15 @@ from prism_debug.backend.process_group import PrismProcessGroup
 from prism_debug.backend.runtime import Runtime
 from prism_debug.errors import UnsupportedOperation
 from prism_debug.graph import WORLD_FAMILY, GroupRef
+from prism_debug.graph.messages import (
+    MAX_CONTROL_BYTES,
+    OBJECTS,
+    TENSOR,
+    MessageBook,
+    MessageCounter,
+    MissingMessage,
+    PeerMessage,
+)
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +51,26 @@ NCCL_DEFAULT_TIMEOUT = datetime.timedelta(minutes=10)
 OTHER_DEFAULT_TIMEOUT = datetime.timedelta(minutes=30)
 
 
-def install(runtime: Runtime, on_init: Callable[[str], None]) -> None:
+@dataclasses.dataclass(frozen=True)
+class Messages:
+    """What virtual peers send the real rank (``book``), and, while profiling,
+    where the real rank's own messages go (``on_sent``) and what ends a slice
+    that needs a message no profiled slice has sent yet (``on_missing``)."""
+
+    book: MessageBook
+    on_sent: Callable[[PeerMessage], None] | None = None
+    # (the message, and the family of the group it was to come on)
+    on_missing: Callable[[MissingMessage, str], NoReturn] | None = None
+
+
+def install(runtime: Runtime, on_init: Callable[[str], None],
+            messages: Messages | None = None) -> None:
     """Patch torch.distributed so that the script's groups are prism groups.
 
-    ``on_init(requested_backend)`` runs once the default group exists.
+    ``on_init(requested_backend)`` runs once the default group exists;
+    ``messages``: see :class:`Messages` (None: peers mirror the real rank).
     """
-    state = _State(runtime)
+    state = _State(runtime, messages)
 
     def create_default_group(opts, backend_options):
         ranks = list(range(opts.group_size))
@@ -78,9 +108,13 @@ def install(runtime: Runtime, on_init: Callable[[str], None]) -> None:
 
     _patch("init_process_group", init_process_group)
     _patch("split_group", _split_group)
+    objects = _ObjectCollectives(state)
     for name in ("broadcast_object_list", "all_gather_object", "gather_object",
                  "scatter_object_list", "send_object_list", "recv_object_list"):
-        _patch(name, getattr(_ObjectCollectives(state), name))
+        _patch(name, getattr(objects, name))
+    if messages is not None:
+        _patch("send", objects.send)
+        _patch("recv", objects.recv)
     _give_cpu_builds_an_nccl_version()
     # new_group on an "nccl" default group asks for NCCL's default timeout,
     # which warns on CPU builds; the group is a prism group whatever it says.
@@ -116,11 +150,15 @@ def _give_cpu_builds_an_nccl_version() -> None:
 
 
 class _State:
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Runtime, messages: Messages | None) -> None:
         self.runtime = runtime
         self.requested = "undefined"
         # id(group) -> the pickled object list the real rank last sent on it
         self.sent_objects: dict[int, bytes] = {}
+        self.messages = messages
+        self.sent = MessageCounter()
+        # inside an object collective, whose own size tensors are no messages
+        self.in_objects = False
 
 
 def _patch(name: str, function) -> None:
@@ -155,6 +193,7 @@ class _ObjectCollectives:
         self._originals = {name: getattr(c10d, name) for name in (
             "broadcast_object_list", "all_gather_object", "gather_object",
             "scatter_object_list", "send_object_list", "recv_object_list")}
+        self._p2p = {"send": c10d.send, "recv": c10d.recv}
 
     @contextlib.contextmanager
     def _mirrored(self):
@@ -197,30 +236,106 @@ class _ObjectCollectives:
 
     def send_object_list(self, object_list, dst=None, group=None, device=None,
                          group_dst=None, use_batch=False):
-        self._state.sent_objects[id(group)] = pickle.dumps(object_list)
-        with self._mirrored():
-            return self._originals["send_object_list"](
-                object_list, dst=dst, group=group, device=device, group_dst=group_dst,
-                use_batch=use_batch)
+        state = self._state
+        state.sent_objects[id(group)] = pickle.dumps(object_list)
+        if state.messages is not None and state.messages.on_sent is not None:
+            peer = dst if dst is not None else dist.get_global_rank(group, group_dst)
+            self._record(peer, OBJECTS, state.sent_objects[id(group)])
+        state.in_objects = True
+        try:
+            with self._mirrored():
+                return self._originals["send_object_list"](
+                    object_list, dst=dst, group=group, device=device, group_dst=group_dst,
+                    use_batch=use_batch)
+        finally:
+            state.in_objects = False
 
     def recv_object_list(self, object_list, src=None, group=None, device=None,
                          group_src=None, use_batch=False):
         peer = src if src is not None else dist.get_global_rank(group, group_src)
-        # Mirrored, a peer sends what the real rank sends; the latest objects
-        # the real rank sent on this group stand for them.
-        sent = self._state.sent_objects.get(id(group))
+        message = self._message(peer, OBJECTS, group)
+        # What that peer's class really sent; without one, mirrored: a peer
+        # sends what the real rank sends, and the latest objects the real rank
+        # sent on this group stand for them.
+        sent = message.payload if message is not None else self._state.sent_objects.get(
+            id(group))
         if sent is None:
             raise UnsupportedOperation(
                 f"recv_object_list from virtual rank {peer}: what that rank sends is not "
-                "known before the real rank sends objects itself.  For torch.distributed."
-                "pipelining, give PipelineStage its input_args/output_args so stages need "
-                "no metadata exchange")
+                "known before the real rank sends objects itself.  Run with a graph "
+                "(prism-debug profile records what every pipeline stage sends), or, for "
+                "torch.distributed.pipelining, give PipelineStage its input_args/output_args "
+                "so stages need no metadata exchange")
         objects = pickle.loads(sent)
-        payload = sum(len(pickle.dumps(o)) for o in objects)
+        # the bytes torch's own send_object_list puts on the wire for them
+        payload = sum(len(_torch_pickle(o)) for o in objects)
         sizes = torch.empty(len(object_list), dtype=torch.long)
-        dist.recv(sizes, src=src, group=group, group_src=group_src)
-        dist.recv(torch.empty(payload, dtype=torch.uint8), src=src, group=group,
-                  group_src=group_src)
+        self._p2p["recv"](sizes, src=src, group=group, group_src=group_src)
+        self._p2p["recv"](torch.empty(payload, dtype=torch.uint8), src=src, group=group,
+                          group_src=group_src)
         for i in range(len(object_list)):
             object_list[i] = objects[i] if i < len(objects) else None
         return peer
+
+    # -- control tensors (installed with Messages only) ------------------------------
+
+    def send(self, tensor, dst=None, group=None, tag=0, group_dst=None):
+        state = self._state
+        if (state.messages.on_sent is not None and not state.in_objects
+                and _is_control(tensor)):
+            peer = dst if dst is not None else dist.get_global_rank(group, group_dst)
+            self._record(peer, TENSOR, tensor.detach().cpu().contiguous().numpy().tobytes(),
+                         str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape))
+        return self._p2p["send"](tensor, dst=dst, group=group, tag=tag, group_dst=group_dst)
+
+    def recv(self, tensor, src=None, group=None, tag=0, group_src=None):
+        if src is None and group_src is None or self._state.in_objects \
+                or not _is_control(tensor):
+            return self._p2p["recv"](tensor, src=src, group=group, tag=tag, group_src=group_src)
+        peer = src if src is not None else dist.get_global_rank(group, group_src)
+        message = self._message(peer, TENSOR, group)
+        result = self._p2p["recv"](tensor, src=src, group=group, tag=tag, group_src=group_src)
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if message is not None and message.dtype == dtype \
+                and message.shape == tuple(tensor.shape):
+            received = torch.frombuffer(bytearray(message.payload), dtype=tensor.dtype)
+            tensor.copy_(received.view(tensor.shape))
+        return result
+
+    # -- messages ---------------------------------------------------------------------
+
+    def _record(self, peer: int, kind: str, payload: bytes, dtype: str = "",
+                shape: tuple = ()) -> None:
+        state = self._state
+        iteration = state.runtime.tracker.iteration
+        delta = peer - state.runtime.rank
+        order = state.sent.next(iteration, delta, kind)
+        state.messages.on_sent(PeerMessage(iteration, delta, kind, order, payload, dtype,
+                                           shape))
+
+    def _message(self, peer: int, kind: str, group) -> PeerMessage | None:
+        """What ``peer``'s class sends here next (None: not known, mirror)."""
+        messages = self._state.messages
+        if messages is None:
+            return None
+        runtime = self._state.runtime
+        found = messages.book.receive(runtime.tracker.iteration, runtime.rank, peer, kind)
+        if isinstance(found, MissingMessage):
+            if messages.on_missing is None:
+                return None
+            ref = getattr(group or c10d._get_default_group(), "ref", None)
+            messages.on_missing(found, ref.family if ref is not None else WORLD_FAMILY)
+        return found
+
+
+def _torch_pickle(obj) -> bytes:
+    buffer = io.BytesIO()
+    c10d._pickler(buffer).dump(obj)
+    return buffer.getvalue()
+
+
+def _is_control(tensor) -> bool:
+    """Integer and boolean tensors this small carry control values (votes,
+    flags, sizes) that steer the script, not data."""
+    return (isinstance(tensor, torch.Tensor) and not tensor.is_floating_point()
+            and not tensor.is_complex() and tensor.nbytes <= MAX_CONTROL_BYTES)

@@ -50,11 +50,15 @@ class Values:
         get ones: that keeps handshakes such as pipelining's warm-up vote on
         the path every rank agreed.
         """
-        if tensor.is_floating_point() or tensor.is_complex():
-            values = torch.randn(tensor.shape, generator=self.generator(key), dtype=tensor.dtype)
-            tensor.copy_(values)
-        else:
-            tensor.fill_(1)
+        # (as a real backend writes a receive buffer: outside autograd, which
+        # refuses in-place writes to the leaves pipelining receives into)
+        with torch.no_grad():
+            if tensor.is_floating_point() or tensor.is_complex():
+                values = torch.randn(tensor.shape, generator=self.generator(key),
+                                     dtype=tensor.dtype)
+                tensor.copy_(values)
+            else:
+                tensor.fill_(1)
 
     # -- collectives ----------------------------------------------------------
 

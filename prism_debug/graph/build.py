@@ -26,6 +26,7 @@ from prism_debug.graph.execution import (
     OpSpec,
 )
 from prism_debug.graph.families import WORLD_FAMILY
+from prism_debug.graph.messages import PeerMessage
 
 MIN_ITERATIONS = 3  # a warm-up and two steady iterations to compare
 
@@ -61,6 +62,8 @@ class SliceRecord:
     rank: int
     families: tuple[dict, ...]  # FamilySummary.to_dict() of every family the script made
     iterations: tuple[tuple[RecordedEvent, ...], ...]
+    # what it sent outside the tensor data path (pickled objects, control tensors)
+    messages: tuple[PeerMessage, ...] = ()
 
 
 # -- the mesh ------------------------------------------------------------------------
@@ -239,5 +242,8 @@ def build_graph(world_size: int, gpus_per_node: int, slices: list[SliceRecord],
                          f"each (e.g. ranks {[representatives(mesh, axis)[c] for c in missing]})")
     programs = tuple(program(by_class[c], c, mesh, family_axes) for c in range(num_classes))
     assert math.prod(mesh.shape) == world_size
+    messages = {c: by_class[c].messages for c in range(num_classes) if by_class[c].messages}
     return ExecutionGraph(mesh=mesh, families=family_axes, class_axis=axis, programs=programs,
-                          gpus_per_node=gpus_per_node, command=tuple(command))
+                          gpus_per_node=gpus_per_node, command=tuple(command),
+                          messages=messages,
+                          message_iterations=max(len(s.iterations) for s in slices))

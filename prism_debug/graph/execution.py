@@ -13,6 +13,11 @@ family, or a point-to-point op with the rank ``peer`` steps away on a
 family's axis), *wait* for an issued op, or *end* the iteration.  Programs
 have ``warmup`` iterations (DDP builds and then rebuilds its buckets,
 pipelines handshake) and a ``steady`` part that repeats after them.
+
+Beside the programs, the graph keeps the messages each class sends outside
+the tensor data path (``graph/messages.py``: pipelining's shape metadata),
+so a virtual peer hands the real rank what that stage really sends.  They
+are pickles: a graph file is as trusted as code (see :meth:`ExecutionGraph.load`).
 """
 
 from __future__ import annotations
@@ -21,11 +26,16 @@ import dataclasses
 import gzip
 import json
 import math
+import os
+import stat
 from pathlib import Path
 
 from prism_debug.errors import GraphError
+from prism_debug.graph.messages import PeerMessage, messages_from_json, messages_to_json
 
-GRAPH_VERSION = 1
+# 2: messages (peer objects and control tensors) beside the programs
+GRAPH_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 P2P_KINDS = ("send", "recv")
 
 
@@ -131,6 +141,10 @@ class ExecutionGraph:
     gpus_per_node: int
     command: tuple[str, ...] = ()
     version: int = GRAPH_VERSION
+    # class id -> the messages its ranks send (graph/messages.py), and how
+    # many iterations were profiled (later iterations use the last one's)
+    messages: dict[int, tuple[PeerMessage, ...]] = dataclasses.field(default_factory=dict)
+    message_iterations: int = 0
 
     def __post_init__(self) -> None:
         for name, axes in self.families.items():
@@ -202,14 +216,17 @@ class ExecutionGraph:
                 "warmup": [[[e.action, e.gap_s, e.op] for e in it] for it in p.warmup],
                 "steady": [[e.action, e.gap_s, e.op] for e in p.steady],
             } for p in self.programs],
+            "messages": messages_to_json(self.messages),
+            "message_iterations": self.message_iterations,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> "ExecutionGraph":
         version = data.get("version")
-        if version != GRAPH_VERSION:
+        if version not in READABLE_VERSIONS:
             raise GraphError(f"graph format version {version!r}; this prism-debug reads "
-                             f"version {GRAPH_VERSION}: profile the job again")
+                             f"versions {', '.join(map(str, READABLE_VERSIONS))}: profile the "
+                             "job again")
         try:
             return cls(
                 mesh=Mesh(tuple(data["mesh"]["shape"]), tuple(data["mesh"]["names"])),
@@ -223,18 +240,29 @@ class ExecutionGraph:
                     warmup=tuple(tuple(Event(*e) for e in it) for it in p["warmup"]),
                     steady=tuple(Event(*e) for e in p["steady"]),
                 ) for p in data["programs"]),
+                # version 1 graphs recorded no messages: peers mirror the real rank's
+                messages=messages_from_json(data.get("messages", {})),
+                message_iterations=int(data.get("message_iterations", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise GraphError(f"malformed graph: {exc!r}") from exc
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(path.name + ".tmp")
-        with gzip.open(tmp, "wt", encoding="utf-8") as f:
+        # private to the user, as everything prism-debug writes: its messages
+        # are pickles the real rank will unpickle
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as raw, gzip.open(raw, "wt", encoding="utf-8") as f:
             json.dump(self.to_dict(), f, separators=(",", ":"))
         tmp.replace(path)
 
     @classmethod
     def load(cls, path: Path) -> "ExecutionGraph":
+        """Read a graph file.  One that carries pickled messages must be the
+        user's own and writable by nobody else: unpickling a message runs
+        whatever code its author put there, as ``recv_object_list`` from a
+        stranger would.  (The payloads stay bytes here; the real rank
+        unpickles the ones its script receives.)"""
         try:
             with gzip.open(path, "rt", encoding="utf-8") as f:
                 data = json.load(f)
@@ -242,4 +270,21 @@ class ExecutionGraph:
             raise GraphError(f"no graph file at {path}: make one with prism-debug profile") from None
         except (OSError, EOFError, json.JSONDecodeError) as exc:
             raise GraphError(f"{path} is not a prism-debug graph file: {exc}") from exc
-        return cls.from_dict(data)
+        graph = cls.from_dict(data)
+        if any(m.kind == "objects" for ms in graph.messages.values() for m in ms):
+            check_trusted(Path(path))
+        return graph
+
+
+def check_trusted(path: Path) -> None:
+    """Refuse a file of pickles that someone else wrote or could have written."""
+    info = path.stat()
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        raise GraphError(f"{path} carries pickled objects (what pipeline stages send each "
+                         f"other) and belongs to another user (uid {info.st_uid}); loading it "
+                         "would run their code: profile the job yourself, or copy the file "
+                         "and make it yours only if you trust its author")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise GraphError(f"{path} carries pickled objects and others may write to it (mode "
+                         f"{stat.filemode(info.st_mode)}); make it private (chmod go-w) if you "
+                         "trust it, or profile the job again")
