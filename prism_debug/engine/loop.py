@@ -1,6 +1,11 @@
 """The replay engine's event loop: each class advances event by event,
 vectorised over its ranks, and an op completes once every member of its
-groups has arrived (every class involved, or the peer for point-to-point)."""
+groups has arrived (every class involved, or the peer for point-to-point).
+
+A process group is a communicator with one stream (ProcessGroupNCCL): its
+collectives run in issue order, so one starts at the later of its last
+member's arrival and the end of the group's previous op.  Each class keeps,
+per family, when its groups' streams are free, shaped like a group max."""
 
 from __future__ import annotations
 
@@ -69,6 +74,7 @@ class EventLoop:
                 state.t = column_map(state.t)
                 state.arrivals = {k: column_map(v) for k, v in state.arrivals.items()}
                 state.done = {k: column_map(v) for k, v in state.done.items()}
+                state.streams = {k: column_map(v) for k, v in state.streams.items()}
                 state.iteration_starts = [column_map(v) for v in state.iteration_starts]
                 state.forget_factors()
             for waiting in self._rendezvous.values():
@@ -205,6 +211,8 @@ class EventLoop:
         state.sequence.clear()
         state.forget_factors()
         state.slack.clear()
+        for family, free in state.streams.items():
+            state.streams[family] = squeeze(free)
         state.iteration_starts.append(state.t)
         if state.program.class_id == self._real_class:
             real = self.real
@@ -277,7 +285,9 @@ class EventLoop:
         if info.local and not (self.record or real_here or self._arrivals_perturbed):
             # The fast path: no one needs the per-rank arrivals, only the groups' last.
             cost, lowest = self._op_cost(state, event.op)
-            self._complete(state, event.op, self._group_last(state, op.family, info.axes) + cost,
+            self._complete(state, event.op,
+                           self._queue(state, op.family, self._group_last(state, op.family,
+                                                                          info.axes), cost),
                            slack=lowest)
             state.issued += 1
             return
@@ -298,7 +308,9 @@ class EventLoop:
             self._issue_across_classes(state, event.op, op)
         else:
             cost, lowest = self._op_cost(state, event.op)
-            self._complete(state, event.op, max_over(arrival, info.axes) + cost, slack=lowest)
+            self._complete(state, event.op,
+                           self._queue(state, op.family, max_over(arrival, info.axes), cost),
+                           slack=lowest)
 
     def _group_last(self, state: ClassState, family: str, axes: tuple[int, ...]) -> Time:
         """When the last member of each group arrives, without forming per-rank
@@ -316,6 +328,17 @@ class EventLoop:
         if factor_max is None:
             factor_max = state.factor_max[family] = factor.max(axis=axes, keepdims=True)
         return t + state.pending * factor_max
+
+    @staticmethod
+    def _queue(state: ClassState, family: str, last: Time, cost: Time) -> Time:
+        """An op of ``family`` whose groups' last members arrive at ``last``:
+        it starts once its group's stream is free too, and ends ``cost`` later
+        (so it still ends at least ``cost`` after each arrival: the wait
+        shortcut's slack holds)."""
+        free = state.streams.get(family)
+        done = (last if free is None else maximum(last, free)) + cost
+        state.streams[family] = done
+        return done
 
     def _issue_across_classes(self, state: ClassState, op_index: int, op: OpSpec) -> None:
         seq = state.next_sequence(("coll", op.family))
@@ -344,10 +367,18 @@ class EventLoop:
         if self.record:
             latest = int(np.argmax(full.reshape(len(self.states), -1).max(axis=1)))
             cause = (latest, waiting[latest][0])
+        # every class's share of a group saw the same ops end: their streams
+        # agree, but take the latest should link costs have told them apart
+        start = done
+        for class_id in waiting:
+            free = self.states[class_id].streams.get(op.family)
+            if free is not None:
+                start = maximum(start, free)
         for class_id, (index, arrival, iteration) in waiting.items():
             other = self.states[class_id]
             cost, lowest = self._op_cost(other, index)
-            self._complete(other, index, done + cost, iteration, cause, lowest, arrival)
+            finish = other.streams[op.family] = start + cost
+            self._complete(other, index, finish, iteration, cause, lowest, arrival)
 
     def _issue_p2p(self, state: ClassState, op_index: int, op: OpSpec) -> None:
         # The n-th send from one class to another, in one direction, pairs with

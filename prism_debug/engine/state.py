@@ -66,6 +66,9 @@ class ClassState:
         self.factor_top: float | None = None  # its max over the class
         # per completed op, a time it surely ends after each member's arrival
         self.slack: dict[int, float] = {}
+        # family -> when each group's stream is free (its last op's end),
+        # shaped like a group max; kept across iterations
+        self.streams: dict[str, Time] = {}
 
     def next_sequence(self, key: tuple) -> int:
         n = self.sequence.get(key, 0)
