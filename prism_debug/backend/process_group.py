@@ -118,7 +118,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         if rt.recorder is not None:
             delta = 0 if peer is None else self.global_ranks[peer] - rt.rank
             work.recorded = rt.recorder.issue(arrival, op, self.ref.family, nbytes,
-                                              _dtype(result), delta)
+                                              _dtype(result), delta, rt.p2p_batch)
         rt.clock.exclude_since(t0)
         return work
 

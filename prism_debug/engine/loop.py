@@ -9,6 +9,7 @@ per family, when its groups' streams are free, shaped like a group max."""
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Callable, Sequence
 
@@ -17,7 +18,7 @@ import numpy as np
 from prism_debug.cost import Placement
 from prism_debug.engine.compute import ComputeModel
 from prism_debug.engine.layout import Layout
-from prism_debug.engine.state import ClassState, OpInfo, OpTiming, RealRank
+from prism_debug.engine.state import ClassState, OpInfo, OpTiming, RealRank, Unit
 from prism_debug.engine.times import Time, at, least, max_over, maximum, roll, squeeze
 from prism_debug.engine.windows import LinkPerturbation, Perturbation, Windows
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, GraphError, OpSpec
@@ -75,6 +76,12 @@ class EventLoop:
                 state.arrivals = {k: column_map(v) for k, v in state.arrivals.items()}
                 state.done = {k: column_map(v) for k, v in state.done.items()}
                 state.streams = {k: column_map(v) for k, v in state.streams.items()}
+                state.p2p_free = {k: column_map(v) for k, v in state.p2p_free.items()}
+                for queue in state.queues.values():
+                    for unit in queue:
+                        unit.relayout(column_map)
+                if state.open_unit is not None:
+                    state.open_unit.relayout(column_map)
                 state.iteration_starts = [column_map(v) for v in state.iteration_starts]
                 state.forget_factors()
             for waiting in self._rendezvous.values():
@@ -213,6 +220,8 @@ class EventLoop:
         state.slack.clear()
         for family, free in state.streams.items():
             state.streams[family] = squeeze(free)
+        for key, free in state.p2p_free.items():
+            state.p2p_free[key] = squeeze(free)
         state.iteration_starts.append(state.t)
         if state.program.class_id == self._real_class:
             real = self.real
@@ -395,33 +404,59 @@ class EventLoop:
         source, target = (me, peer) if op.kind == "send" else (peer, me)
         seq = state.next_sequence(("p2p", source, target, step, op.kind))
         key = ("p2p", source, target, step, state.iteration, seq)
+        event = state.events[state.pc]
+        unit = self._unit(state, op, event.batch)
+        arrival = state.arrivals[op_index]
+        unit.ops.append((op_index, state.iteration, arrival))
+        unit.arrival = maximum(unit.arrival, arrival)
+        unit.unresolved += 1
         waiting = self._rendezvous.setdefault(key, {})
         # the arrival travels with the entry: a sender that never waits may end
         # its iteration before the receiver posts the matching receive
-        waiting[op.kind] = (state.program.class_id, op_index, state.arrivals[op_index],
-                            state.iteration)
-        if len(waiting) < 2:
-            return
-        del self._rendezvous[key]
-        send_class, send_op, sent, send_iteration = waiting["send"]
-        recv_class, recv_op, received, recv_iteration = waiting["recv"]
+        waiting[op.kind] = (me, op_index, arrival, state.iteration, unit)
+        if len(waiting) == 2:
+            del self._rendezvous[key]
+            self._pair(waiting, seq, state.iteration)
+        following = state.events[state.pc + 1] if state.pc + 1 < len(state.events) else None
+        if not event.batch or following is None or following.action != "issue" \
+                or following.batch != event.batch:
+            state.open_unit = None  # the batch is complete: NCCL launches it now
+            self._launch(state, unit)
+
+    def _unit(self, state: ClassState, op: OpSpec, batch: int) -> Unit:
+        """The unit an op joins.  Without eager init, ProcessGroupNCCL runs a
+        lone p2p op on a 2-rank communicator of its own per peer pair (so on
+        its stream: send and recv with one peer run in issue order), and a
+        batch on the group's communicator, as one NCCL group.  (Here a group's
+        batches have a stream apart from its collectives: pipeline groups
+        hardly run any.)"""
+        if batch:
+            if state.open_unit is None:
+                state.open_unit = Unit(state.program.class_id, ("batch", op.family))
+            return state.open_unit
+        size = self.graph.mesh.shape[self.graph.family_axes(op.family)[0]]
+        return Unit(state.program.class_id, ("pair", op.family, op.peer % size))
+
+    def _pair(self, waiting: dict, seq: int, iteration: int) -> None:
+        """A send and its recv have both been issued: they run once both
+        sides' units have started."""
+        send_class, send_op, sent, _, send_unit = waiting["send"]
+        recv_class, recv_op, received, _, recv_unit = waiting["recv"]
         sender, receiver = self.states[send_class], self.states[recv_class]
         spec = sender.program.ops[send_op]
         if spec.nbytes != receiver.program.ops[recv_op].nbytes:
             raise GraphError(
-                f"send {seq + 1} of iteration {state.iteration} from class {send_class} to "
+                f"send {seq + 1} of iteration {iteration} from class {send_class} to "
                 f"class {recv_class} on {spec.family} carries {spec.nbytes} bytes but the "
                 f"matching recv expects {receiver.program.ops[recv_op].nbytes}")
         # Across classes the ranks pair element by element (same coordinates off
         # the class axis); inside a class, rank x sends to x + step on the axis.
+        step = spec.peer
         axis = None if sender is not receiver else self.layout.local_axes(spec.family)[0]
-        sent_there = roll(sent, step, axis)  # each receiver's sender's arrival
-        received_there = roll(received, -step, axis)  # each sender's receiver's arrival
-        cost, slack = self._op_cost(sender, send_op)  # per sender: a receiver's is its sender's
-        done = maximum(sent_there, received) + roll(cost, step, axis)
-        for kind, peers in (("recv", sent_there), ("send", received_there)):
-            class_id, op_index, own, iteration = waiting[kind]
-            if class_id == self._real_class and iteration == self.states[class_id].iteration:
+        for kind, peers in (("recv", roll(sent, step, axis)),
+                            ("send", roll(received, -step, axis))):
+            class_id, op_index, own, op_iteration, _ = waiting[kind]
+            if class_id == self._real_class and op_iteration == self.states[class_id].iteration:
                 # the real rank's side: its peer, if the peer arrived later, was waited for
                 real = self.real
                 peer_rank = self._real_peer(self.states[class_id].program.ops[op_index])
@@ -429,13 +464,62 @@ class EventLoop:
                 own_time = at(own, real.index, self.layout.class_shape)
                 real.last[op_index] = ((peer_rank, peer_time) if peer_time >= own_time
                                        else (real.rank, own_time))
-        cause = None
         if self.record:
             late = "send" if np.max(sent) >= np.max(received) else "recv"
-            cause = waiting[late][:2]
-        self._complete(receiver, recv_op, done, recv_iteration, cause, slack, received)
-        self._complete(sender, send_op, roll(done, -step, axis), send_iteration, cause, slack,
-                       sent)
+            send_unit.causes[send_op] = recv_unit.causes[recv_op] = waiting[late][:2]
+        match = [send_unit, recv_unit, step, axis, send_class, send_op, False]
+        send_unit.matches.append(match)
+        if recv_unit is not send_unit:
+            recv_unit.matches.append(match)
+
+    def _launch(self, state: ClassState, unit: Unit) -> None:
+        unit.launched = True
+        queue = state.queues.get(unit.key)
+        if queue is None:
+            queue = state.queues[unit.key] = collections.deque()
+        queue.append(unit)
+        if len(queue) == 1:
+            self._start(unit)
+
+    def _start(self, unit: Unit) -> None:
+        """``unit`` reached the head of its stream's queue: it starts once its
+        last op is issued and the stream is free, and its ops run once their
+        peers' units start too; each unit that ends frees its stream for the next."""
+        starting = [unit]
+        while starting:
+            unit = starting.pop()
+            state = self.states[unit.class_id]
+            free = state.p2p_free.get(unit.key)
+            unit.start = unit.arrival if free is None else maximum(unit.arrival, free)
+            for match in unit.matches:
+                send_unit, recv_unit, step, axis, send_class, send_op, resolved = match
+                if resolved or send_unit.start is None or recv_unit.start is None:
+                    continue
+                match[-1] = True
+                cost, slack = self._op_cost(self.states[send_class], send_op)
+                done = maximum(roll(send_unit.start, step, axis), recv_unit.start) \
+                    + roll(cost, step, axis)
+                recv_unit.end = maximum(recv_unit.end, done)
+                send_unit.end = maximum(send_unit.end, roll(done, -step, axis))
+                for side in (send_unit, recv_unit):
+                    side.slack = min(side.slack, slack)
+                    side.unresolved -= 1
+                    if not side.unresolved:
+                        following = self._finish(side)
+                        if following is not None:
+                            starting.append(following)
+
+    def _finish(self, unit: Unit) -> Unit | None:
+        """Every op of ``unit`` ran: they complete together; returns the unit
+        next on its stream, if one is queued."""
+        state = self.states[unit.class_id]
+        for op_index, iteration, arrival in unit.ops:
+            self._complete(state, op_index, unit.end, iteration, unit.causes.get(op_index),
+                           unit.slack, arrival)
+        state.p2p_free[unit.key] = unit.end
+        queue = state.queues[unit.key]
+        queue.popleft()
+        return queue[0] if queue else None
 
     def _real_peer(self, op: OpSpec) -> int:
         """The real rank's peer in a p2p op (rings inside a class wrap around)."""

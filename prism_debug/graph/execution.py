@@ -13,6 +13,9 @@ family, or a point-to-point op with the rank ``peer`` steps away on a
 family's axis), *wait* for an issued op, or *end* the iteration.  Programs
 have ``warmup`` iterations (DDP builds and then rebuilds its buckets,
 pipelines handshake) and a ``steady`` part that repeats after them.
+
+Point-to-point ops issued by one ``batch_isend_irecv`` carry the batch's
+number (counted from 1 in each iteration): NCCL runs them as one group.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from pathlib import Path
 
 from prism_debug.errors import GraphError
 
-GRAPH_VERSION = 1
+GRAPH_VERSION = 2
+# Version 1 had no batches: still read where it has no point-to-point ops
+# (nothing to batch), refused where it has (its batches would run one by one).
+_READS = (1, GRAPH_VERSION)
 P2P_KINDS = ("send", "recv")
 
 
@@ -98,6 +104,9 @@ class Event:
     action: str  # "issue", "wait" or "end"
     gap_s: float  # compute since the rank's previous event
     op: int = -1  # index into the program's ops (issue, wait)
+    # issue of a p2p op: its batch_isend_irecv call's number in the iteration
+    # (0: issued alone); one batch's ops are consecutive issues
+    batch: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,19 +208,19 @@ class ExecutionGraph:
             "programs": [{
                 "class_id": p.class_id,
                 "ops": [[o.kind, o.family, o.nbytes, o.dtype, o.peer] for o in p.ops],
-                "warmup": [[[e.action, e.gap_s, e.op] for e in it] for it in p.warmup],
-                "steady": [[e.action, e.gap_s, e.op] for e in p.steady],
+                "warmup": [[_event_row(e) for e in it] for it in p.warmup],
+                "steady": [_event_row(e) for e in p.steady],
             } for p in self.programs],
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> "ExecutionGraph":
         version = data.get("version")
-        if version != GRAPH_VERSION:
+        if version not in _READS:
             raise GraphError(f"graph format version {version!r}; this prism-debug reads "
                              f"version {GRAPH_VERSION}: profile the job again")
         try:
-            return cls(
+            graph = cls(
                 mesh=Mesh(tuple(data["mesh"]["shape"]), tuple(data["mesh"]["names"])),
                 families={k: tuple(v) for k, v in data["families"].items()},
                 class_axis=data["class_axis"],
@@ -226,6 +235,11 @@ class ExecutionGraph:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise GraphError(f"malformed graph: {exc!r}") from exc
+        if version != GRAPH_VERSION and any(op.is_p2p for p in graph.programs for op in p.ops):
+            raise GraphError(f"graph format version {version!r} does not record which "
+                             "point-to-point ops form one batch (batch_isend_irecv); this "
+                             f"prism-debug reads version {GRAPH_VERSION}: profile the job again")
+        return graph
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(path.name + ".tmp")
@@ -243,3 +257,8 @@ class ExecutionGraph:
         except (OSError, EOFError, json.JSONDecodeError) as exc:
             raise GraphError(f"{path} is not a prism-debug graph file: {exc}") from exc
         return cls.from_dict(data)
+
+
+def _event_row(event: Event) -> list:
+    row = [event.action, event.gap_s, event.op]
+    return row + [event.batch] if event.batch else row

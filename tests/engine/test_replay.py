@@ -293,8 +293,14 @@ def test_graph_round_trips_through_its_file_and_rejects_other_versions(tmp_path)
     assert ExecutionGraph.load(path) == graph
     data = graph.to_dict() | {"version": 99}
     with pytest.raises(GraphError, match="graph format version 99; this prism-debug reads "
-                                         "version 1: profile the job again"):
+                                         "version 2: profile the job again"):
         ExecutionGraph.from_dict(data)
+    # version 1 recorded no batches: read without point-to-point ops only
+    with pytest.raises(GraphError, match="graph format version 1 does not record which "
+                                         "point-to-point ops form one batch"):
+        ExecutionGraph.from_dict(graph.to_dict() | {"version": 1})
+    old = tp_then_dp_graph()
+    assert ExecutionGraph.from_dict(old.to_dict() | {"version": 1}) == old
     (tmp_path / "junk").write_text("not gzip")
     with pytest.raises(GraphError, match="is not a prism-debug graph file"):
         ExecutionGraph.load(tmp_path / "junk")
@@ -419,12 +425,15 @@ def pipeline_jobs(draw):
     gaps, short = st.floats(0, 2), st.floats(0, 2 * COST)  # waits about as long as an op
     # two DP all-reduces back to back (DDP's buckets): the second may queue
     # behind the first on the DP group's stream
+    # a lone p2p op or a batch of one: on its pair's stream or the group's batches'
+    send = dataclasses.replace(issue(1, draw(gaps)), batch=draw(st.sampled_from([0, 1])))
+    recv = dataclasses.replace(issue(0, draw(gaps)), batch=draw(st.sampled_from([0, 1])))
     stage0 = ClassProgram(0, (tp_op, OpSpec("send", "pp", 64, peer=1), dp_op, dp_op), (), (
-        issue(0, draw(gaps)), wait(0, draw(short)), issue(1, draw(gaps)), issue(2, draw(gaps)),
+        issue(0, draw(gaps)), wait(0, draw(short)), send, issue(2, draw(gaps)),
         issue(3, draw(short)), wait(1, draw(short)), wait(2, draw(short)), wait(3, draw(short)),
         end(draw(gaps))))
     stage1 = ClassProgram(1, (OpSpec("recv", "pp", 64, peer=-1), tp_op, dp_op, dp_op), (), (
-        issue(0, draw(gaps)), wait(0, draw(short)), issue(1, draw(gaps)), wait(1, draw(short)),
+        recv, wait(0, draw(short)), issue(1, draw(gaps)), wait(1, draw(short)),
         issue(2, draw(gaps)), issue(3, draw(short)), wait(2, draw(short)), wait(3, draw(short)),
         end(draw(gaps))))
     graph = ExecutionGraph(mesh=Mesh((2, dp, tp), ("pp", "dp", "tp")),

@@ -5,6 +5,7 @@ by hand and against a plain per-rank replay.
 Every op costs COST; rank = 2·dp + tp in a (dp=2, tp=2) mesh.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 
 from prism_debug.engine.replay import ReplayEngine
-from prism_debug.graph.execution import ClassProgram, ExecutionGraph, Mesh, OpSpec
+from prism_debug.graph.execution import ClassProgram, ExecutionGraph, GraphError, Mesh, OpSpec
 from tests.engine.test_replay import COST, constant_cost, end, issue, one_class_jobs, wait
 
 TP, DP = OpSpec("all_reduce", "tp", 64), OpSpec("all_reduce", "dp", 64)
@@ -140,3 +141,99 @@ def test_every_shortcut_gives_the_plain_per_rank_timeline_with_streams(job):
         engine.run(3)
         times = [t for r in range(graph.world_size) for t in engine.iteration_times(r)]
         assert times == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+# -- point to point --------------------------------------------------------------------
+
+
+def two_stages(stage0, stage1, ops0, ops1, stages=2):
+    programs = [ClassProgram(0, ops0, (), tuple(stage0)), ClassProgram(1, ops1, (), tuple(stage1))]
+    return ExecutionGraph(mesh=Mesh((stages,), ("pp",)), families={"pp": ("pp",)},
+                          class_axis="pp", programs=tuple(programs), gpus_per_node=8)
+
+
+SEND, RECV = OpSpec("send", "pp", 64, peer=1), OpSpec("recv", "pp", 64, peer=1)
+SEND_BACK, RECV_BACK = OpSpec("send", "pp", 64, peer=-1), OpSpec("recv", "pp", 64, peer=-1)
+
+
+def batched(op, gap=0.0, batch=1):
+    return dataclasses.replace(issue(op, gap), batch=batch)
+
+
+def exchange(stage0_issues, stage1_issues):
+    """Stage 0 sends X to stage 1 and receives Y from it, stage 1 receives X
+    and sends Y; each computes 1 s first and waits for both at the end."""
+    return two_stages([*stage0_issues, wait(0), wait(1), end()],
+                      [*stage1_issues, wait(0), wait(1), end()],
+                      (SEND, RECV), (RECV_BACK, SEND_BACK))
+
+
+def test_a_send_then_a_recv_with_one_peer_run_one_after_the_other():
+    engine = ReplayEngine(exchange([issue(0, 1.0), issue(1)], [issue(0, 1.0), issue(1)]),
+                          constant_cost, record=True)
+    engine.run(1)
+    # X runs 1.0-1.1 on the pair's stream; Y, issued at 1.0 too, runs 1.1-1.2
+    assert [done for _, _, done in engine.ops_of(0, 1)] == pytest.approx([1.1, 1.2])
+    assert engine.iteration_times(1) == pytest.approx([1.2])
+
+
+def test_a_batch_of_a_send_and_a_recv_with_one_peer_runs_together():
+    # as a pipeline's 1F1B step: each stage sends first and receives second,
+    # which issued alone would wait for each other for ever (NCCL deadlocks)
+    graph = exchange([batched(0, 1.0), batched(1)], [batched(1, 1.0), batched(0)])
+    engine = ReplayEngine(graph, constant_cost, record=True)
+    engine.run(2)
+    assert [done for _, _, done in engine.ops_of(1, 1)] == pytest.approx([1.1, 1.1])
+    assert engine.iteration_times(0) == pytest.approx([1.1, 1.1])
+
+
+def test_lone_ops_crossing_on_one_pair_never_complete_as_in_nccl():
+    graph = exchange([issue(0, 1.0), issue(1)], [issue(1, 1.0), issue(0)])
+    with pytest.raises(GraphError, match="the replay cannot progress"):
+        ReplayEngine(graph, constant_cost).run(1)
+
+
+def test_a_batch_ends_with_its_last_op_and_the_next_batch_starts_then():
+    # stage 0: batch 1 sends X at 1.0; batch 2 sends Z at 1.0 (unwaited sends)
+    # stage 1: batch 1 receives X at 1.5, batch 2 receives Z at 1.0 + 0.5
+    ops0 = (SEND, SEND)
+    ops1 = (RECV_BACK, RECV_BACK)
+    graph = two_stages([batched(0, 1.0, 1), batched(1, 0.0, 2), wait(0), wait(1), end()],
+                       [batched(0, 1.5, 1), batched(1, 0.0, 2), wait(0), wait(1), end()],
+                       ops0, ops1)
+    engine = ReplayEngine(graph, constant_cost, record=True)
+    engine.run(1)
+    # X: 1.5-1.6; Z waits for batch 1 on both sides: 1.6-1.7
+    assert [done for _, _, done in engine.ops_of(0, 1)] == pytest.approx([1.6, 1.7])
+
+
+def test_lone_ops_to_different_peers_run_together():
+    # three stages: the middle one sends to both neighbours at 1.0
+    middle = ClassProgram(1, (SEND, SEND_BACK), (),
+                          (issue(0, 1.0), issue(1), wait(0), wait(1), end()))
+    first = ClassProgram(0, (RECV,), (), (issue(0, 1.0), wait(0), end()))
+    last = ClassProgram(2, (RECV_BACK,), (), (issue(0, 1.0), wait(0), end()))
+    graph = ExecutionGraph(mesh=Mesh((3,), ("pp",)), families={"pp": ("pp",)},
+                           class_axis="pp", programs=(first, middle, last), gpus_per_node=8)
+    engine = ReplayEngine(graph, constant_cost)
+    engine.run(1)
+    assert [engine.iteration_times(r)[0] for r in range(3)] == pytest.approx([1.1, 1.1, 1.1])
+
+
+def test_a_straggler_delays_the_pair_and_the_queue_behind_it():
+    engine = ReplayEngine(exchange([issue(0, 1.0), issue(1)], [issue(0, 1.0), issue(1)]),
+                          constant_cost, record=True)
+    engine.slow([1], 2.0)  # stage 1 issues both at 2.0
+    engine.run(1)
+    assert [done for _, _, done in engine.ops_of(0, 1)] == pytest.approx([2.1, 2.2])
+
+
+def test_the_real_rank_in_a_batch_completes_with_the_batch():
+    graph = exchange([batched(0, 1.0), batched(1)], [batched(1, 1.0), batched(0)])
+    engine = ReplayEngine(graph, constant_cost, real_rank=1)
+    send = engine.real_issue(SEND_BACK, 1.5)  # its peer, stage 0, issues at 1.0
+    assert engine.real_completion(send) == math.inf  # the batch is not launched yet
+    recv = engine.real_issue(RECV_BACK, 1.6)
+    assert engine.real_completion(send) == pytest.approx(1.7)
+    assert engine.real_completion(recv) == pytest.approx(1.7)
+    assert engine.last_arrival(recv) == (1, pytest.approx(1.6))
