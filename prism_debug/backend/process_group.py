@@ -103,7 +103,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         watch = rt.watch
         if watch is not None:  # a paused rank's pause is not harness time either
             t0 += watch.enter(op, self.ref, rt.tracker.num_collectives + 1, nbytes)
-        done = rt.engine.collective(stream or self._stream, op, nbytes, arrival)
+        done = rt.engine.collective(stream or self._stream, op, nbytes, arrival, rt.p2p_batch)
         self.num_issued += 1
         work = PrismWork(rt, done, result, group=self, seq=self.num_issued, op=op,
                          arrival=arrival)
