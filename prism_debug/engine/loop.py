@@ -177,6 +177,15 @@ class EventLoop:
                 state.t = maximum(self._now(state), done)
             state.pending = 0.0
             state.epoch += 1
+            if not is_real:
+                # The stream's last op ended before each rank's now: the next one
+                # cannot queue behind it (spares a max per op).  The real rank's
+                # arrivals come from its process, which the graph's waits do not bind.
+                spec = state.ops[event.op].spec
+                streams = state.p2p_free if spec.is_p2p else state.streams
+                for key in self._stream_keys(spec):
+                    if streams.get(key) is done:
+                        del streams[key]
         elif event.action == "issue":
             self._issue(state, event, is_real)
         state.gap_applied = False
@@ -407,8 +416,9 @@ class EventLoop:
         event = state.events[state.pc]
         unit = self._unit(state, op, event.batch)
         arrival = state.arrivals[op_index]
+        # (a unit of one op, the common case, copies no array)
+        unit.arrival = maximum(unit.arrival, arrival) if unit.ops else arrival
         unit.ops.append((op_index, state.iteration, arrival))
-        unit.arrival = maximum(unit.arrival, arrival)
         unit.unresolved += 1
         waiting = self._rendezvous.setdefault(key, {})
         # the arrival travels with the entry: a sender that never waits may end
@@ -422,6 +432,13 @@ class EventLoop:
                 or following.batch != event.batch:
             state.open_unit = None  # the batch is complete: NCCL launches it now
             self._launch(state, unit)
+
+    def _stream_keys(self, op: OpSpec) -> tuple:
+        """The streams ``op`` may run on."""
+        if not op.is_p2p:
+            return (op.family,)
+        size = self.graph.mesh.shape[self.graph.family_axes(op.family)[0]]
+        return (("batch", op.family), ("pair", op.family, op.peer % size))
 
     def _unit(self, state: ClassState, op: OpSpec, batch: int) -> Unit:
         """The unit an op joins.  Without eager init, ProcessGroupNCCL runs a
@@ -499,8 +516,9 @@ class EventLoop:
                 cost, slack = self._op_cost(self.states[send_class], send_op)
                 done = maximum(roll(send_unit.start, step, axis), recv_unit.start) \
                     + roll(cost, step, axis)
-                recv_unit.end = maximum(recv_unit.end, done)
-                send_unit.end = maximum(send_unit.end, roll(done, -step, axis))
+                recv_unit.end = done if recv_unit.end is None else maximum(recv_unit.end, done)
+                done = roll(done, -step, axis)
+                send_unit.end = done if send_unit.end is None else maximum(send_unit.end, done)
                 for side in (send_unit, recv_unit):
                     side.slack = min(side.slack, slack)
                     side.unresolved -= 1

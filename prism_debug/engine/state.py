@@ -52,7 +52,7 @@ class Unit:
         self.ops: list[tuple[int, int, Time]] = []  # (op index, iteration, arrival)
         self.arrival: Time = -math.inf  # its last op's issue: when NCCL launches the group
         self.start: Time | None = None  # once its stream is free
-        self.end: Time = -math.inf  # the latest of its ops' ends so far
+        self.end: Time | None = None  # the latest of its ops' ends so far
         self.unresolved = 0  # ops whose peer has not issued or started its side
         self.slack = math.inf
         self.matches: list = []  # the pairings of its ops, resolved once both sides start
@@ -61,7 +61,8 @@ class Unit:
 
     def relayout(self, column_map) -> None:
         self.arrival = column_map(self.arrival)
-        self.end = column_map(self.end)
+        if self.end is not None:
+            self.end = column_map(self.end)
         if self.start is not None:
             self.start = column_map(self.start)
         self.ops = [(op, iteration, column_map(arrival)) for op, iteration, arrival in self.ops]
