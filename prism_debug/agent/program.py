@@ -33,15 +33,24 @@ class ProgramRecorder:
         self._issues = 0
         self._iteration = 0
         self._futures: list[tuple[int, int]] = []  # issues awaited out of sight
+        self._batch = 0  # the runtime's number of the last batch seen
+        self._batches = 0  # batches this iteration
 
     def _gap(self, now: float) -> float:
         gap, self._last = max(0.0, now - self._last), now
         return gap
 
     def issue(self, now: float, kind: str, family: str, nbytes: int, dtype: str,
-              peer_delta: int = 0) -> tuple[int, int]:
-        """Record an issue; returns the token :meth:`wait` takes."""
-        self._events.append(RecordedIssue(self._gap(now), kind, family, nbytes, dtype, peer_delta))
+              peer_delta: int = 0, batch: int = 0) -> tuple[int, int]:
+        """Record an issue; returns the token :meth:`wait` takes.  ``batch``:
+        the runtime's number of the batch_isend_irecv that issued it (0: none),
+        renumbered from 1 in each iteration so that iterations compare."""
+        if batch:
+            if batch != self._batch:
+                self._batch, self._batches = batch, self._batches + 1
+            batch = self._batches
+        self._events.append(RecordedIssue(self._gap(now), kind, family, nbytes, dtype, peer_delta,
+                                          batch))
         self._issues += 1
         return self._iteration, self._issues - 1
 
@@ -64,7 +73,7 @@ class ProgramRecorder:
         self.step(now)
         self._events.append(RecordedEnd(self._gap(now)))
         events = [[type(e).__name__, *dataclasses.astuple(e)] for e in self._events]
-        self._events, self._issues = [], 0
+        self._events, self._issues, self._batches = [], 0, 0
         self._iteration += 1
         return events
 

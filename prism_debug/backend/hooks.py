@@ -26,8 +26,9 @@ class RecorderHook(Protocol):
     """Records the rank's program while profiling a slice (agent/program.py's ProgramRecorder)."""
 
     def issue(self, now: float, kind: str, family: str, nbytes: int, dtype: str,
-              peer_delta: int = 0) -> tuple[int, int]:
-        """An op issued at ``now``; the token its Work hands back."""
+              peer_delta: int = 0, batch: int = 0) -> tuple[int, int]:
+        """An op issued at ``now`` (by the runtime's ``batch``-th batch_isend_irecv
+        call, or alone: 0); the token its Work hands back."""
 
     def wait(self, now: float, token: tuple[int, int]) -> None:
         """The script waited for the op of ``token`` until ``now``."""

@@ -17,11 +17,11 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import functools
 import io
 import logging
-import dataclasses
 import pickle
 import warnings
 from typing import Callable, NoReturn
@@ -108,6 +108,7 @@ def install(runtime: Runtime, on_init: Callable[[str], None],
 
     _patch("init_process_group", init_process_group)
     _patch("split_group", _split_group)
+    _patch("batch_isend_irecv", _marking_batches(runtime, c10d.batch_isend_irecv))
     objects = _ObjectCollectives(state)
     for name in ("broadcast_object_list", "all_gather_object", "gather_object",
                  "scatter_object_list", "send_object_list", "recv_object_list"):
@@ -159,6 +160,23 @@ class _State:
         self.sent = MessageCounter()
         # inside an object collective, whose own size tensors are no messages
         self.in_objects = False
+
+
+def _marking_batches(runtime: Runtime, original):
+    """torch runs a batch on a Python group as separate isend/irecv (it
+    coalesces only C++ groups), but an NCCL job runs it as one NCCL group:
+    the runtime says which ops one call issued, and the profile records it."""
+
+    @functools.wraps(original)
+    def batch_isend_irecv(p2p_op_list):
+        runtime.num_batches += 1
+        runtime.p2p_batch = runtime.num_batches
+        try:
+            return original(p2p_op_list)
+        finally:
+            runtime.p2p_batch = 0
+
+    return batch_isend_irecv
 
 
 def _patch(name: str, function) -> None:

@@ -103,7 +103,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         watch = rt.watch
         if watch is not None:  # a paused rank's pause is not harness time either
             t0 += watch.enter(op, self.ref, rt.tracker.num_collectives + 1, nbytes)
-        done = rt.engine.collective(stream or self._stream, op, nbytes, arrival)
+        done = rt.engine.collective(stream or self._stream, op, nbytes, arrival, rt.p2p_batch)
         self.num_issued += 1
         work = PrismWork(rt, done, result, group=self, seq=self.num_issued, op=op,
                          arrival=arrival)
@@ -118,7 +118,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         if rt.recorder is not None:
             delta = 0 if peer is None else self.global_ranks[peer] - rt.rank
             work.recorded = rt.recorder.issue(arrival, op, self.ref.family, nbytes,
-                                              _dtype(result), delta)
+                                              _dtype(result), delta, rt.p2p_batch)
         rt.clock.exclude_since(t0)
         return work
 

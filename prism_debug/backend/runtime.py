@@ -59,6 +59,9 @@ class Runtime:
     # a NaN or inf of its own (None: nobody asks, nothing is checked)
     on_nonfinite: Callable[[int], None] | None = None
     _num_groups: int = dataclasses.field(default=0, init=False)
+    # the batch_isend_irecv call issuing ops now (its number), 0 outside one
+    p2p_batch: int = dataclasses.field(default=0, init=False)
+    num_batches: int = dataclasses.field(default=0, init=False)
     completer: FutureCompleter = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:

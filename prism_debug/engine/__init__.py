@@ -23,10 +23,11 @@ class Engine(Protocol):
     def peer_stream(self, group: Any, my_rank: int, peer_rank: int) -> Any:
         """A handle for point-to-point traffic with one peer of ``group``."""
 
-    def collective(self, stream: Any, op: str, nbytes: int,
-                   arrival: float) -> float | Callable[[], float]:
+    def collective(self, stream: Any, op: str, nbytes: int, arrival: float,
+                   batch: int = 0) -> float | Callable[[], float]:
         """Completion time (emulated clock) of an op the real rank entered at
-        ``arrival``, or a zero-argument callable that gives it once the script
+        ``arrival`` (a point-to-point op: issued by the ``batch``-th
+        batch_isend_irecv call, or alone: 0), or a zero-argument callable that gives it once the script
         waits (the graph engine's ``DeferredCompletion``: it may depend on ops
         the real rank has not issued yet)."""
 

@@ -68,8 +68,9 @@ class GraphEngine:
         stride = self.graph.mesh.strides[axis] if axis is not None else 1
         return GraphStream(group.family, (peer_rank - my_rank) // stride)
 
-    def collective(self, stream: GraphStream, op: str, nbytes: int,
-                   arrival: float) -> DeferredCompletion:
+    def collective(self, stream: GraphStream, op: str, nbytes: int, arrival: float,
+                   batch: int = 0) -> DeferredCompletion:
+        # (``batch`` is in the graph already: the real rank follows it)
         try:
             handle = self.replay.real_issue(
                 OpSpec(op, stream.family, nbytes, peer=stream.peer), arrival)

@@ -1,9 +1,15 @@
 """The replay engine's event loop: each class advances event by event,
 vectorised over its ranks, and an op completes once every member of its
-groups has arrived (every class involved, or the peer for point-to-point)."""
+groups has arrived (every class involved, or the peer for point-to-point).
+
+A process group is a communicator with one stream (ProcessGroupNCCL): its
+collectives run in issue order, so one starts at the later of its last
+member's arrival and the end of the group's previous op.  Each class keeps,
+per family, when its groups' streams are free, shaped like a group max."""
 
 from __future__ import annotations
 
+import collections
 import math
 from typing import Callable, Sequence
 
@@ -12,7 +18,7 @@ import numpy as np
 from prism_debug.cost import Placement
 from prism_debug.engine.compute import ComputeModel
 from prism_debug.engine.layout import Layout
-from prism_debug.engine.state import ClassState, OpInfo, OpTiming, RealRank
+from prism_debug.engine.state import ClassState, OpInfo, OpTiming, RealRank, Unit
 from prism_debug.engine.times import Time, at, least, max_over, maximum, roll, squeeze
 from prism_debug.engine.windows import LinkPerturbation, Perturbation, Windows
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, GraphError, OpSpec
@@ -69,6 +75,13 @@ class EventLoop:
                 state.t = column_map(state.t)
                 state.arrivals = {k: column_map(v) for k, v in state.arrivals.items()}
                 state.done = {k: column_map(v) for k, v in state.done.items()}
+                state.streams = {k: column_map(v) for k, v in state.streams.items()}
+                state.p2p_free = {k: column_map(v) for k, v in state.p2p_free.items()}
+                for queue in state.queues.values():
+                    for unit in queue:
+                        unit.relayout(column_map)
+                if state.open_unit is not None:
+                    state.open_unit.relayout(column_map)
                 state.iteration_starts = [column_map(v) for v in state.iteration_starts]
                 state.forget_factors()
             for waiting in self._rendezvous.values():
@@ -164,6 +177,15 @@ class EventLoop:
                 state.t = maximum(self._now(state), done)
             state.pending = 0.0
             state.epoch += 1
+            if not is_real:
+                # The stream's last op ended before each rank's now: the next one
+                # cannot queue behind it (spares a max per op).  The real rank's
+                # arrivals come from its process, which the graph's waits do not bind.
+                spec = state.ops[event.op].spec
+                streams = state.p2p_free if spec.is_p2p else state.streams
+                for key in self._stream_keys(spec):
+                    if streams.get(key) is done:
+                        del streams[key]
         elif event.action == "issue":
             self._issue(state, event, is_real)
         state.gap_applied = False
@@ -205,6 +227,10 @@ class EventLoop:
         state.sequence.clear()
         state.forget_factors()
         state.slack.clear()
+        for family, free in state.streams.items():
+            state.streams[family] = squeeze(free)
+        for key, free in state.p2p_free.items():
+            state.p2p_free[key] = squeeze(free)
         state.iteration_starts.append(state.t)
         if state.program.class_id == self._real_class:
             real = self.real
@@ -277,7 +303,9 @@ class EventLoop:
         if info.local and not (self.record or real_here or self._arrivals_perturbed):
             # The fast path: no one needs the per-rank arrivals, only the groups' last.
             cost, lowest = self._op_cost(state, event.op)
-            self._complete(state, event.op, self._group_last(state, op.family, info.axes) + cost,
+            self._complete(state, event.op,
+                           self._queue(state, op.family, self._group_last(state, op.family,
+                                                                          info.axes), cost),
                            slack=lowest)
             state.issued += 1
             return
@@ -298,7 +326,9 @@ class EventLoop:
             self._issue_across_classes(state, event.op, op)
         else:
             cost, lowest = self._op_cost(state, event.op)
-            self._complete(state, event.op, max_over(arrival, info.axes) + cost, slack=lowest)
+            self._complete(state, event.op,
+                           self._queue(state, op.family, max_over(arrival, info.axes), cost),
+                           slack=lowest)
 
     def _group_last(self, state: ClassState, family: str, axes: tuple[int, ...]) -> Time:
         """When the last member of each group arrives, without forming per-rank
@@ -316,6 +346,17 @@ class EventLoop:
         if factor_max is None:
             factor_max = state.factor_max[family] = factor.max(axis=axes, keepdims=True)
         return t + state.pending * factor_max
+
+    @staticmethod
+    def _queue(state: ClassState, family: str, last: Time, cost: Time) -> Time:
+        """An op of ``family`` whose groups' last members arrive at ``last``:
+        it starts once its group's stream is free too, and ends ``cost`` later
+        (so it still ends at least ``cost`` after each arrival: the wait
+        shortcut's slack holds)."""
+        free = state.streams.get(family)
+        done = (last if free is None else maximum(last, free)) + cost
+        state.streams[family] = done
+        return done
 
     def _issue_across_classes(self, state: ClassState, op_index: int, op: OpSpec) -> None:
         seq = state.next_sequence(("coll", op.family))
@@ -344,10 +385,18 @@ class EventLoop:
         if self.record:
             latest = int(np.argmax(full.reshape(len(self.states), -1).max(axis=1)))
             cause = (latest, waiting[latest][0])
+        # every class's share of a group saw the same ops end: their streams
+        # agree, but take the latest should link costs have told them apart
+        start = done
+        for class_id in waiting:
+            free = self.states[class_id].streams.get(op.family)
+            if free is not None:
+                start = maximum(start, free)
         for class_id, (index, arrival, iteration) in waiting.items():
             other = self.states[class_id]
             cost, lowest = self._op_cost(other, index)
-            self._complete(other, index, done + cost, iteration, cause, lowest, arrival)
+            finish = other.streams[op.family] = start + cost
+            self._complete(other, index, finish, iteration, cause, lowest, arrival)
 
     def _issue_p2p(self, state: ClassState, op_index: int, op: OpSpec) -> None:
         # The n-th send from one class to another, in one direction, pairs with
@@ -364,33 +413,67 @@ class EventLoop:
         source, target = (me, peer) if op.kind == "send" else (peer, me)
         seq = state.next_sequence(("p2p", source, target, step, op.kind))
         key = ("p2p", source, target, step, state.iteration, seq)
+        event = state.events[state.pc]
+        unit = self._unit(state, op, event.batch)
+        arrival = state.arrivals[op_index]
+        # (a unit of one op, the common case, copies no array)
+        unit.arrival = maximum(unit.arrival, arrival) if unit.ops else arrival
+        unit.ops.append((op_index, state.iteration, arrival))
+        unit.unresolved += 1
         waiting = self._rendezvous.setdefault(key, {})
         # the arrival travels with the entry: a sender that never waits may end
         # its iteration before the receiver posts the matching receive
-        waiting[op.kind] = (state.program.class_id, op_index, state.arrivals[op_index],
-                            state.iteration)
-        if len(waiting) < 2:
-            return
-        del self._rendezvous[key]
-        send_class, send_op, sent, send_iteration = waiting["send"]
-        recv_class, recv_op, received, recv_iteration = waiting["recv"]
+        waiting[op.kind] = (me, op_index, arrival, state.iteration, unit)
+        if len(waiting) == 2:
+            del self._rendezvous[key]
+            self._pair(waiting, seq, state.iteration)
+        following = state.events[state.pc + 1] if state.pc + 1 < len(state.events) else None
+        if not event.batch or following is None or following.action != "issue" \
+                or following.batch != event.batch:
+            state.open_unit = None  # the batch is complete: NCCL launches it now
+            self._launch(state, unit)
+
+    def _stream_keys(self, op: OpSpec) -> tuple:
+        """The streams ``op`` may run on."""
+        if not op.is_p2p:
+            return (op.family,)
+        size = self.graph.mesh.shape[self.graph.family_axes(op.family)[0]]
+        return (("batch", op.family), ("pair", op.family, op.peer % size))
+
+    def _unit(self, state: ClassState, op: OpSpec, batch: int) -> Unit:
+        """The unit an op joins.  Without eager init, ProcessGroupNCCL runs a
+        lone p2p op on a 2-rank communicator of its own per peer pair (so on
+        its stream: send and recv with one peer run in issue order), and a
+        batch on the group's communicator, as one NCCL group.  (Here a group's
+        batches have a stream apart from its collectives: pipeline groups
+        hardly run any.)"""
+        if batch:
+            if state.open_unit is None:
+                state.open_unit = Unit(state.program.class_id, ("batch", op.family))
+            return state.open_unit
+        size = self.graph.mesh.shape[self.graph.family_axes(op.family)[0]]
+        return Unit(state.program.class_id, ("pair", op.family, op.peer % size))
+
+    def _pair(self, waiting: dict, seq: int, iteration: int) -> None:
+        """A send and its recv have both been issued: they run once both
+        sides' units have started."""
+        send_class, send_op, sent, _, send_unit = waiting["send"]
+        recv_class, recv_op, received, _, recv_unit = waiting["recv"]
         sender, receiver = self.states[send_class], self.states[recv_class]
         spec = sender.program.ops[send_op]
         if spec.nbytes != receiver.program.ops[recv_op].nbytes:
             raise GraphError(
-                f"send {seq + 1} of iteration {state.iteration} from class {send_class} to "
+                f"send {seq + 1} of iteration {iteration} from class {send_class} to "
                 f"class {recv_class} on {spec.family} carries {spec.nbytes} bytes but the "
                 f"matching recv expects {receiver.program.ops[recv_op].nbytes}")
         # Across classes the ranks pair element by element (same coordinates off
         # the class axis); inside a class, rank x sends to x + step on the axis.
+        step = spec.peer
         axis = None if sender is not receiver else self.layout.local_axes(spec.family)[0]
-        sent_there = roll(sent, step, axis)  # each receiver's sender's arrival
-        received_there = roll(received, -step, axis)  # each sender's receiver's arrival
-        cost, slack = self._op_cost(sender, send_op)  # per sender: a receiver's is its sender's
-        done = maximum(sent_there, received) + roll(cost, step, axis)
-        for kind, peers in (("recv", sent_there), ("send", received_there)):
-            class_id, op_index, own, iteration = waiting[kind]
-            if class_id == self._real_class and iteration == self.states[class_id].iteration:
+        for kind, peers in (("recv", roll(sent, step, axis)),
+                            ("send", roll(received, -step, axis))):
+            class_id, op_index, own, op_iteration, _ = waiting[kind]
+            if class_id == self._real_class and op_iteration == self.states[class_id].iteration:
                 # the real rank's side: its peer, if the peer arrived later, was waited for
                 real = self.real
                 peer_rank = self._real_peer(self.states[class_id].program.ops[op_index])
@@ -398,13 +481,63 @@ class EventLoop:
                 own_time = at(own, real.index, self.layout.class_shape)
                 real.last[op_index] = ((peer_rank, peer_time) if peer_time >= own_time
                                        else (real.rank, own_time))
-        cause = None
         if self.record:
             late = "send" if np.max(sent) >= np.max(received) else "recv"
-            cause = waiting[late][:2]
-        self._complete(receiver, recv_op, done, recv_iteration, cause, slack, received)
-        self._complete(sender, send_op, roll(done, -step, axis), send_iteration, cause, slack,
-                       sent)
+            send_unit.causes[send_op] = recv_unit.causes[recv_op] = waiting[late][:2]
+        match = [send_unit, recv_unit, step, axis, send_class, send_op, False]
+        send_unit.matches.append(match)
+        if recv_unit is not send_unit:
+            recv_unit.matches.append(match)
+
+    def _launch(self, state: ClassState, unit: Unit) -> None:
+        unit.launched = True
+        queue = state.queues.get(unit.key)
+        if queue is None:
+            queue = state.queues[unit.key] = collections.deque()
+        queue.append(unit)
+        if len(queue) == 1:
+            self._start(unit)
+
+    def _start(self, unit: Unit) -> None:
+        """``unit`` reached the head of its stream's queue: it starts once its
+        last op is issued and the stream is free, and its ops run once their
+        peers' units start too; each unit that ends frees its stream for the next."""
+        starting = [unit]
+        while starting:
+            unit = starting.pop()
+            state = self.states[unit.class_id]
+            free = state.p2p_free.get(unit.key)
+            unit.start = unit.arrival if free is None else maximum(unit.arrival, free)
+            for match in unit.matches:
+                send_unit, recv_unit, step, axis, send_class, send_op, resolved = match
+                if resolved or send_unit.start is None or recv_unit.start is None:
+                    continue
+                match[-1] = True
+                cost, slack = self._op_cost(self.states[send_class], send_op)
+                done = maximum(roll(send_unit.start, step, axis), recv_unit.start) \
+                    + roll(cost, step, axis)
+                recv_unit.end = done if recv_unit.end is None else maximum(recv_unit.end, done)
+                done = roll(done, -step, axis)
+                send_unit.end = done if send_unit.end is None else maximum(send_unit.end, done)
+                for side in (send_unit, recv_unit):
+                    side.slack = min(side.slack, slack)
+                    side.unresolved -= 1
+                    if not side.unresolved:
+                        following = self._finish(side)
+                        if following is not None:
+                            starting.append(following)
+
+    def _finish(self, unit: Unit) -> Unit | None:
+        """Every op of ``unit`` ran: they complete together; returns the unit
+        next on its stream, if one is queued."""
+        state = self.states[unit.class_id]
+        for op_index, iteration, arrival in unit.ops:
+            self._complete(state, op_index, unit.end, iteration, unit.causes.get(op_index),
+                           unit.slack, arrival)
+        state.p2p_free[unit.key] = unit.end
+        queue = state.queues[unit.key]
+        queue.popleft()
+        return queue[0] if queue else None
 
     def _real_peer(self, op: OpSpec) -> int:
         """The real rank's peer in a p2p op (rings inside a class wrap around)."""

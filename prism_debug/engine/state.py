@@ -4,7 +4,9 @@ timings it records."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import math
 from typing import Sequence
 
 from prism_debug.engine.times import Time
@@ -34,6 +36,36 @@ class OpInfo:
     axes: tuple[int, ...]  # the family's axes in a class array
     spans_classes: bool
     local: bool  # a collective inside the class: the fast path applies
+
+
+class Unit:
+    """What one class runs as one on a stream: a point-to-point op issued
+    alone, or the ops of one batch_isend_irecv (one NCCL group: they run
+    together, and each completes when the last of them does)."""
+
+    __slots__ = ("class_id", "key", "ops", "arrival", "start", "end", "unresolved", "slack",
+                 "matches", "causes", "launched")
+
+    def __init__(self, class_id: int, key: tuple) -> None:
+        self.class_id = class_id
+        self.key = key  # its stream
+        self.ops: list[tuple[int, int, Time]] = []  # (op index, iteration, arrival)
+        self.arrival: Time = -math.inf  # its last op's issue: when NCCL launches the group
+        self.start: Time | None = None  # once its stream is free
+        self.end: Time | None = None  # the latest of its ops' ends so far
+        self.unresolved = 0  # ops whose peer has not issued or started its side
+        self.slack = math.inf
+        self.matches: list = []  # the pairings of its ops, resolved once both sides start
+        self.causes: dict[int, tuple[int, int]] = {}
+        self.launched = False
+
+    def relayout(self, column_map) -> None:
+        self.arrival = column_map(self.arrival)
+        if self.end is not None:
+            self.end = column_map(self.end)
+        if self.start is not None:
+            self.start = column_map(self.start)
+        self.ops = [(op, iteration, column_map(arrival)) for op, iteration, arrival in self.ops]
 
 
 class ClassState:
@@ -66,6 +98,14 @@ class ClassState:
         self.factor_top: float | None = None  # its max over the class
         # per completed op, a time it surely ends after each member's arrival
         self.slack: dict[int, float] = {}
+        # family -> when each group's stream is free (its last op's end),
+        # shaped like a group max; kept across iterations
+        self.streams: dict[str, Time] = {}
+        # point-to-point: per stream (a peer pair's, or a group's batches), when
+        # it is free and the units queued on it; the batch being issued
+        self.p2p_free: dict[tuple, Time] = {}
+        self.queues: dict[tuple, collections.deque] = {}
+        self.open_unit: Unit | None = None
 
     def next_sequence(self, key: tuple) -> int:
         n = self.sequence.get(key, 0)

@@ -39,6 +39,7 @@ class RecordedIssue:
     nbytes: int
     dtype: str
     peer_delta: int = 0  # p2p: the peer's global rank minus the rank's own
+    batch: int = 0  # p2p: its batch_isend_irecv's number in the iteration (0: alone)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +135,8 @@ def representatives(mesh: Mesh, axis: str | None) -> list[int]:
 
 def _signature(event: RecordedEvent) -> tuple:
     if isinstance(event, RecordedIssue):
-        return ("issue", event.kind, event.family, event.nbytes, event.dtype, event.peer_delta)
+        return ("issue", event.kind, event.family, event.nbytes, event.dtype, event.peer_delta,
+                event.batch)
     if isinstance(event, RecordedWait):
         return ("wait", event.issue)
     return ("end",)
@@ -195,7 +197,7 @@ def program(record: SliceRecord, class_id: int, mesh: Mesh,
                     index[key] = len(ops)
                     ops.append(spec)
                 issues.append(index[key])
-                events.append(Event("issue", gap, index[key]))
+                events.append(Event("issue", gap, index[key], event.batch))
             elif isinstance(event, RecordedWait):
                 events.append(Event("wait", gap, issues[event.issue]))
             else:

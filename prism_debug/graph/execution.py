@@ -14,6 +14,9 @@ family's axis), *wait* for an issued op, or *end* the iteration.  Programs
 have ``warmup`` iterations (DDP builds and then rebuilds its buckets,
 pipelines handshake) and a ``steady`` part that repeats after them.
 
+Point-to-point ops issued by one ``batch_isend_irecv`` carry the batch's
+number (counted from 1 in each iteration): NCCL runs them as one group.
+
 Beside the programs, the graph keeps the messages each class sends outside
 the tensor data path (``graph/messages.py``: pipelining's shape metadata),
 so a virtual peer hands the real rank what that stage really sends.  They
@@ -33,9 +36,12 @@ from pathlib import Path
 from prism_debug.errors import GraphError
 from prism_debug.graph.messages import PeerMessage, messages_from_json, messages_to_json
 
-# 2: messages (peer objects and control tensors) beside the programs
+# 2: p2p batches and the messages (peer objects, control tensors) classes send.
+# Version 1 had neither: still read where it has no point-to-point ops
+# (nothing to batch, no messages), refused where it has (its batches would
+# run one by one).
 GRAPH_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+READABLE_VERSIONS = (1, GRAPH_VERSION)
 P2P_KINDS = ("send", "recv")
 
 
@@ -108,6 +114,9 @@ class Event:
     action: str  # "issue", "wait" or "end"
     gap_s: float  # compute since the rank's previous event
     op: int = -1  # index into the program's ops (issue, wait)
+    # issue of a p2p op: its batch_isend_irecv call's number in the iteration
+    # (0: issued alone); one batch's ops are consecutive issues
+    batch: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,8 +222,8 @@ class ExecutionGraph:
             "programs": [{
                 "class_id": p.class_id,
                 "ops": [[o.kind, o.family, o.nbytes, o.dtype, o.peer] for o in p.ops],
-                "warmup": [[[e.action, e.gap_s, e.op] for e in it] for it in p.warmup],
-                "steady": [[e.action, e.gap_s, e.op] for e in p.steady],
+                "warmup": [[_event_row(e) for e in it] for it in p.warmup],
+                "steady": [_event_row(e) for e in p.steady],
             } for p in self.programs],
             "messages": messages_to_json(self.messages),
             "message_iterations": self.message_iterations,
@@ -228,7 +237,7 @@ class ExecutionGraph:
                              f"versions {', '.join(map(str, READABLE_VERSIONS))}: profile the "
                              "job again")
         try:
-            return cls(
+            graph = cls(
                 mesh=Mesh(tuple(data["mesh"]["shape"]), tuple(data["mesh"]["names"])),
                 families={k: tuple(v) for k, v in data["families"].items()},
                 class_axis=data["class_axis"],
@@ -246,6 +255,11 @@ class ExecutionGraph:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise GraphError(f"malformed graph: {exc!r}") from exc
+        if version != GRAPH_VERSION and any(op.is_p2p for p in graph.programs for op in p.ops):
+            raise GraphError(f"graph format version {version!r} does not record which "
+                             "point-to-point ops form one batch (batch_isend_irecv); this "
+                             f"prism-debug reads version {GRAPH_VERSION}: profile the job again")
+        return graph
 
     def save(self, path: Path) -> None:
         tmp = path.with_name(path.name + ".tmp")
@@ -288,3 +302,8 @@ def check_trusted(path: Path) -> None:
         raise GraphError(f"{path} carries pickled objects and others may write to it (mode "
                          f"{stat.filemode(info.st_mode)}); make it private (chmod go-w) if you "
                          "trust it, or profile the job again")
+
+
+def _event_row(event: Event) -> list:
+    row = [event.action, event.gap_s, event.op]
+    return row + [event.batch] if event.batch else row

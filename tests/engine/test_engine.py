@@ -56,3 +56,26 @@ def test_wait_until_reaches_the_deadline_and_reports_the_wait():
     assert clock.now() >= deadline
     assert waited >= 0.0099
     assert clock.wait_until(deadline) == 0.0
+
+
+def test_a_send_then_a_recv_with_one_peer_run_in_order_on_the_pairs_stream(engine):
+    world = engine.group(range(16), GroupRef("world", 0))
+    pair = engine.peer_stream(world, 0, 8)
+    cost = engine.cost.time_s("send", 1 << 20, Placement.pair(0, 8, 8))
+    assert engine.collective(pair, "send", 1 << 20, 0.0) == pytest.approx(cost)
+    assert engine.collective(pair, "recv", 1 << 20, 0.0) == pytest.approx(2 * cost)
+
+
+def test_a_batch_runs_its_ops_together_and_each_completes_with_the_batch(engine):
+    world = engine.group(range(16), GroupRef("world", 0))
+    to_next, to_prev = engine.peer_stream(world, 0, 8), engine.peer_stream(world, 0, 15)
+    small = engine.cost.time_s("send", 1 << 10, Placement.pair(0, 8, 8))
+    large = engine.cost.time_s("recv", 1 << 20, Placement.pair(0, 8, 8))
+    send = engine.collective(to_next, "send", 1 << 10, 1.0, batch=1)
+    recv = engine.collective(to_next, "recv", 1 << 20, 1.0, batch=1)
+    assert send() == recv() == pytest.approx(1.0 + max(small, large))
+    # the next batch, to another peer, runs after it on the group's communicator
+    later = engine.collective(to_prev, "send", 1 << 10, 1.0, batch=2)
+    assert later() == pytest.approx(1.0 + max(small, large) + small)
+    # a lone op on a pair's stream does not wait for batches
+    assert engine.collective(to_prev, "recv", 1 << 10, 1.0) == pytest.approx(1.0 + small)

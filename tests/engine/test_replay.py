@@ -293,8 +293,14 @@ def test_graph_round_trips_through_its_file_and_rejects_other_versions(tmp_path)
     assert ExecutionGraph.load(path) == graph
     data = graph.to_dict() | {"version": 99}
     with pytest.raises(GraphError, match="graph format version 99; this prism-debug reads "
-                                         "version 1: profile the job again"):
+                                         "versions 1, 2: profile the job again"):
         ExecutionGraph.from_dict(data)
+    # version 1 recorded no batches: read without point-to-point ops only
+    with pytest.raises(GraphError, match="graph format version 1 does not record which "
+                                         "point-to-point ops form one batch"):
+        ExecutionGraph.from_dict(graph.to_dict() | {"version": 1})
+    old = tp_then_dp_graph()
+    assert ExecutionGraph.from_dict(old.to_dict() | {"version": 1}) == old
     (tmp_path / "junk").write_text("not gzip")
     with pytest.raises(GraphError, match="is not a prism-debug graph file"):
         ExecutionGraph.load(tmp_path / "junk")
@@ -306,9 +312,15 @@ def one_class_jobs(draw):
     num_ops = draw(st.integers(1, 6))
     ops = tuple(OpSpec("all_reduce", draw(st.sampled_from(["tp", "dp", "world"])), 64)
                 for _ in range(num_ops))
-    events = []
+    # Ops may be issued back to back before their waits (DDP's buckets), with
+    # gaps shorter than an op: they queue on their group's stream.
+    events, unwaited = [], []
     for i in range(num_ops):
-        events += [issue(i, draw(st.floats(0, 2))), wait(i, draw(st.floats(0, 1)))]
+        events.append(issue(i, draw(st.floats(0, 2) | st.floats(0, 2 * COST))))
+        unwaited.append(i)
+        for _ in range(draw(st.integers(0, len(unwaited)))):
+            events.append(wait(unwaited.pop(0), draw(st.floats(0, 1))))
+    events += [wait(i, draw(st.floats(0, 1))) for i in unwaited]
     events.append(end(draw(st.floats(0, 1))))
     graph = ExecutionGraph(mesh=Mesh((dp, tp), ("dp", "tp")),
                            families={"tp": ("tp",), "dp": ("dp",), "world": ("dp", "tp")},
@@ -331,12 +343,16 @@ def test_no_collective_completes_before_its_last_member_and_replays_repeat(job):
         return engine
 
     first, second = replay(), replay()
+    previous = {}  # family -> the done of its last op: a group's ops run in issue order
     for record in first.records:
         op = graph.programs[0].ops[record.op]
         arrival = np.broadcast_to(record.arrival, graph.mesh.shape)
         axes = graph.family_axes(op.family)
         last = np.broadcast_to(arrival.max(axis=axes, keepdims=True), graph.mesh.shape)
-        assert np.all(np.broadcast_to(record.done, graph.mesh.shape) >= last + COST - 1e-9)
+        done = np.broadcast_to(record.done, graph.mesh.shape)
+        assert np.all(done >= last + COST - 1e-9)
+        assert np.all(done >= previous.get(op.family, -math.inf) + COST - 1e-9)
+        previous[op.family] = done
     assert [(r.op, r.iteration, np.array(r.done).tolist()) for r in first.records] == [
         (r.op, r.iteration, np.array(r.done).tolist()) for r in second.records]
 
@@ -407,12 +423,19 @@ def pipeline_jobs(draw):
     dp, tp = draw(st.integers(1, 6)), draw(st.sampled_from([1, 2]))
     tp_op, dp_op = OpSpec("all_reduce", "tp", 64), OpSpec("all_reduce", "dp", 64)
     gaps, short = st.floats(0, 2), st.floats(0, 2 * COST)  # waits about as long as an op
-    stage0 = ClassProgram(0, (tp_op, OpSpec("send", "pp", 64, peer=1), dp_op), (), (
-        issue(0, draw(gaps)), wait(0, draw(short)), issue(1, draw(gaps)), issue(2, draw(gaps)),
-        wait(1, draw(short)), wait(2, draw(short)), end(draw(gaps))))
-    stage1 = ClassProgram(1, (OpSpec("recv", "pp", 64, peer=-1), tp_op, dp_op), (), (
-        issue(0, draw(gaps)), wait(0, draw(short)), issue(1, draw(gaps)), wait(1, draw(short)),
-        issue(2, draw(gaps)), wait(2, draw(short)), end(draw(gaps))))
+    # two DP all-reduces back to back (DDP's buckets): the second may queue
+    # behind the first on the DP group's stream
+    # a lone p2p op or a batch of one: on its pair's stream or the group's batches'
+    send = dataclasses.replace(issue(1, draw(gaps)), batch=draw(st.sampled_from([0, 1])))
+    recv = dataclasses.replace(issue(0, draw(gaps)), batch=draw(st.sampled_from([0, 1])))
+    stage0 = ClassProgram(0, (tp_op, OpSpec("send", "pp", 64, peer=1), dp_op, dp_op), (), (
+        issue(0, draw(gaps)), wait(0, draw(short)), send, issue(2, draw(gaps)),
+        issue(3, draw(short)), wait(1, draw(short)), wait(2, draw(short)), wait(3, draw(short)),
+        end(draw(gaps))))
+    stage1 = ClassProgram(1, (OpSpec("recv", "pp", 64, peer=-1), tp_op, dp_op, dp_op), (), (
+        recv, wait(0, draw(short)), issue(1, draw(gaps)), wait(1, draw(short)),
+        issue(2, draw(gaps)), issue(3, draw(short)), wait(2, draw(short)), wait(3, draw(short)),
+        end(draw(gaps))))
     graph = ExecutionGraph(mesh=Mesh((2, dp, tp), ("pp", "dp", "tp")),
                            families={"tp": ("tp",), "dp": ("dp",), "pp": ("pp",)},
                            class_axis="pp", programs=(stage0, stage1), gpus_per_node=2)

@@ -109,16 +109,17 @@ def test_the_graph_keeps_each_class_messages_and_its_profiled_iterations(tmp_pat
     assert ExecutionGraph.load(path) == graph
 
 
-def test_a_version_1_graph_still_loads_without_messages(tmp_path):
+def test_a_version_1_graph_with_point_to_point_is_refused(tmp_path):
+    # version 1 recorded neither messages nor batches: its p2p would replay wrong
     data = _graph_with(()).to_dict()
     data["version"] = 1
     del data["messages"], data["message_iterations"]
     path = tmp_path / "old.prism"
     with gzip.open(path, "wt") as f:
         json.dump(data, f)
-    graph = ExecutionGraph.load(path)
-    assert graph.messages == {} and graph.message_iterations == 0
-    assert graph.to_dict()["version"] == 2  # saved again, in the format it now has
+    with pytest.raises(GraphError, match=r"graph format version 1 does not record which "
+                                         r"point-to-point ops form one batch"):
+        ExecutionGraph.load(path)
 
 
 def test_an_unknown_version_is_refused(tmp_path):
