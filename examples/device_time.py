@@ -185,7 +185,8 @@ def main(argv=None):
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".json.partial")
         partial.write_text(json.dumps({"rank": rank, "iteration_s": times,
-                                       "peak_rss_bytes": peak_rss}))
+                                       "peak_rss_bytes": peak_rss,
+                                       "compute_factor": compute_factor}))
         partial.replace(path)  # a reader never sees half a file
     dist.destroy_process_group()
 
