@@ -159,7 +159,7 @@ def main(argv=None):
     layout.build_groups(rank)
     slow = os.environ.get("DEVICE_TIME_SLOW_RANK")
     compute_factor = (float(os.environ.get("DEVICE_TIME_SLOW_FACTOR", "2"))
-                      if slow is not None and int(slow) == rank else 1.0)
+                      if slow and int(slow) == rank else 1.0)
     stage = Stage(args, layout, compute_factor)
 
     # the stage's weights: their gradient is what dp all-reduces, in buckets

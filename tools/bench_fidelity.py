@@ -175,7 +175,8 @@ def device_workload(args, workdir: Path, hardware: Path) -> tuple[list, list]:
     rows, straggler_rows = [], []
     ranks = [int(r) for r in args.ranks.split(",")]
     for name in args.layouts.split(","):
-        script_args = [*DEVICE_LAYOUTS[name], "--iterations", str(args.iterations)]
+        script_args = [*DEVICE_LAYOUTS[name], "--activation-kib", str(args.activation_kib),
+                       "--iterations", str(args.iterations)]
         layout_dir = workdir / name
         layout_dir.mkdir(parents=True, exist_ok=True)
         graph = layout_dir / "graph.prism"
@@ -185,7 +186,7 @@ def device_workload(args, workdir: Path, hardware: Path) -> tuple[list, list]:
         _run(_prism("profile", "--world-size", str(WORLD), "--gpus-per-node", str(WORLD),
                     "--iterations", str(args.profile_iterations), "--out", str(graph),
                     "--run-dir", str(layout_dir / "profile"), "--", sys.executable, str(DEVICE),
-                    *DEVICE_LAYOUTS[name], "--iterations", str(args.profile_iterations)))
+                    *script_args[:-2], "--iterations", str(args.profile_iterations)))
         straggle = name in args.straggler_layouts.split(",")
         perturb = f"slow {args.slow_rank} 2"
         # per round: rank -> steady mean, and the RSS, of each kind of run
@@ -365,6 +366,10 @@ def main() -> None:
                         help="The straggler (compute x2), a rank not emulated.")
     parser.add_argument("--straggler-layouts", default="pp4xdp4",
                         help="Layouts with the straggler comparison ('' for none).")
+    parser.add_argument("--activation-kib", type=int, default=16,
+                        help="Bytes sent between stages per micro-batch (see the README: at "
+                             "256 KiB gloo's transfers among 16 processes cost more than "
+                             "the calibrated profile says).")
     parser.add_argument("--calibrate-processes", type=int, default=4)
     parser.add_argument("--cpu-rounds", type=int, default=3,
                         help="Rounds of the CPU-compute example (0: leave it out).")
