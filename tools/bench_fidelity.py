@@ -8,7 +8,9 @@ all-reduces (bucketed over dp; inside every layer over tp).  Waiting costs
 no CPU, so the real job is 16 processes under ``torchrun`` on two cores, in
 two layouts: pp=4 x dp=4 and tp=2 x pp=4 x dp=2.  The bench
 
-1. fits a hardware profile to this host (``prism-debug calibrate --local``),
+1. fits a hardware profile to this host (``prism-debug calibrate --local
+   --processes 16``: as many processes as the real job, since a gloo op here
+   costs more the more processes share the two cores),
 2. profiles each layout once (``prism-debug profile``, world 16),
 3. each round, runs the job for real (every rank writes its iteration times
    and peak RSS to its own file), then emulates ranks of the first, the
