@@ -357,7 +357,7 @@ def print_tables(rows, straggler_rows, cpu_rows) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="Interleaved real/emulated rounds.")
-    parser.add_argument("--iterations", type=int, default=30, help="Iterations per run.")
+    parser.add_argument("--iterations", type=int, default=20, help="Iterations per run.")
     parser.add_argument("--warmup", type=int, default=3, help="Iterations left out of the mean.")
     parser.add_argument("--profile-iterations", type=int, default=8)
     parser.add_argument("--layouts", default=",".join(DEVICE_LAYOUTS),
@@ -378,7 +378,7 @@ def main() -> None:
                              "latency here: ~0.2 ms between 4 processes, ~0.9 ms among 16).")
     parser.add_argument("--hardware", type=Path,
                         help="Use this profile instead of calibrating afresh.")
-    parser.add_argument("--cpu-rounds", type=int, default=3,
+    parser.add_argument("--cpu-rounds", type=int, default=2,
                         help="Rounds of the CPU-compute example (0: leave it out).")
     parser.add_argument("--cpu-iterations", type=int, default=10)
     parser.add_argument("--cpu-layouts", default=",".join(CPU_LAYOUTS))
