@@ -97,6 +97,7 @@ def main() -> None:
         runs += [(f"{label}{kind}", kind, tree, flags[label])
                  for kind in ("lockstep", "no-digest", "graph")]
     medians: dict[tuple[str, int], float] = {}
+    cpus: dict[tuple[str, int], float] = {}
     print(f"{'world':>6} {'kind':>18} {'median-iteration µs/collective (runs)':>44} "
           f"{'median':>7} {'spread':>7} {'cpu µs':>7}")
     with tempfile.TemporaryDirectory() as scratch:
@@ -111,14 +112,15 @@ def main() -> None:
                     samples[name].append(measure(kind, tree, world, args.ops, graphs[tree], flag))
             for name, *_ in runs:
                 wall = [w for w, _ in samples[name]]
-                cpu = statistics.median(c for _, c in samples[name])
+                cpu = cpus[name, world] = statistics.median(c for _, c in samples[name])
                 medians[name, world] = statistics.median(wall)
                 print(f"{world:>6} {name:>18} {' '.join(f'{v:.1f}' for v in wall):>44} "
                       f"{medians[name, world]:>7.2f} {_spread(wall):>7} {cpu:>7.2f}")
             fake = medians["fake", world]
             for name, *_ in runs[1:]:
                 print(f"{world:>6} {name:>18} overhead over fake: "
-                      f"{medians[name, world] - fake:.2f} µs, ratio {medians[name, world] / fake:.2f}")
+                      f"{medians[name, world] - fake:.2f} µs, ratio {medians[name, world] / fake:.2f}"
+                      f" (CPU: ratio {cpus[name, world] / cpus['fake', world]:.2f})")
     world = max(w for _, w in medians)
     fake = medians["fake", world]
     for line, name in (("overhead", "lockstep"), ("overhead_graph", "graph")):
