@@ -14,6 +14,10 @@ error is the real rank's median steady iteration against the replay's, and
 the spread is the real rank's iteration-to-iteration spread (interquartile
 range over the median) — the noise the error is to be read against.
 
+The iteration alone is one-sided (a real rank faster than its profile waits
+for its peers and ends with them), so the real rank's compute — its iteration
+less its waits — is printed beside it against the graph's compute gaps.
+
 Last line: ``selfconsistency: error_pct=X spread_pct=Y`` (medians over the
 repeats).  Goal (issue 13): |X| at most 1.
 """
@@ -29,6 +33,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from prism_debug.graph import ExecutionGraph  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOAD = ROOT / "tools" / "selfconsistency_workload.py"
 WARM_UP = 3  # iterations left out: the first carries start-up, the next settle
@@ -41,8 +48,9 @@ def _cli(*args: str, capture: bool = True) -> str:
 
 
 def one_repeat(scratch: Path, world: int, rank: int, hardware: str,
-               iterations: int) -> tuple[float, float, float]:
-    """(real rank's median steady iteration, the replay's, real spread %)."""
+               iterations: int) -> tuple[float, float, float, float, float]:
+    """(real rank's median steady iteration, the replay's, real spread %, the
+    real rank's median compute (iteration less its waits), the graph's)."""
     graph = scratch / "ddp.graph"
     _cli("profile", "--world-size", str(world), "--out", str(graph), "--",
          sys.executable, str(WORKLOAD), "--iterations", "6")
@@ -53,10 +61,17 @@ def one_repeat(scratch: Path, world: int, rank: int, hardware: str,
     _cli("run", "--world-size", str(world), "--rank", str(rank), "--hardware", hardware,
          "--graph", str(graph), "--report", str(report), "--",
          sys.executable, str(WORKLOAD), "--iterations", str(iterations))
-    times = [it["time_s"] for it in json.loads(report.read_text())["iterations"]][WARM_UP:]
+    records = json.loads(report.read_text())["iterations"][WARM_UP:]
+    times = [it["time_s"] for it in records]
     quartiles = statistics.quantiles(times, n=4)
     real = statistics.median(times)
-    return real, predicted, 100 * (quartiles[2] - quartiles[0]) / real
+    # The iteration alone is one-sided: a real rank faster than its profile
+    # waits for its peers and ends with them.  Its compute is two-sided.
+    loaded = ExecutionGraph.load(graph)
+    program = loaded.programs[loaded.class_of(rank)]
+    profiled = sum(event.gap_s for event in program.steady)
+    compute = statistics.median(it["compute_s"] for it in records)
+    return real, predicted, 100 * (quartiles[2] - quartiles[0]) / real, compute, profiled
 
 
 def main() -> None:
@@ -67,17 +82,21 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=5)
     parser.add_argument("--hardware", default="h100-ib400")
     args = parser.parse_args()
-    errors, spreads = [], []
-    print(f"{'repeat':>6} {'real ms':>8} {'replay ms':>9} {'error %':>8} {'spread %':>8}")
+    errors, spreads, compute_errors = [], [], []
+    print(f"{'repeat':>6} {'real ms':>8} {'replay ms':>9} {'error %':>8} {'spread %':>8} "
+          f"{'compute ms':>10} {'profiled':>8} {'error %':>8}")
     with tempfile.TemporaryDirectory() as scratch:
         for repeat in range(args.repeats):
-            real, predicted, spread = one_repeat(Path(scratch), args.world_size, args.rank,
-                                                 args.hardware, args.iterations)
+            real, predicted, spread, compute, profiled = one_repeat(
+                Path(scratch), args.world_size, args.rank, args.hardware, args.iterations)
             errors.append(100 * (real - predicted) / predicted)
             spreads.append(spread)
+            compute_errors.append(100 * (compute - profiled) / profiled)
             print(f"{repeat:>6} {real * 1e3:>8.3f} {predicted * 1e3:>9.3f} "
-                  f"{errors[-1]:>+8.2f} {spread:>8.2f}", flush=True)
-    print(f"errors over repeats: {' '.join(f'{e:+.2f}' for e in errors)}")
+                  f"{errors[-1]:>+8.2f} {spread:>8.2f} {compute * 1e3:>10.3f} "
+                  f"{profiled * 1e3:>8.3f} {compute_errors[-1]:>+8.2f}", flush=True)
+    print(f"errors over repeats: {' '.join(f'{e:+.2f}' for e in errors)}; the real rank's "
+          f"compute against the profile's: {' '.join(f'{e:+.2f}' for e in compute_errors)}")
     print(f"selfconsistency: error_pct={statistics.median(errors):.2f} "
           f"spread_pct={statistics.median(spreads):.2f}")
 
