@@ -96,22 +96,23 @@ class PrismProcessGroup(dist.ProcessGroup):
         reduce-scatter); ``source``: the group rank the data came from (a
         broadcast's root, a receive's peer)."""
         rt = self._rt
+        tracker = rt.tracker
         if rt.peer_faults.active and op != "send" and rt.peer_faults.apply(
-                self, op, result, rt.tracker.iteration, rt.tracker.num_collectives + 1,
+                self, op, result, tracker.iteration, tracker.num_collectives + 1,
                 peer if source is None else source):
             rt.digest(flat_tensors(result))  # what a faulty peer changed is part of the values
         watch = rt.watch
         if watch is not None:  # a paused rank's pause is not harness time either
-            t0 += watch.enter(op, self.ref, rt.tracker.num_collectives + 1, nbytes)
+            t0 += watch.enter(op, self.ref, tracker.num_collectives + 1, nbytes)
         done = rt.engine.collective(stream or self._stream, op, nbytes, arrival, rt.p2p_batch)
         self.num_issued += 1
         work = PrismWork(rt, done, result, group=self, seq=self.num_issued, op=op,
                          arrival=arrival)
         if self._coalesced is not None:
             self._coalesced.append(work)
-        work.record = rt.tracker.collective(op, self.ref, nbytes, arrival, done)
+        work.record = tracker.collective(op, self.ref, nbytes, arrival, done)
         if watch is not None:
-            watch.exit(op, self.ref, rt.tracker.num_collectives, done)
+            watch.exit(op, self.ref, tracker.num_collectives, done)
         rt.mark_activity(arrival)
         if rt.flight is not None:
             rt.flight.note(self, op, result, inputs, peer, done, rt.tracker.iteration)
@@ -129,13 +130,15 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- reductions -------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        t0, arrival = self._arrive()
+        t0 = _perf_counter()  # _arrive, inlined on the commonest op
         rt = self._rt
+        arrival = t0 - rt.clock.excluded_s
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         rt.inputs(tensors)
-        key = self._key()
+        tracker = rt.tracker
+        reduce_peers, n = rt.values.reduce_peers, self._n
         for i, tensor in enumerate(tensors):
-            rt.values.reduce_peers(tensor, op, self._n, (*key, i))
+            reduce_peers(tensor, op, n, (tracker.iteration, tracker.num_collectives, i))
         rt.digest(tensors)
         return self._complete("all_reduce", _nbytes(tensors), t0, arrival, tensors)
 
@@ -372,6 +375,8 @@ def _dtype(result: list) -> str:
 
 
 def _nbytes(tensors) -> int:
+    if len(tensors) == 1:  # the common case, without a generator
+        return tensors[0].nbytes
     return sum(t.nbytes for t in tensors)
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import functools
 import time
 from typing import Callable
 
@@ -112,20 +111,26 @@ class Runtime:
         if self.on_nonfinite is not None and _nonfinite(tensors):
             report, self.on_nonfinite = self.on_nonfinite, None
             report(self.tracker.iteration)
-        self.digest(tensors)
+        if self.digests:
+            _fold(self.tracker.hasher.update, tensors)
 
     def digest(self, tensors) -> None:
         """Fold the values of ``tensors`` into this iteration's digest."""
-        if not self.digests:
-            return
-        update = self.tracker.hasher.update
-        for tensor in tensors:
-            if tensor.is_cpu and tensor.is_contiguous():
-                nbytes = tensor.nbytes
-                if nbytes:
-                    update(_buffer_type(nbytes).from_address(tensor.data_ptr()))
-            else:
-                update(tensor_bytes(tensor))
+        if self.digests:
+            _fold(self.tracker.hasher.update, tensors)
+
+
+def _fold(update, tensors) -> None:
+    for tensor in tensors:
+        if tensor.is_cpu and tensor.is_contiguous():
+            nbytes = tensor.nbytes
+            if nbytes:
+                buffer_type = _BUFFER_TYPES.get(nbytes)
+                if buffer_type is None:
+                    buffer_type = _buffer_type(nbytes)
+                update(buffer_type.from_address(tensor.data_ptr()))
+        else:
+            update(tensor_bytes(tensor))
 
 
 def _nonfinite(tensors) -> bool:
@@ -133,9 +138,16 @@ def _nonfinite(tensors) -> bool:
                for t in flat_tensors(tensors))
 
 
-@functools.lru_cache(maxsize=1024)
+# nbytes -> the ctypes array type that views a buffer of that size (a plain
+# dict on the hot path: an lru_cache call costs more than the lookup)
+_BUFFER_TYPES: dict[int, type] = {}
+
+
 def _buffer_type(nbytes: int):
-    return ctypes.c_ubyte * nbytes
+    if len(_BUFFER_TYPES) >= 1024:  # a script of ever-new sizes: start afresh
+        _BUFFER_TYPES.clear()
+    buffer_type = _BUFFER_TYPES[nbytes] = ctypes.c_ubyte * nbytes
+    return buffer_type
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:

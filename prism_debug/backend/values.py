@@ -26,6 +26,11 @@ import torch.distributed as dist
 from prism_debug.errors import ConfigError
 
 _R = dist.ReduceOp.RedOpType
+# pybind's enum comparisons cost ~0.75 µs each, several per op on the hot
+# path: the reductions compare plain ints instead (``kind.value``).
+_SUM, _AVG, _PREMUL_SUM, _PRODUCT, _MIN, _MAX, _BAND, _BOR, _BXOR = (
+    k.value for k in (_R.SUM, _R.AVG, _R.PREMUL_SUM, _R.PRODUCT, _R.MIN, _R.MAX,
+                      _R.BAND, _R.BOR, _R.BXOR))
 POLICIES = ("mirror", "zeros", "random")
 
 
@@ -65,8 +70,8 @@ class Values:
     def reduce_peers(self, tensor: torch.Tensor, op, n: int, key: tuple) -> None:
         """In place: ``tensor`` becomes the reduction of the real rank's
         ``tensor`` with the n-1 peers' contributions."""
-        kind = op if isinstance(op, _R) else op.op
-        factor = op.factor if kind == _R.PREMUL_SUM else None
+        kind = (op if isinstance(op, _R) else op.op).value
+        factor = op.factor if kind == _PREMUL_SUM else None
         if self.policy == "mirror":
             _reduce_mirror(tensor, kind, n, factor)
         elif self.policy == "zeros":
@@ -88,18 +93,18 @@ class Values:
             _reduce_mirror(tensor, kind, n, factor)
             return
         generator = self.generator(key)
-        if kind in (_R.SUM, _R.AVG, _R.PREMUL_SUM):
+        if kind in (_SUM, _AVG, _PREMUL_SUM):
             noise = torch.randn(tensor.shape, generator=generator, dtype=tensor.dtype)
             tensor.add_(noise.mul_(math.sqrt(n - 1)))
-            if kind == _R.AVG:
+            if kind == _AVG:
                 tensor.div_(n)
-            elif kind == _R.PREMUL_SUM:
+            elif kind == _PREMUL_SUM:
                 tensor.mul_(_premul_factor(factor))
-        elif kind in (_R.MAX, _R.MIN):
+        elif kind in (_MAX, _MIN):
             # The largest of n-1 standard normals is Φ⁻¹(U^(1/(n-1))): one draw.
             uniform = torch.rand(tensor.shape, generator=generator, dtype=torch.float64)
             extreme = torch.special.ndtri(uniform.pow_(1.0 / (n - 1))).to(tensor.dtype)
-            if kind == _R.MAX:
+            if kind == _MAX:
                 torch.maximum(tensor, extreme, out=tensor)
             else:
                 torch.minimum(tensor, extreme.neg_(), out=tensor)
@@ -114,37 +119,37 @@ def _premul_factor(factor) -> float:
 
 
 def _reduce_mirror(tensor: torch.Tensor, kind, n: int, factor) -> None:
-    if n <= 1 and kind != _R.PREMUL_SUM:
+    if n <= 1 and kind != _PREMUL_SUM:
         return
-    if kind == _R.SUM:
+    if kind == _SUM:
         tensor.mul_(n)
-    elif kind in (_R.AVG, _R.MAX, _R.MIN, _R.BAND, _R.BOR):
+    elif kind in (_AVG, _MAX, _MIN, _BAND, _BOR):
         return
-    elif kind == _R.PREMUL_SUM:
+    elif kind == _PREMUL_SUM:
         tensor.mul_(_premul_factor(factor) * n)
-    elif kind == _R.PRODUCT:
+    elif kind == _PRODUCT:
         tensor.pow_(n)
-    elif kind == _R.BXOR:
+    elif kind == _BXOR:
         if n % 2 == 0:
             tensor.zero_()
     else:
-        raise ValueError(f"unsupported reduce op {kind}")
+        raise ValueError(f"unsupported reduce op {_R(kind)}")
 
 
 def _reduce_zeros(tensor: torch.Tensor, kind, n: int, factor) -> None:
-    if n <= 1 and kind != _R.PREMUL_SUM:
+    if n <= 1 and kind != _PREMUL_SUM:
         return
-    if kind in (_R.SUM, _R.BOR, _R.BXOR):
+    if kind in (_SUM, _BOR, _BXOR):
         return
-    if kind == _R.AVG:
+    if kind == _AVG:
         tensor.div_(n)
-    elif kind == _R.PREMUL_SUM:
+    elif kind == _PREMUL_SUM:
         tensor.mul_(_premul_factor(factor))
-    elif kind == _R.MAX:
+    elif kind == _MAX:
         tensor.clamp_(min=0)
-    elif kind == _R.MIN:
+    elif kind == _MIN:
         tensor.clamp_(max=0)
-    elif kind in (_R.PRODUCT, _R.BAND):
+    elif kind in (_PRODUCT, _BAND):
         tensor.zero_()
     else:
-        raise ValueError(f"unsupported reduce op {kind}")
+        raise ValueError(f"unsupported reduce op {_R(kind)}")

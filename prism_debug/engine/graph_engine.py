@@ -28,11 +28,14 @@ class DeferredCompletion:
 
 
 class GraphStream:
-    __slots__ = ("family", "peer")
+    __slots__ = ("family", "peer", "specs")
 
     def __init__(self, family: str, peer: int = 0) -> None:
         self.family = family
         self.peer = peer  # p2p: steps along the family's axis
+        # (op, nbytes) -> its OpSpec: a frozen dataclass costs ~2 µs to make,
+        # and a training loop repeats a handful of them
+        self.specs: dict[tuple[str, int], OpSpec] = {}
 
 
 class GraphEngine:
@@ -71,9 +74,11 @@ class GraphEngine:
     def collective(self, stream: GraphStream, op: str, nbytes: int, arrival: float,
                    batch: int = 0) -> DeferredCompletion:
         # (``batch`` is in the graph already: the real rank follows it)
+        spec = stream.specs.get((op, nbytes))
+        if spec is None:
+            spec = stream.specs[op, nbytes] = OpSpec(op, stream.family, nbytes, peer=stream.peer)
         try:
-            handle = self.replay.real_issue(
-                OpSpec(op, stream.family, nbytes, peer=stream.peer), arrival)
+            handle = self.replay.real_issue(spec, arrival)
         except GraphError as error:
             self._mismatch(error)
         return DeferredCompletion(self.replay, handle)
