@@ -48,7 +48,10 @@ def _quiet(line: str) -> None:
 
 
 def run(options: RunOptions, message: Message = _quiet) -> RunResult:
-    """Run ``options.command`` as one real rank of the emulated job, to its end."""
+    """Run ``options.command`` as one real rank of the emulated job, to its end
+    (with the graph ``options`` names, or in lockstep: ``profile_graph`` is
+    the graph cache's to resolve first, as ``api.run`` does)."""
+    assert not options.profile_graph, "graph_cache.with_graph resolves profile_graph"
     check_command(options.command)
     graph = load_graph(options)
     store = open_store(options.store)
@@ -188,7 +191,7 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
     check_unchanged(manifest)
     if options.faults and manifest.graph_digest is None:
         raise ConfigError(f"faults act on virtual peers replayed from a graph; snapshot "
-                          f"{manifest.id} was taken from a run without --graph")
+                          f"{manifest.id} was taken from a run whose peers arrived in lockstep")
     criu = restore_tools(manifest)
     run_dir = options.run_dir or default_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,7 @@ def profile(options: ProfileOptions, message: Callable[[str], None]) -> Executio
         result = run(RunOptions(
             command=options.command, rank=rank, world_size=options.world_size,
             profile=hardware, iterations=options.iterations, run_dir=run_dir,
-            record_program=True, digests=False), lambda line: None)
+            record_program=True, digests=False, bind=None), lambda line: None)
         if result.exit_code != 0:
             raise LaunchError(f"the slice for rank {rank} exited with code {result.exit_code}; "
                               f"its output is in {result.run_dir / 'rank.log'}")
