@@ -44,7 +44,7 @@ def run(options: RunOptions, message: Callable[[str], None] = lambda line: None)
     """Run ``options.command`` as one real rank of the emulated job, to its
     end — its graph profiled first (or taken from the cache) when
     ``options.profile_graph`` asks for one."""
-    return launch.run(with_graph(options, message), message)
+    return launch.run(options, message, with_graph)
 
 
 __all__ = [

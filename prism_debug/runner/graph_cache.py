@@ -21,6 +21,7 @@ import importlib.metadata
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -76,17 +77,21 @@ def cached_graph(command: list[str], world_size: int, gpus_per_node: int, *,
         message(f"graph: {path} (cached: profiled before for this command, script and layout)")
         return path
     if refused.is_file():
-        raise GraphError(f"{refused.read_text(encoding='utf-8').strip()} (profiled before: "
+        raise GraphError(f"{refused.read_text(encoding='utf-8').strip()} (profiled before; "
                          f"remove {refused} to profile again)")
     _private_dirs(cache)
     message(f"graph: profiling the job once into {path} ({PROFILE_ITERATIONS} iterations per "
             "slice, one slice per rank class)")
     partial = cache / f"{key}.{os.getpid()}.partial"
+    started = time.perf_counter()
     try:
         profile(ProfileOptions(command=command, world_size=world_size,
                                gpus_per_node=gpus_per_node, iterations=PROFILE_ITERATIONS,
-                               out=partial, run_dir=run_dir), message)
+                               out=partial, run_dir=run_dir),
+                lambda line: None if line.startswith("profile: wrote") else message(line))
         _publish(partial, path)
+        message(f"graph: profiled in {time.perf_counter() - started:.1f} s; cached "
+                f"{path} ({path.stat().st_size} bytes)")
     except GraphError as exc:
         partial.write_text(str(exc) + "\n", encoding="utf-8")
         _publish(partial, refused)
@@ -104,10 +109,8 @@ def with_graph(options: RunOptions, message: Message) -> RunOptions:
     ranks need a graph."""
     if not options.profile_graph:
         return options
-    check_command(options.command)
     command = options.profile_command or options.command
-    if command is not options.command:
-        check_command(command)
+    check_command(command)
     run_dir = options.run_dir or default_run_dir()
     try:
         path = cached_graph(command, options.world_size, options.profile.gpus_per_node,
@@ -117,9 +120,9 @@ def with_graph(options: RunOptions, message: Message) -> RunOptions:
             needs = "--perturb" if options.faults else "--trace-ranks"
             raise ConfigError(f"{needs} needs an execution graph, and none can describe this "
                               f"job: {exc}") from exc
-        message(f"prism-debug: warning: virtual peers arrive in lockstep: no execution graph "
-                f"can describe this job ({exc}); --lockstep runs in lockstep without "
-                "profiling or this warning")
+        message(f"prism-debug: warning: virtual peers arrive in lockstep, as no execution "
+                f"graph can describe this job: {exc}. --lockstep skips profiling and this "
+                "warning")
         return dataclasses.replace(options, profile_graph=False, profile_command=None,
                                    run_dir=run_dir)
     return dataclasses.replace(options, graph_path=path, profile_graph=False,

@@ -15,7 +15,7 @@ import resource
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from prism_debug.agent.config import ENV_VAR, AgentConfig
 from prism_debug.errors import ConfigError, GraphError, LaunchError, SnapshotError
@@ -38,6 +38,7 @@ from prism_debug.runner.snapshots import (
     check_unchanged,
     restore_process,
     restore_tools,
+    snapshot_tools,
 )
 
 Message = Callable[[str], None]
@@ -47,14 +48,27 @@ def _quiet(line: str) -> None:
     pass
 
 
-def run(options: RunOptions, message: Message = _quiet) -> RunResult:
-    """Run ``options.command`` as one real rank of the emulated job, to its end
-    (with the graph ``options`` names, or in lockstep: ``profile_graph`` is
-    the graph cache's to resolve first, as ``api.run`` does)."""
-    assert not options.profile_graph, "graph_cache.with_graph resolves profile_graph"
+class GraphFinder(Protocol):
+    def __call__(self, options: RunOptions, message: Message) -> RunOptions:
+        """``options`` with the graph ``profile_graph`` asks for (or lockstep)."""
+
+
+def run(options: RunOptions, message: Message = _quiet,
+        find_graph: GraphFinder | None = None) -> RunResult:
+    """Run ``options.command`` as one real rank of the emulated job, to its end.
+
+    ``options.profile_graph`` asks ``find_graph`` (the graph cache's
+    ``with_graph``, which ``api.run`` passes) for the job's graph once the
+    cheap checks have passed, so a mistake is not found after profiling."""
     check_command(options.command)
-    graph = load_graph(options)
     store = open_store(options.store)
+    if options.profile_graph:
+        if find_graph is None:
+            raise ConfigError("profile_graph needs the graph cache: run through api.run")
+        if options.takes_snapshots:
+            snapshot_tools()  # CRIU missing or unusable: say so before profiling
+        options = find_graph(options, message)
+    graph = load_graph(options)
     snapshotter = None
     if options.takes_snapshots:
         # CRIU missing or unusable: say so before the run starts
