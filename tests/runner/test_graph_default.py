@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -16,8 +17,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import prism_debug
+from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
+from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.graph import ExecutionGraph
 from prism_debug.runner import graph_cache
+from prism_debug.runner.options import python_command
 from prism_debug.snapshot.store import Store, sha256_file
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -183,6 +187,20 @@ def test_an_attached_console_sees_the_replayed_peers(tmp_path, monkeypatch):
     finish(run)
 
 
+def test_the_bundled_example_shares_one_graph_whatever_its_iterations(example_graph):
+    """Profiled told the slices' count, its graph serves a run of 2 iterations."""
+    assert RUN_DEFAULTS.iterations == graph_cache.PROFILE_ITERATIONS
+    profiled = python_command(EXAMPLE_SCRIPT, RUN_DEFAULTS.argv(RUN_FLAGS))
+    path = graph_cache.cache_dir() / f"{graph_cache.cache_key(profiled, 64, 8)}.prism"
+    shutil.copyfile(example_graph, path)  # what `prism-debug profile` wrote for that command
+    proc = cli("run", "--world-size", "64", "--rank", "5", "--iterations", "2", "--no-bus")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert own_lines(proc)[0] == (f"graph: {path} (cached: profiled before for this command, "
+                                  "script and layout)")
+    assert own_lines(proc)[2].endswith("--tp 8 --pp 4 --iterations 2")
+    assert len(rows(proc)) == 2 and all("last in: rank" in row for row in rows(proc))
+
+
 # -- the key ------------------------------------------------------------------------------
 
 
@@ -207,7 +225,7 @@ def test_the_key_follows_the_script_its_arguments_the_layout_and_the_versions(tm
     assert len({graph_cache.cache_key(command, 64, 8), edited}) == 2
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=4),
        st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=4))
 def test_different_command_lines_never_share_a_graph(a, b):
