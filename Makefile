@@ -1,5 +1,7 @@
 # Two commands do all the set-up (README "Quick start"):
 #   make run    run the bundled example as rank 4097 of 8192 and print the report
+#               (its first run profiles the example and caches its graph, so
+#               peers show pipeline bubbles and stragglers; later runs start at once)
 #   make test   run the test suite
 # Both create .venv, install the pinned dependencies and provision CRIU
 # (tools/provision_criu.sh) on first use; later calls find the stamp up to

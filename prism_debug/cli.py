@@ -55,7 +55,7 @@ def main(verbose: int) -> None:
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write a Chrome trace (open it in Perfetto) here.")
 @click.option("--trace-ranks", default="",
-              help="Virtual ranks to show in the trace, e.g. 0,4096-4103 (needs --graph).")
+              help="Virtual ranks to show in the trace, e.g. 0,4096-4103 (not with --lockstep).")
 @click.option("--seed", default=0, show_default=True,
               help="Seeds torch, random and numpy in the rank, and the seeded peer values.")
 @click.option("--values", type=click.Choice(["mirror", "zeros", "random"]), default="mirror",
@@ -63,7 +63,10 @@ def main(verbose: int) -> None:
 @click.option("--no-digest", is_flag=True, help="Skip hashing collective values.")
 @click.option("--graph", "graph_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Replay virtual peers from this execution graph (prism-debug profile) "
-                   "instead of letting them arrive in lockstep.")
+                   "[default: the job's own, profiled on the first run and cached].")
+@click.option("--lockstep", is_flag=True,
+              help="Let virtual peers arrive with the real rank at every collective, "
+                   "without profiling the job (no pipeline bubbles, no stragglers).")
 @click.option("--snapshot-at", default="",
               help="Snapshot the rank (CRIU) after these iterations, e.g. 3,10.")
 @click.option("--snapshot-every", type=int, default=None,
@@ -83,7 +86,7 @@ def main(verbose: int) -> None:
 @click.option("--no-bus", is_flag=True, help="No debugger bus: the run cannot be attached to.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--perturb", "perturbations", multiple=True,
-              help="Perturb virtual peers (needs --graph), e.g. 'fail 4099 at 3', "
+              help="Perturb virtual peers (not with --lockstep), e.g. 'fail 4099 at 3', "
                    "'slow node:512 1.16', 'delay 4100 0.005 family dp'; repeatable.")
 @click.option("--collective-timeout", type=float, default=None,
               help="Seconds before NCCL's watchdog gives up on a collective [default: the "
@@ -91,7 +94,7 @@ def main(verbose: int) -> None:
 @click.option("--paused", is_flag=True,
               help="Pause the rank at init_process_group until prism-debug attach continues it.")
 def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path,
-        trace_ranks, seed, values, no_digest, graph_path, snapshot_at, snapshot_every,
+        trace_ranks, seed, values, no_digest, graph_path, lockstep, snapshot_at, snapshot_every,
         incremental, isolate, store, run_dir, bind, no_bus, perturbations, collective_timeout,
         paused, command) -> None:
     """Run COMMAND as one real rank of a WORLD_SIZE job.
@@ -102,14 +105,26 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
     With no COMMAND, runs the bundled example (examples/train_gpt.py: a GPT
     with tp=8 x pp=4 x data parallelism). The script's exit code is the
     command's exit code.
+
+    Virtual peers replay the job's execution graph: the first run profiles
+    the job (one slice per rank class) and caches the graph; later runs of
+    the same command, script and layout start at once.
     """
     from prism_debug import api  # the runner (and ZeroMQ) only for the commands that run
+    from prism_debug.runner.graph_cache import PROFILE_ITERATIONS
 
+    if lockstep and graph_path is not None:
+        raise ConfigError("--lockstep and --graph exclude each other: --graph replays virtual "
+                          "peers from a graph, --lockstep lets them arrive with the real rank")
     profile = load_profile(hardware)
     if gpus_per_node is not None:
         if gpus_per_node < 1:
             raise ConfigError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
         profile = dataclasses.replace(profile, gpus_per_node=gpus_per_node)
+    # the bundled example is profiled told the slices' iterations, so runs of
+    # any length share its graph
+    profile_command = None if command or lockstep or graph_path else \
+        _bundled_example_command(world_size, PROFILE_ITERATIONS)
     command = list(command) or _bundled_example_command(world_size, iterations)
     faults = tuple(api.parse_fault(text, world_size, profile.gpus_per_node)
                    for text in perturbations)
@@ -117,6 +132,7 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
         command=command, rank=rank, world_size=world_size, profile=profile,
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
         values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
+        profile_graph=graph_path is None and not lockstep, profile_command=profile_command,
         trace_ranks=rank_list(trace_ranks, world_size, profile.gpus_per_node, "--trace-ranks"),
         snapshot_at=number_list(snapshot_at, "--snapshot-at", "iterations"),
         snapshot_every=snapshot_every, incremental=incremental, isolate=isolate, store=store,

@@ -65,6 +65,7 @@ class Example(Checked):
 
 # What ``prism-debug run`` with no command runs: the example as production runs
 # it (the nccl backend, which prism-debug stands in for), four iterations unless
-# --iterations says otherwise.
+# --iterations says otherwise.  Its graph is profiled told the slices' count
+# (graph_cache.PROFILE_ITERATIONS), so runs of any length share one graph.
 RUN_DEFAULTS = Example(backend="nccl", iterations=4)
 RUN_FLAGS = ("backend", "tp", "pp", "iterations")  # what its command line spells out

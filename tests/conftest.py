@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def graph_cache(tmp_path_factory):
+    """The graph cache the session's runs share (never the user's): a script
+    a test runs without --graph or --lockstep is profiled once per session."""
+    path = tmp_path_factory.mktemp("graph-cache")
+    before = os.environ.get("PRISM_DEBUG_GRAPH_CACHE")
+    os.environ["PRISM_DEBUG_GRAPH_CACHE"] = str(path)
+    yield path
+    if before is None:
+        del os.environ["PRISM_DEBUG_GRAPH_CACHE"]
+    else:
+        os.environ["PRISM_DEBUG_GRAPH_CACHE"] = before
 
 
 @pytest.fixture(scope="session")

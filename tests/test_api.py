@@ -23,7 +23,8 @@ def test_faults_at_restore_need_a_snapshot_taken_with_a_graph(tmp_path):
     with pytest.raises(ConfigError) as info:
         api.restore(options)
     assert str(info.value) == ("faults act on virtual peers replayed from a graph; snapshot "
-                               "r4097-it2-abcdef was taken from a run without --graph")
+                               "r4097-it2-abcdef was taken from a run whose peers arrived in "
+                               "lockstep")
     assert not (tmp_path / "run").exists()  # nothing started
 
 

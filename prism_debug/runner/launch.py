@@ -15,7 +15,7 @@ import resource
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from prism_debug.agent.config import ENV_VAR, AgentConfig
 from prism_debug.errors import ConfigError, GraphError, LaunchError, SnapshotError
@@ -38,6 +38,7 @@ from prism_debug.runner.snapshots import (
     check_unchanged,
     restore_process,
     restore_tools,
+    snapshot_tools,
 )
 
 Message = Callable[[str], None]
@@ -47,11 +48,27 @@ def _quiet(line: str) -> None:
     pass
 
 
-def run(options: RunOptions, message: Message = _quiet) -> RunResult:
-    """Run ``options.command`` as one real rank of the emulated job, to its end."""
+class GraphFinder(Protocol):
+    def __call__(self, options: RunOptions, message: Message) -> RunOptions:
+        """``options`` with the graph ``profile_graph`` asks for (or lockstep)."""
+
+
+def run(options: RunOptions, message: Message = _quiet,
+        find_graph: GraphFinder | None = None) -> RunResult:
+    """Run ``options.command`` as one real rank of the emulated job, to its end.
+
+    ``options.profile_graph`` asks ``find_graph`` (the graph cache's
+    ``with_graph``, which ``api.run`` passes) for the job's graph once the
+    cheap checks have passed, so a mistake is not found after profiling."""
     check_command(options.command)
-    graph = load_graph(options)
     store = open_store(options.store)
+    if options.profile_graph:
+        if find_graph is None:
+            raise ConfigError("profile_graph needs the graph cache: run through api.run")
+        if options.takes_snapshots:
+            snapshot_tools()  # CRIU missing or unusable: say so before profiling
+        options = find_graph(options, message)
+    graph = load_graph(options)
     snapshotter = None
     if options.takes_snapshots:
         # CRIU missing or unusable: say so before the run starts
@@ -188,7 +205,7 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
     check_unchanged(manifest)
     if options.faults and manifest.graph_digest is None:
         raise ConfigError(f"faults act on virtual peers replayed from a graph; snapshot "
-                          f"{manifest.id} was taken from a run without --graph")
+                          f"{manifest.id} was taken from a run whose peers arrived in lockstep")
     criu = restore_tools(manifest)
     run_dir = options.run_dir or default_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)

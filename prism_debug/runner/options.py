@@ -32,6 +32,13 @@ class RunOptions:
     digests: bool = True
     record_program: bool = False  # profiling a slice
     graph_path: Path | None = None  # replay virtual peers from this graph
+    # no graph_path: take the job's graph from the graph cache, profiling it
+    # first if need be (api.run; lockstep, with a warning, where no graph can
+    # describe the job); False and no graph_path: peers arrive in lockstep
+    profile_graph: bool = False
+    # what profiling runs, when not command (the bundled example told the
+    # slices' iteration count, so runs of any length share its graph)
+    profile_command: list[str] | None = None
     # the graph at graph_path, when the caller has loaded it already (a
     # scenario's runs share one load)
     graph: ExecutionGraph | None = dataclasses.field(default=None, compare=False, repr=False)
@@ -59,10 +66,13 @@ class RunOptions:
             raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
         if not self.command:
             raise ConfigError("no command to run")
+        if self.profile_graph and self.graph_path is not None:
+            raise ConfigError("a run replays the graph it is given or profiles one, not both")
+        replayed = self.graph_path is not None or self.profile_graph
         if self.trace_ranks:
-            if self.graph_path is None or self.trace_path is None:
-                raise ConfigError("--trace-ranks needs --graph and --trace: without a graph "
-                                  "virtual peers simply do what the real rank does")
+            if not replayed or self.trace_path is None:
+                raise ConfigError("--trace-ranks needs a graph (not --lockstep) and --trace: "
+                                  "in lockstep virtual peers simply do what the real rank does")
             outside = [r for r in self.trace_ranks if not 0 <= r < self.world_size]
             if outside:
                 raise ConfigError(f"--trace-ranks {outside[0]} is outside the world of "
@@ -71,9 +81,9 @@ class RunOptions:
                                                       and self.snapshot_every < 1):
             raise ConfigError("snapshot iterations count from 1: --snapshot-at and "
                               "--snapshot-every take positive numbers")
-        if self.faults and self.graph_path is None:
-            raise ConfigError("--perturb needs --graph: perturbations act on virtual peers "
-                              "replayed from an execution graph (prism-debug profile)")
+        if self.faults and not replayed:
+            raise ConfigError("--perturb needs a graph, not --lockstep: perturbations act on "
+                              "virtual peers replayed from an execution graph")
         if self.collective_timeout_s is not None and self.collective_timeout_s <= 0:
             raise ConfigError(f"--collective-timeout must be positive, got "
                               f"{self.collective_timeout_s}")

@@ -11,9 +11,6 @@ goes back to the pure verdicts (``scenario/plan.py``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
 import subprocess
 import sys
 import time
@@ -26,15 +23,14 @@ from prism_debug.errors import ConfigError
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.faults import fault_text, rank_text, resolve
 from prism_debug.graph import ExecutionGraph
+from prism_debug.runner.graph_cache import cached_graph
 from prism_debug.runner.launch import restore, run
 from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, python_command
 from prism_debug.runner.paths import default_run_dir, open_store
-from prism_debug.runner.profile import ProfileOptions, profile
 from prism_debug.scenario import Scenario, plan
 from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt
 from prism_debug.snapshot.store import Manifest, sha256_file
 
-GRAPH_CACHE_ENV = "PRISM_DEBUG_GRAPH_CACHE"
 _FR_TRACE_TIMEOUT_S = 300
 Message = Callable[[str], None]
 
@@ -179,8 +175,8 @@ def _command(scenario: Scenario) -> list[str]:
 
 def _graph(scenario: Scenario, command: list[str], run_dir: Path,
            message: Message) -> Path | None:
-    """The graph file: the scenario's (relative to its file), or one profiled
-    for it and cached by command and layout, so scenarios of one job share it."""
+    """The graph file: the scenario's (relative to its file), or the job's from
+    the graph cache (profiled now if need be), which runs of the job share."""
     spec, world = scenario.run, scenario.world
     if spec.graph is None:
         return None
@@ -192,27 +188,8 @@ def _graph(scenario: Scenario, command: list[str], run_dir: Path,
             raise ConfigError(f"{scenario.source}: run.graph {spec.graph}: no such file "
                               f"({path}); make one with prism-debug profile, or write profile")
         return path
-    script = Path(command[1]) if len(command) > 1 else None
-    key = hashlib.sha256(json.dumps([
-        [Path(c).name if c == sys.executable else c for c in command],
-        world.size, world.gpus_per_node,
-        hashlib.sha256(script.read_bytes()).hexdigest() if script and script.is_file() else "",
-    ]).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get(GRAPH_CACHE_ENV) or
-                 Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                 / "prism-debug" / "graphs")
-    path = cache / f"{key}.prism"
-    if path.is_file():
-        message(f"scenario: graph {path} (profiled before for this command and layout)")
-        return path
-    cache.mkdir(parents=True, exist_ok=True)
-    message(f"scenario: profiling the job's classes into {path}")
-    partial = path.with_suffix(".partial.prism")
-    profile(ProfileOptions(command=command, world_size=world.size,
-                           gpus_per_node=world.gpus_per_node, iterations=4, out=partial,
-                           run_dir=run_dir / "profile"), _quiet(message))
-    os.replace(partial, path)
-    return path
+    return cached_graph(command, world.size, world.gpus_per_node, run_dir=run_dir / "profile",
+                        message=_quiet(message))
 
 
 def _observe(result: RunResult) -> plan.Observed:
@@ -248,8 +225,8 @@ def _analyse_flight_record(dumped: dict) -> plan.FlightFindings:
 
 def _quiet(message: Message) -> Message:
     """Only the summary lines of the runs that support the scenario."""
-    return lambda line: message("  " + line) if line.startswith(("summary:", "profile: wrote")) \
-        else None
+    return lambda line: message("  " + line) if line.startswith(
+        ("summary:", "profile: wrote", "graph:")) else None
 
 
 def junit_xml(results: list[ScenarioResult]) -> str:

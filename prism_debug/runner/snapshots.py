@@ -191,6 +191,13 @@ def check_unchanged(manifest: Manifest) -> None:
                                 "code on disk", snapshot_id=manifest.id)
 
 
+def snapshot_tools() -> None:
+    """Check that CRIU and pycriu are there, before a run that snapshots starts
+    (:class:`CriuError` naming the fix)."""
+    criu_api.locate()
+    criu_api.pycriu()
+
+
 def restore_tools(manifest: Manifest) -> criu_api.Criu:
     """The CRIU a restore of ``manifest`` uses, once what it needs is there
     (cuda-checkpoint too, for a CUDA rank): asked before anything is given up."""

@@ -33,10 +33,11 @@ def session_dir(tmp_path, monkeypatch):
 
 def start(tmp_path: Path, *options: str, iterations: int = 8,
           script: str = "train_steps.py") -> subprocess.Popen:
-    """``prism-debug run`` in the background, rank 5 of 64, paused at init."""
-    command = [sys.executable, "-m", "prism_debug.cli", "run", "--world-size", "64", "--rank",
-               "5", "--run-dir", str(tmp_path / "run"), "--store", str(tmp_path / "store"),
-               "--report", str(tmp_path / "report.json"), *options, "--",
+    """``prism-debug run`` in the background, rank 5 of 64 (lockstep peers: these
+    tests are about the console, not timing)."""
+    command = [sys.executable, "-m", "prism_debug.cli", "run", "--lockstep", "--world-size",
+               "64", "--rank", "5", "--run-dir", str(tmp_path / "run"), "--store",
+               str(tmp_path / "store"), "--report", str(tmp_path / "report.json"), *options, "--",
                sys.executable, str(SCRIPTS / script)]
     if script == "train_steps.py":
         command += ["--iterations", str(iterations)]
@@ -237,8 +238,8 @@ def test_the_rank_runs_on_when_its_controller_stops_answering(tmp_path, session_
 def test_a_bus_beyond_loopback_needs_curve_keys(tmp_path, session_dir, monkeypatch):
     monkeypatch.setenv("PRISM_DEBUG_KEYS", str(tmp_path / "keys"))
     refused = subprocess.run(
-        [sys.executable, "-m", "prism_debug.cli", "run", "--world-size", "64", "--rank", "5",
-         "--bind", "0.0.0.0", "--", sys.executable, str(SCRIPTS / "train_steps.py")],
+        [sys.executable, "-m", "prism_debug.cli", "run", "--lockstep", "--world-size", "64",
+         "--rank", "5", "--bind", "0.0.0.0", "--", sys.executable, str(SCRIPTS / "train_steps.py")],
         capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2
     assert refused.stderr == (
@@ -286,8 +287,9 @@ def test_a_console_that_vanishes_leaves_no_breakpoint_behind(tmp_path, session_d
 
 def test_bind_takes_an_address_only(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "prism_debug.cli", "run", "--world-size", "64", "--rank", "5",
-         "--bind", "127.0.0.1:5555", "--", sys.executable, str(SCRIPTS / "train_steps.py")],
+        [sys.executable, "-m", "prism_debug.cli", "run", "--lockstep", "--world-size", "64",
+         "--rank", "5", "--bind", "127.0.0.1:5555", "--", sys.executable,
+         str(SCRIPTS / "train_steps.py")],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr == ("prism-debug: error: --bind '127.0.0.1:5555': give an address only "

@@ -72,11 +72,11 @@ def test_with_blocking_wait_the_script_gets_the_distbackenderror(graph, tmp_path
 
 
 def test_perturbations_need_a_graph(tmp_path):
-    proc = cli("run", "--world-size", "64", "--rank", "5", "--perturb", "fail 13")
+    proc = cli("run", "--lockstep", "--world-size", "64", "--rank", "5", "--perturb", "fail 13")
     assert proc.returncode == 2
-    assert proc.stderr == ("prism-debug: error: --perturb needs --graph: perturbations act on "
-                           "virtual peers replayed from an execution graph (prism-debug "
-                           "profile)\n")
+    assert proc.stderr == ("prism-debug: error: --perturb needs a graph, not --lockstep: "
+                           "perturbations act on virtual peers replayed from an execution "
+                           "graph\n")
 
 
 def test_the_console_perturbs_lists_and_clears(graph, tmp_path, monkeypatch):

@@ -150,7 +150,8 @@ def test_traced_virtual_ranks_and_who_the_longest_wait_was_for(graphs, tmp_path)
 
 
 def test_trace_ranks_need_a_graph():
-    proc = cli("run", "--trace-ranks", "1", "--trace", "/tmp/x.json")
+    proc = cli("run", "--lockstep", "--trace-ranks", "1", "--trace", "/tmp/x.json")
     assert proc.returncode == 2
-    assert proc.stderr == ("prism-debug: error: --trace-ranks needs --graph and --trace: without "
-                           "a graph virtual peers simply do what the real rank does\n")
+    assert proc.stderr == ("prism-debug: error: --trace-ranks needs a graph (not --lockstep) and "
+                           "--trace: in lockstep virtual peers simply do what the real rank "
+                           "does\n")

@@ -23,7 +23,8 @@ def test_a_shadowed_sitecustomize_still_runs(tmp_path):
         "dist.init_process_group('nccl')\n"
         "print('user sitecustomize:', os.environ.get('USER_SITECUSTOMIZE_RAN'), flush=True)\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "prism_debug.cli", "run", "--run-dir", str(tmp_path / "run"),
+        [sys.executable, "-m", "prism_debug.cli", "run", "--lockstep", "--run-dir",
+         str(tmp_path / "run"),
          "--", sys.executable, str(script)],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, "PYTHONPATH": str(site)})
@@ -43,7 +44,8 @@ def test_looking_torch_up_before_importing_it_still_loads_the_agent(tmp_path):
         "dist.init_process_group('nccl')\n"
         "print('backend', dist.get_backend(), flush=True)\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "prism_debug.cli", "run", "--run-dir", str(tmp_path / "run"),
+        [sys.executable, "-m", "prism_debug.cli", "run", "--lockstep", "--run-dir",
+         str(tmp_path / "run"),
          "--", sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[rank 4097] backend nccl" in proc.stdout

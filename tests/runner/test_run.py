@@ -1,4 +1,5 @@
-"""``prism-debug run`` end to end: real scripts, real torch, at 8,192 and 65,536 ranks."""
+"""``prism-debug run`` end to end: real scripts, real torch, at 8,192 and 65,536 ranks,
+with lockstep peers: the values and the ops (graphs: test_graph_run, test_graph_default)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.slow
 def prism(*args: str, tmp_path: Path, timeout: float = 240) -> subprocess.CompletedProcess:
     run_dir = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
     return subprocess.run(
-        [sys.executable, "-m", "prism_debug.cli", *args[:1], "--run-dir", str(run_dir), *args[1:]],
+        [sys.executable, "-m", "prism_debug.cli", *args[:1], "--lockstep", "--run-dir",
+         str(run_dir), *args[1:]],
         capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
@@ -294,8 +296,8 @@ def test_terminating_the_controller_takes_the_rank_down(tmp_path):
     import time
 
     controller = subprocess.Popen(
-        [sys.executable, "-m", "prism_debug.cli", "run", "--run-dir", str(tmp_path / "run"),
-         "--", sys.executable, str(SCRIPTS / "sleep_forever.py")],
+        [sys.executable, "-m", "prism_debug.cli", "run", "--lockstep", "--run-dir",
+         str(tmp_path / "run"), "--", sys.executable, str(SCRIPTS / "sleep_forever.py")],
         stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     for line in controller.stdout:
         if "pid=" in line:

@@ -35,7 +35,7 @@ def digests(report_path: Path) -> dict[int, str]:
 
 def snapshot_run(tmp: Path, script: Path = EXAMPLE, store: Path | None = None):
     store = store or tmp / "store"
-    proc = cli("run", "--world-size", "64", "--rank", "5", "--snapshot-at", "2",
+    proc = cli("run", "--lockstep", "--world-size", "64", "--rank", "5", "--snapshot-at", "2",
                "--store", str(store), "--report", str(tmp / "original.json"),
                "--run-dir", str(tmp / "run"), "--",
                sys.executable, str(script), "--tp", "2", "--pp", "2", "--iterations", "5")
@@ -124,7 +124,7 @@ def test_removing_a_snapshot(snapshotted, tmp_path):
 
 
 def test_without_usable_criu_a_snapshot_run_stops_before_it_starts(tmp_path):
-    proc = cli("run", "--world-size", "64", "--rank", "5", "--snapshot-at", "2",
+    proc = cli("run", "--lockstep", "--world-size", "64", "--rank", "5", "--snapshot-at", "2",
                "--store", str(tmp_path / "store"), "--", sys.executable, str(EXAMPLE),
                env={"PRISM_DEBUG_CRIU": str(tmp_path / "no-criu")})
     assert proc.returncode == 2
@@ -148,7 +148,7 @@ def test_a_failed_dump_costs_the_snapshot_not_the_run(tmp_path):
     fake.write_text('#!/bin/sh\n[ "$1" = --version ] && echo "Version: 4.1.1" && exit 0\n'
                     'exit 1\n')
     fake.chmod(0o755)
-    proc = cli("run", "--world-size", "64", "--rank", "5", "--snapshot-at", "2",
+    proc = cli("run", "--lockstep", "--world-size", "64", "--rank", "5", "--snapshot-at", "2",
                "--store", str(tmp_path / "store"), "--report", str(tmp_path / "r.json"),
                "--run-dir", str(tmp_path / "run"), "--", sys.executable, str(EXAMPLE),
                "--tp", "2", "--pp", "2", "--iterations", "3",
@@ -166,7 +166,7 @@ def test_an_incremental_chain_holds_only_changed_pages_and_restores_bit_for_bit(
     # machine's kernel) each full dump keeps only the pages that differ from
     # its parent's.  Either way: a chain of four, restored from its far end.
     store = tmp_path / "store"
-    proc = cli("run", "--world-size", "64", "--rank", "5", "--snapshot-every", "1",
+    proc = cli("run", "--lockstep", "--world-size", "64", "--rank", "5", "--snapshot-every", "1",
                "--incremental", "--store", str(store), "--report", str(tmp_path / "r.json"),
                "--run-dir", str(tmp_path / "run"), "--",
                sys.executable, str(EXAMPLE), "--tp", "2", "--pp", "2", "--iterations", "4")
@@ -208,7 +208,7 @@ def test_cuda_state_is_locked_checkpointed_restored_and_unlocked_in_order(tmp_pa
     tool.chmod(0o755)
     env = {"PRISM_DEBUG_CUDA_CHECKPOINT": str(tool)}
     store = tmp_path / "store"
-    proc = cli("run", "--world-size", "16", "--rank", "3", "--snapshot-at", "2",
+    proc = cli("run", "--lockstep", "--world-size", "16", "--rank", "3", "--snapshot-at", "2",
                "--store", str(store), "--report", str(tmp_path / "original.json"),
                "--run-dir", str(tmp_path / "run"), "--", sys.executable,
                str(Path(__file__).resolve().parents[1] / "scripts" / "cuda_claims.py"), env=env)
@@ -234,9 +234,9 @@ def test_cuda_state_is_locked_checkpointed_restored_and_unlocked_in_order(tmp_pa
 def test_an_isolated_rank_is_restored_beside_the_running_original(tmp_path):
     store, report = tmp_path / "store", tmp_path / "original.json"
     original = subprocess.Popen(
-        [sys.executable, "-m", "prism_debug.cli", "run", "--world-size", "16", "--rank", "3",
-         "--isolate", "--snapshot-at", "2", "--store", str(store), "--report", str(report),
-         "--run-dir", str(tmp_path / "run"), "--", sys.executable,
+        [sys.executable, "-m", "prism_debug.cli", "run", "--lockstep", "--world-size", "16",
+         "--rank", "3", "--isolate", "--snapshot-at", "2", "--store", str(store), "--report",
+         str(report), "--run-dir", str(tmp_path / "run"), "--", sys.executable,
          str(Path(__file__).resolve().parents[1] / "scripts" / "train_forever.py")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:

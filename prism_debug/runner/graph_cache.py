@@ -1,0 +1,159 @@
+"""The graph cache: a job profiled once, replayed by every later run of it.
+
+``prism-debug run`` without ``--graph`` and a scenario's ``graph: profile``
+both take their graph from here.  A graph is keyed by what it describes and
+what built it — the command line (this Python named by its name only), the
+script's contents, the world and its layout, the slices' iteration count,
+and the versions of torch, prism-debug and the graph format — so an edited
+script or an upgrade profiles afresh.  The cache is private (folders 0700,
+files 0600: a graph holds the command line) and every file appears whole
+or not at all (written aside, then linked into place: a crash or a
+concurrent run leaves no half file, and the first graph written stays, so
+a snapshot's graph digest keeps matching).  A job no graph can describe is
+remembered too, with why, so later runs do not profile it again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import prism_debug
+from prism_debug.errors import ConfigError, GraphError
+from prism_debug.graph.execution import GRAPH_VERSION
+from prism_debug.runner.options import RunOptions, check_command, script_of
+from prism_debug.runner.paths import default_run_dir
+from prism_debug.runner.profile import ProfileOptions, profile
+from prism_debug.snapshot.store import sha256_file
+
+CACHE_ENV = "PRISM_DEBUG_GRAPH_CACHE"
+PROFILE_ITERATIONS = 4  # per slice: a warm-up, and a steady state to compare
+Message = Callable[[str], None]
+
+
+def cache_dir() -> Path:
+    """``$PRISM_DEBUG_GRAPH_CACHE``, else ``$XDG_CACHE_HOME/prism-debug/graphs``."""
+    named = os.environ.get(CACHE_ENV)
+    if named:
+        return Path(named)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
+        / "prism-debug" / "graphs"
+
+
+def cache_key(command: list[str], world_size: int, gpus_per_node: int,
+              iterations: int = PROFILE_ITERATIONS) -> str:
+    """What a graph of ``command`` depends on, hashed (16 hex digits)."""
+    script = script_of(command)
+    facts = {
+        # this Python by name, so a moved checkout keeps its graphs; another
+        # interpreter (another venv, another torch) keeps its whole path
+        "command": [Path(word).name if word == sys.executable else word for word in command],
+        "script": sha256_file(script) if script is not None and script.is_file() else "",
+        "world_size": world_size, "gpus_per_node": gpus_per_node, "iterations": iterations,
+        "torch": _version("torch"), "prism_debug": prism_debug.__version__,
+        "graph_format": GRAPH_VERSION,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_graph(command: list[str], world_size: int, gpus_per_node: int, *,
+                 run_dir: Path | None, message: Message) -> Path:
+    """The graph file of ``command`` in this layout: the cached one, or a new
+    profile of it (its progress to ``message``), cached.  GraphError when no
+    graph can describe the job (now, or when it was profiled before);
+    LaunchError when a slice of the script fails."""
+    cache = cache_dir()
+    key = cache_key(command, world_size, gpus_per_node)
+    path = cache / f"{key}.prism"
+    refused = cache / f"{key}.unprofilable"
+    if path.is_file():
+        message(f"graph: {path} (cached: profiled before for this command, script and layout)")
+        return path
+    if refused.is_file():
+        raise GraphError(f"{refused.read_text(encoding='utf-8').strip()} (profiled before; "
+                         f"remove {refused} to profile again)")
+    _private_dirs(cache)
+    message(f"graph: profiling the job once into {path} ({PROFILE_ITERATIONS} iterations per "
+            "slice, one slice per rank class)")
+    partial = cache / f"{key}.{os.getpid()}.partial"
+    started = time.perf_counter()
+    try:
+        profile(ProfileOptions(command=command, world_size=world_size,
+                               gpus_per_node=gpus_per_node, iterations=PROFILE_ITERATIONS,
+                               out=partial, run_dir=run_dir),
+                lambda line: None if line.startswith("profile: wrote") else message(line))
+        _publish(partial, path)
+        message(f"graph: profiled in {time.perf_counter() - started:.1f} s; cached "
+                f"{path} ({path.stat().st_size} bytes)")
+    except GraphError as exc:
+        partial.write_text(str(exc) + "\n", encoding="utf-8")
+        _publish(partial, refused)
+        raise
+    finally:
+        for left in (partial, partial.with_name(partial.name + ".tmp")):  # (graph.save's)
+            left.unlink(missing_ok=True)
+    return path
+
+
+def with_graph(options: RunOptions, message: Message) -> RunOptions:
+    """``options`` with the graph ``profile_graph`` asks for, from the cache
+    or profiled now; where no graph can describe the job, lockstep peers and
+    a warning that says why — or an error, when the run's faults or traced
+    ranks need a graph."""
+    if not options.profile_graph:
+        return options
+    command = options.profile_command or options.command
+    check_command(command)
+    run_dir = options.run_dir or default_run_dir()
+    try:
+        path = cached_graph(command, options.world_size, options.profile.gpus_per_node,
+                            run_dir=run_dir / "profile", message=message)
+    except GraphError as exc:
+        if options.faults or options.trace_ranks:
+            needs = "--perturb" if options.faults else "--trace-ranks"
+            raise ConfigError(f"{needs} needs an execution graph, and none can describe this "
+                              f"job: {exc}") from exc
+        message(f"prism-debug: warning: virtual peers arrive in lockstep, as no execution "
+                f"graph can describe this job: {exc}. --lockstep skips profiling and this "
+                "warning")
+        return dataclasses.replace(options, profile_graph=False, profile_command=None,
+                                   run_dir=run_dir)
+    return dataclasses.replace(options, graph_path=path, profile_graph=False,
+                               profile_command=None, run_dir=run_dir)
+
+
+def _publish(partial: Path, path: Path) -> None:
+    """Put a finished file in place, private, unless another run's is there
+    already (that one stays: runs and snapshots may already rest on it)."""
+    partial.chmod(0o600)
+    try:
+        os.link(partial, path)
+    except FileExistsError:
+        pass
+    except OSError:  # a file system without hard links: the last run's stays
+        os.replace(partial, path)
+
+
+def _private_dirs(folder: Path) -> None:
+    """Make ``folder`` and the parents it lacks, readable by the user only."""
+    missing = []
+    while not folder.exists():
+        missing.append(folder)
+        folder = folder.parent
+    for made in reversed(missing):
+        made.mkdir(mode=0o700, exist_ok=True)
+        made.chmod(0o700)  # whatever the umask took away
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
