@@ -367,8 +367,9 @@ class Agent:
     def _boundary(self) -> None:
         if not self.initialised:
             return
-        started = time.perf_counter()
-        t0 = self.clock.now()
+        # the clock holds still for the bookkeeping (and any pause or snapshot
+        # here): no thread sees it run ahead
+        hold, t0 = self.clock.enter()
         extra = {"peak_rss_bytes": _peak_rss()}
         if self.runtime.recorder is not None:
             extra["program"] = self.runtime.recorder.end(t0)
@@ -380,6 +381,7 @@ class Agent:
         record = self.tracker.boundary(t0, extra)
         if self.graph_engine is not None:
             self.graph_engine.iteration_end()
+            self.runtime.completer.engine_advanced()
             while self.faults_due:  # the engine is the main thread's
                 self.faults_due.pop(0)()
         iteration = record["iteration"]
@@ -393,8 +395,8 @@ class Agent:
         if debugger is not None:
             self._publish("iteration.start", {"iteration": iteration + 1,
                                               "time_s": self.clock.now()})
-            started += debugger.at_iteration_start(iteration + 1)
-        self.clock.exclude_since(started)  # the bookkeeping is not the job's time
+            debugger.at_iteration_start(iteration + 1)
+        self.clock.leave(hold)  # the bookkeeping is not the job's time
         limit = self.config.iterations
         if limit is not None and iteration >= limit:
             self._stop_pending = True

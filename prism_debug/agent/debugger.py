@@ -229,7 +229,7 @@ class Debugger:
         if self.detached:
             return 0.0
         started = time.perf_counter()
-        self._clock.pause()
+        hold = self._clock.pause()  # None inside the harness's own hold, which covers it
         self._mode = None
         self._resume = False
         self.num_pauses += 1
@@ -251,6 +251,6 @@ class Debugger:
                 self._cond.wait()
         finally:
             self.paused_at = None
-            self._clock.resume()
+            self._clock.resume(hold)
         self._publish("resumed", {"iteration": where["iteration"]})
         return time.perf_counter() - started

@@ -10,16 +10,13 @@ is excluded from the emulated clock.
 from __future__ import annotations
 
 import datetime
-import time
 
 import torch
 import torch.distributed as dist
 
 from prism_debug.backend.runtime import Runtime
-from prism_debug.backend.work import PrismWork, flat_tensors
+from prism_debug.backend.work import PrismWork, coalesced_work, flat_tensors
 from prism_debug.graph import GroupRef
-
-_perf_counter = time.perf_counter
 
 
 class PrismProcessGroup(dist.ProcessGroup):
@@ -84,12 +81,11 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- the common path --------------------------------------------------------
 
     def _arrive(self) -> tuple[float, float]:
-        """The real rank enters an op: the wall time (to exclude the harness's
-        bookkeeping from) and its arrival on the emulated clock."""
-        t0 = _perf_counter()
-        return t0, t0 - self._rt.clock.excluded_s
+        """The real rank enters an op: the clock stops for the harness's
+        bookkeeping (the token that releases it) at the rank's arrival."""
+        return self._rt.clock.arrive()
 
-    def _complete(self, op: str, nbytes: int, t0: float, arrival: float, result: list,
+    def _complete(self, op: str, nbytes: int, t0: float | None, arrival: float, result: list,
                   stream=None, peer: int | None = None, inputs: list | None = None,
                   source: int | None = None) -> PrismWork:
         """``inputs``: the op's inputs where they are not ``result`` (gathers,
@@ -102,9 +98,11 @@ class PrismProcessGroup(dist.ProcessGroup):
                 peer if source is None else source):
             rt.digest(flat_tensors(result))  # what a faulty peer changed is part of the values
         watch = rt.watch
-        if watch is not None:  # a paused rank's pause is not harness time either
-            t0 += watch.enter(op, self.ref, tracker.num_collectives + 1, nbytes)
+        if watch is not None:  # may pause the rank: inside the hold, off the clock too
+            watch.enter(op, self.ref, tracker.num_collectives + 1, nbytes)
         done = rt.engine.collective(stream or self._stream, op, nbytes, arrival, rt.p2p_batch)
+        if rt.completer.unknown:  # the engine advanced: it may answer what it could not
+            rt.completer.engine_advanced()
         self.num_issued += 1
         work = PrismWork(rt, done, result, group=self, seq=self.num_issued, op=op,
                          arrival=arrival)
@@ -120,7 +118,7 @@ class PrismProcessGroup(dist.ProcessGroup):
             delta = 0 if peer is None else self.global_ranks[peer] - rt.rank
             work.recorded = rt.recorder.issue(arrival, op, self.ref.family, nbytes,
                                               _dtype(result), delta, rt.p2p_batch)
-        rt.clock.exclude_since(t0)
+        rt.clock.leave(t0)
         return work
 
     def _key(self) -> tuple:
@@ -130,9 +128,8 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- reductions -------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
-        t0 = _perf_counter()  # _arrive, inlined on the commonest op
         rt = self._rt
-        arrival = t0 - rt.clock.excluded_s
+        t0, arrival = rt.clock.arrive()  # _arrive, inlined on the commonest op
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         rt.inputs(tensors)
         tracker = rt.tracker
@@ -355,9 +352,7 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     def _end_coalescing(self, device=None):
         works, self._coalesced = self._coalesced or [], None
-        if not works:
-            return PrismWork(self._rt, self._rt.clock.now(), [])
-        return PrismWork(self._rt, lambda: max(w.done for w in works), [])
+        return coalesced_work(self._rt, self, works)
 
     # -- lifecycle --------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from typing import Callable, TextIO
 OP_TYPES = {"all_reduce": "ALLREDUCE", "barrier": "ALLREDUCE", "broadcast": "BROADCAST",
             "reduce": "REDUCE", "all_gather": "ALLGATHER", "reduce_scatter": "REDUCE_SCATTER",
             "all_to_all": "ALLTOALL_BASE", "gather": "GATHER", "scatter": "SCATTER",
-            "send": "SEND", "recv": "RECV"}
+            "send": "SEND", "recv": "RECV", "coalesced": "COALESCED"}
 
 
 @dataclasses.dataclass(frozen=True)

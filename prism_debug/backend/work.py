@@ -23,18 +23,19 @@ class PrismWork(dist._Work):
     ``done``.  ``wait()`` blocks the calling thread until then."""
 
     def __init__(self, runtime, done, result: list, *, group=None, seq: int = 0,
-                 op: str = "", arrival: float = 0.0) -> None:
+                 op: str = "", arrival: float = 0.0, numel: int | None = None) -> None:
         super().__init__()
         self._runtime = runtime
-        # what the watchdog needs to know: the group that issued it (None for
-        # a coalesced batch's own Work: the watchdog watches its ops), the op's
-        # number in that group, its name, and when the rank issued it
+        # what the watchdog needs to know: the group that issued it (None: no
+        # watchdog), the op's number in that group, its name, when the rank
+        # issued it, and its size when that is not its result's (a batch)
         self.group = group
         self.seq = seq
         self.op = op
         self.arrival = arrival
+        self._numel = numel
         # a float, or a callable the graph engine answers once the peers' side
-        # is known (resolved at the first wait)
+        # is known (asked again whenever the engine advances)
         self._deferred = done if callable(done) else None
         self._done = None if callable(done) else done
         self._result = result
@@ -52,11 +53,16 @@ class PrismWork(dist._Work):
     def wait(self, timeout=None) -> bool:
         runtime = self._runtime
         done = self.done
+        if done == math.inf:
+            # not known yet: the engine learns it when a thread issues the ops
+            # its peers' side waits for; or never (a failed peer), and then
+            # the deadline below is the watchdog's
+            done = runtime.completer.await_known(self, self.deadline)
         if self.group is not None and done > self.deadline:
             # it will not finish in time (a peer that never arrives, or very
             # late): the rank sits here until NCCL's watchdog would fire
             runtime.wait_until(self.deadline)
-            error = runtime.watchdog.expired(self.timed_out())
+            error = self.expire()
             if error is not None:
                 raise error
         waited = runtime.wait_until(done)
@@ -72,12 +78,16 @@ class PrismWork(dist._Work):
 
     @property
     def done(self) -> float:
-        """When the op completes on the emulated clock."""
+        """When the op completes on the emulated clock (inf while the engine
+        cannot say; called on a thread that drives the engine)."""
         if self._done is None:
             # the replay engine's own work is the harness's, not the job's time
-            started = time.perf_counter()
-            done = self._deferred()
-            self._runtime.clock.exclude_since(started)
+            clock = self._runtime.clock
+            hold, _ = clock.enter()
+            try:
+                done = self._deferred()
+            finally:
+                clock.leave(hold)
             if done == math.inf:
                 # not known yet (the peers' side is still to come) or never (a
                 # failed peer): ask again next time rather than keep it
@@ -88,13 +98,22 @@ class PrismWork(dist._Work):
         return self._done
 
     @property
+    def known(self) -> float | None:
+        """The completion if already known, without asking the engine (any thread)."""
+        return self._done
+
+    @property
     def deadline(self) -> float:
+        if self.group is None:
+            return math.inf
         return self.arrival + self.group.timeout_s
 
     def timed_out(self) -> TimedOutOp:
         """The op as the watchdog reports it, at its deadline."""
         group = self.group
-        numel = sum(t.numel() for t in flat_tensors(self._result))
+        numel = self._numel
+        if numel is None:
+            numel = sum(t.numel() for t in flat_tensors(self._result))
         return TimedOutOp(
             global_rank=self._runtime.rank, group_rank=group.rank(), pg_id=group.pg_id,
             seq=self.seq, op=self.op, numel_in=numel, numel_out=numel,
@@ -104,8 +123,16 @@ class PrismWork(dist._Work):
             ran_for_ms=round((self.deadline - self.arrival) * 1000),
             last_enqueued=group.num_issued, last_completed=self.seq - 1)
 
+    def expire(self) -> Exception | None:
+        """Its deadline passed: the watchdog's verdict (it may end the process)."""
+        return self._runtime.watchdog.expired(self.timed_out())
+
     def is_completed(self) -> bool:
-        return self._runtime.clock.now() >= self.done
+        done = self._done
+        if done is None:
+            done = self.done if threading.current_thread() is threading.main_thread() \
+                else math.inf
+        return self._runtime.clock.now() >= done
 
     def is_success(self) -> bool:
         return True
@@ -128,19 +155,56 @@ class PrismWork(dist._Work):
                 self._runtime.recorder.future_requested(self.recorded)
                 self.recorded = None
             self._future = Future()
-            if self.group is None:
-                self._runtime.completer.complete_at(self._future, self.done, self._result)
-            else:
-                runtime = self._runtime
-                self._runtime.completer.complete_at(
-                    self._future, self.done, self._result, self.deadline,
-                    lambda: runtime.watchdog.expired(self.timed_out()))
+            self._runtime.completer.complete_at(self._future, self, self._result)
         return self._future
+
+
+def coalesced_work(runtime, group, works: list[PrismWork]) -> PrismWork:
+    """The Work of a batch of ops (``_start_coalescing`` ... ``_end_coalescing``,
+    ``batch_isend_irecv``): done when its last op is, watched like any op —
+    its deadline is its first op's, the earliest of the batch's, as NCCL
+    times a coalesced batch from its launch."""
+    if not works:
+        return PrismWork(runtime, runtime.clock.now(), [])
+    first = works[0]
+
+    def done() -> float:
+        return max(work.done for work in works)
+
+    if all(work.known is not None for work in works):
+        done = max(work.known for work in works)  # type: ignore[assignment]
+    numel = sum(t.numel() for work in works for t in flat_tensors(work.result()))
+    return PrismWork(runtime, done, [], group=group, seq=works[-1].seq, op="coalesced",
+                     arrival=first.arrival, numel=numel)
+
+
+class _Pending:
+    """A future (or a ``wait()``) the completer looks after."""
+
+    __slots__ = ("future", "value", "work", "done", "deadline", "fired", "completed")
+
+    def __init__(self, future, value, work, done: float, deadline: float) -> None:
+        self.future = future
+        self.value = value
+        self.work = work  # asked again while ``done`` is inf
+        self.done = done
+        self.deadline = deadline
+        self.fired = False  # the watchdog has had its say
+        self.completed = False
 
 
 class FutureCompleter:
     """One daemon thread that sets futures' results at their emulated
-    completion times, in deadline order."""
+    completion times, and calls the watchdog at their deadlines.
+
+    The replay engine is not thread-safe, and this thread never calls it.
+    A completion the engine cannot give yet (inf: the peers' side depends on
+    ops still to come) is asked again by :meth:`engine_advanced`, which the
+    thread that drives the engine calls right after each advance — inside
+    the harness's hold of the clock, so this thread, reading the clock,
+    never sees a deadline pass that the advance was about to answer.  The
+    answers are handed over under this object's lock.
+    """
 
     def __init__(self, clock, on_blocked_wait) -> None:
         self._clock = clock
@@ -151,25 +215,74 @@ class FutureCompleter:
         self._thread: threading.Thread | None = None
         self._closing = False
         self._main_tid = threading.main_thread().native_id
+        # completions not known yet, asked again as the engine advances; read
+        # without the lock on the hot path (a list's truth is atomic)
+        self.unknown: list[_Pending] = []
 
-    def complete_at(self, future: Future, done: float, value, deadline: float = math.inf,
-                    on_timeout=None) -> None:
-        """Complete ``future`` with ``value`` at ``done``; if that is past
-        ``deadline``, call ``on_timeout`` then instead (the watchdog: it may
-        take the process down).  A future that never completes is left
+    def complete_at(self, future: Future, done, value) -> None:
+        """Complete ``future`` with ``value`` when ``done`` completes: a float
+        (no deadline), or a Work (its completion, found out as the engine
+        learns it, and its deadline: past it, the watchdog is called — it
+        may take the process down).  A future that never completes is left
         pending: failing it would crash torch (DDP's reducer)."""
+        work, deadline = None, math.inf
+        if isinstance(done, PrismWork):
+            work, deadline = done, done.deadline
+            done = work.done
         if done <= self._clock.now():
             future.set_result(value)
             return
-        wake = min(done, deadline)
+        entry = _Pending(future, value, work, done, deadline)
+        with self._cond:
+            if done == math.inf and work is not None:
+                self.unknown.append(entry)
+            self._schedule(entry)
+
+    def engine_advanced(self) -> None:
+        """The engine has advanced (an op issued, an iteration ended): ask
+        again the completions it could not give.  Called on the thread that
+        drives the engine, never concurrently with another of its calls."""
+        with self._cond:
+            unknown = list(self.unknown)
+        for entry in unknown:
+            done = entry.work.done  # the engine call, outside the lock
+            if done < math.inf:
+                with self._cond:
+                    self.unknown.remove(entry)
+                    entry.done = done
+                    self._schedule(entry)
+                    self._cond.notify_all()  # a wait() on it, too
+
+    def await_known(self, work: PrismWork, deadline: float) -> float:
+        """Block until the engine learns when ``work`` completes (another
+        thread advancing it), or the emulated clock reaches ``deadline``;
+        the completion, or inf if still unknown."""
+        entry = _Pending(None, None, work, math.inf, math.inf)
+        with self._cond:
+            self.unknown.append(entry)
+            try:
+                while entry.done == math.inf and not self._closing:
+                    remaining = deadline - self._clock.now()
+                    if remaining <= 0:
+                        break
+                    self._cond.wait(min(remaining, 3600.0))
+            finally:
+                if entry in self.unknown:
+                    self.unknown.remove(entry)
+        return entry.done
+
+    def _schedule(self, entry: _Pending) -> None:
+        # (called with the lock) the next moment this entry needs the thread
+        if entry.future is None:
+            return  # a wait() watching for the answer: nothing to complete
+        wake = entry.done if entry.fired else min(entry.done, entry.deadline)
         if wake == math.inf:
             return  # never: the op hangs, as NCCL's would, with no watchdog to fire
-        with self._cond:
-            heapq.heappush(self._heap, (wake, next(self._seq), future, value, done, on_timeout))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="prism-futures", daemon=True)
-                self._thread.start()
-            self._cond.notify()
+        heapq.heappush(self._heap, (wake, next(self._seq), entry))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="prism-futures", daemon=True)
+            self._thread.start()
+        self._cond.notify_all()
 
     def close(self) -> None:
         """Stop the thread and wait for it, before the interpreter finalises.
@@ -180,7 +293,7 @@ class FutureCompleter:
         """
         with self._cond:
             self._closing = True
-            self._cond.notify()
+            self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=5)
 
@@ -196,20 +309,27 @@ class FutureCompleter:
                 if remaining > 0:
                     self._cond.wait(remaining)
                     continue
-                _, _, future, value, done, on_timeout = heapq.heappop(self._heap)
-            if done > wake:  # its deadline, not its completion
+                _, _, entry = heapq.heappop(self._heap)
+                if entry.completed:
+                    continue
+                done = entry.done
+                timed_out = not entry.fired and done > entry.deadline
+                if timed_out:
+                    entry.fired = True
+                    self._schedule(entry)  # at its completion, if ever known
+                elif done > wake:
+                    continue  # a stale wake-up: a later one is queued
+                else:
+                    entry.completed = True
+            if timed_out:
                 try:
-                    on_timeout()
+                    entry.work.expire()
                 except Exception:
                     log.exception("prism-debug: the watchdog failed")
-                if done < math.inf:
-                    with self._cond:
-                        heapq.heappush(self._heap, (done, next(self._seq), future, value,
-                                                    done, None))
                 continue
             try:
                 self._on_blocked_wait(done, self._main_thread_waits_on_a_future())
-                future.set_result(value)
+                entry.future.set_result(entry.value)
             except Exception:  # this thread completes every future: it must live on
                 log.exception("prism-debug: completing a collective's future failed")
 

@@ -135,7 +135,7 @@ def test_a_script_that_fails_in_its_slice_fails_the_run_with_its_log(tmp_path):
                str(tmp_path / "run"), "--", sys.executable, str(SCRIPTS / "crash.py"),
                cache=tmp_path / "graphs")
     assert proc.returncode == 3
-    log = tmp_path / "run" / "profile" / "rank0" / "rank.log"
+    log = tmp_path / "run" / "profile" / "rank0-run1" / "rank.log"  # a slice's first run
     assert proc.stderr == (f"prism-debug: error: the slice for rank 0 exited with code 7; its "
                            f"output is in {log}\n")
     assert "about to fail" in log.read_text()
