@@ -1,5 +1,5 @@
-"""End to end: a future the engine answers only after a later op (a receive
-posted before the send its gradient needs) completes, with no false watchdog
+"""End to end: a future the engine answers only after a later op (a world
+all-reduce issued before the send the other stage needs to reach it) completes, with no false watchdog
 timeout under a short --collective-timeout; a failed peer still times out."""
 
 from __future__ import annotations
@@ -50,5 +50,6 @@ def test_a_future_answered_by_a_later_send_completes_without_a_timeout(graph, tm
 def test_a_failed_peer_still_times_out(graph, tmp_path):
     proc = run(graph, tmp_path, "--perturb", "fail 8 at 2")
     assert proc.returncode != 0
-    assert ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3, OpType=RECV"
+    # iteration 2's world all-reduce (the world group's second op) never completes
+    assert ("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=ALLREDUCE"
             in proc.stdout + proc.stderr)
