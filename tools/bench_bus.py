@@ -42,7 +42,8 @@ def start(work: Path, blocks: int, ops: int, rate: str) -> tuple[subprocess.Pope
     env = dict(os.environ, PRISM_DEBUG_SESSIONS=str(work / "sessions"),
                PRISM_DEBUG_COLL_EVENTS_PER_S=rate, OMP_NUM_THREADS="1")
     run = subprocess.Popen(
-        [sys.executable, "-m", "prism_debug.cli", "run", "--paused", "--hardware", "zero",
+        [sys.executable, "-m", "prism_debug.cli", "run", "--lockstep", "--paused",
+         "--hardware", "zero",
          "--no-digest", "--run-dir", str(work / "run"), "--", sys.executable,
          str(ROOT / "tools" / "bus_workload.py"), "--blocks", str(blocks), "--ops", str(ops)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,

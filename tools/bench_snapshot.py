@@ -54,7 +54,8 @@ def prism_dump_and_restore(gib: float, work: Path) -> list[tuple[float, float, f
     """(image MiB, dump s, restore s) through prism-debug, of the full snapshot
     and of the incremental one on top of it."""
     store = work / "store"
-    out = prism("run", "--world-size", "8", "--rank", "1", "--hardware", "zero", "--no-digest",
+    out = prism("run", "--lockstep", "--world-size", "8", "--rank", "1", "--hardware", "zero",
+                "--no-digest",
                 "--snapshot-at", "2,3", "--incremental", "--store", str(store),
                 "--run-dir", str(work / "run"),
                 "--", sys.executable, str(WORKLOAD), "--gib", str(gib), "--iterations", "4")

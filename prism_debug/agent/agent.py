@@ -260,8 +260,9 @@ class Agent:
         """Whom ``fault`` hits in this rank's world and graph (:class:`ConfigError` if
         nobody can be: a rank outside the world, a family the graph lacks)."""
         if self.graph_engine is None:
-            raise ConfigError("faults act on virtual peers replayed from a graph: run with "
-                              "--graph (prism-debug profile makes one)")
+            raise ConfigError("faults act on virtual peers replayed from a graph: run without "
+                              "--lockstep (the job's graph is profiled and cached) or with "
+                              "--graph")
         config = self.config
         return resolve(fault, config.world_size, config.gpus_per_node, self.graph_engine.graph)
 

@@ -148,7 +148,8 @@ class Commands:
     def _need_graph(self) -> None:
         if self._agent.graph_engine is None:
             raise InvalidState("perturbations need virtual peers replayed from a graph: run "
-                               "with --graph (prism-debug profile makes one)")
+                               "without --lockstep (the job's graph is profiled and cached) "
+                               "or with --graph")
 
     def _at_boundary(self, change) -> str:
         """Run ``change`` on the rank's main thread: now if it is paused, else
@@ -210,8 +211,8 @@ class Commands:
         graph = agent.graph_engine
         if graph is None:
             return {"mode": "lockstep",
-                    "note": "no --graph: every virtual peer arrives with the real rank at "
-                            "every collective",
+                    "note": "no graph (--lockstep): every virtual peer arrives with the "
+                            "real rank at every collective",
                     "peers": [{"rank": r, "node": r // config.gpus_per_node, "class": None,
                                "coords": {}, "time_ms": None, "perturbations": []}
                               for r in shown]}

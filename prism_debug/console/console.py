@@ -156,7 +156,7 @@ class Console(Shell):
 
     do_perturb.__doc__ = f"""perturb ACTION RANKS ... | list | clear [N]
 
-        Perturb virtual peers (the run needs --graph).  Applied now when
+        Perturb virtual peers (not in a --lockstep run).  Applied now when
         paused, else at the end of the iteration in progress.
 
 {textwrap.indent(USAGE_TEXT, " " * 10)}

@@ -44,7 +44,7 @@ def select(selector: Selector, world_size: int, gpus_per_node: int,
     if topology is None:
         what = "a family's group" if selector.family is not None else "a class"
         raise ConfigError(f"{selector.word()}: selecting {what} needs the job's execution "
-                          "graph: run with --graph (run.graph in a scenario)")
+                          "graph: run without --lockstep, or with --graph (run.graph in a scenario)")
     try:
         if selector.family is not None:
             found = topology.family_group(selector.family, selector.group)

@@ -33,9 +33,9 @@ def test_selectors_by_family_group_class_and_seeded_fraction():
 
 @pytest.mark.parametrize("word, message", [
     ("family:dp:0", "family:dp:0: selecting a family's group needs the job's execution graph: "
-                    "run with --graph (run.graph in a scenario)"),
-    ("class:1", "class:1: selecting a class needs the job's execution graph: run with --graph "
-                "(run.graph in a scenario)"),
+                    "run without --lockstep, or with --graph (run.graph in a scenario)"),
+    ("class:1", "class:1: selecting a class needs the job's execution graph: run without "
+                "--lockstep, or with --graph (run.graph in a scenario)"),
     ("9", "rank 9 is outside the world of 4 ranks"),
 ])
 def test_what_cannot_be_resolved_says_why(word, message):

@@ -108,8 +108,8 @@ def test_problem_expands_nothing_in_a_huge_world():
 
 def test_family_and_class_need_the_graph():
     with pytest.raises(ConfigError, match="^family:dp:3: selecting a family's group needs the "
-                                          r"job's execution graph: run with --graph \(run.graph "
-                                          r"in a scenario\)$"):
+                                          r"job's execution graph: run without --lockstep, or "
+                                          r"with --graph \(run.graph in a scenario\)$"):
         select(Selector(family="dp", group=3), 64, 8)
     with pytest.raises(ConfigError, match="^class:1: selecting a class needs the job's "
                                           "execution graph"):
