@@ -52,7 +52,7 @@ def stage_runs(profiled, tmp_path_factory):
 
 
 def run_rank(graph: Path | None, rank: int, run_dir: Path) -> tuple[int, str]:
-    args = ["--graph", graph] if graph is not None else []
+    args = ["--graph", graph] if graph is not None else ["--lockstep"]
     proc = cli("run", "--world-size", WORLD, "--rank", rank, *args, "--run-dir", run_dir,
                "--", sys.executable, SCRIPT)
     return proc.returncode, (run_dir / "rank.log").read_text() + proc.stderr
