@@ -1,0 +1,93 @@
+"""The real rank's side of the event loop, kept cheap: every collective the
+real process issues under a graph takes this path, and what the harness
+spends per op and does not take off the emulated clock is a timing error.
+
+The real rank is an element of its class's arrays.  While the rest of its
+class agrees (the class's times a scalar) and its arrival is no later than
+theirs, each of its groups ends when its peers' would alone: the op is the
+class's fast path, with the real rank's arrival kept beside it as a scalar
+rather than written into an array the size of the class.  A late real rank,
+a perturbed class or a recorded replay take the full per-rank path (the
+engine's Hypothesis properties compare the two)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from prism_debug.engine.state import ClassState, OpInfo
+from prism_debug.graph.execution import Event, ExecutionGraph, OpSpec
+
+if TYPE_CHECKING:  # (the loop imports this module)
+    from prism_debug.engine.loop import EventLoop
+
+
+def issue_alone(loop: EventLoop, state: ClassState, op_index: int, info: OpInfo) -> bool:
+    """Complete the real rank's collective inside its class on the class's
+    fast path, when its arrival changes no group's last member; False
+    (nothing done) when the full per-rank path must take it."""
+    real = loop.real
+    arrival = real.pending[1]
+    if not info.shared:  # a group of the real rank alone ends at its arrival
+        return False
+    now = loop._now(state)
+    if now.__class__ is not float or not arrival <= now:  # (NaN takes the full path)
+        return False
+    real.pending = None
+    real.arrivals[op_index] = arrival
+    # every other member arrives ``now``: the class's arrivals, but for the
+    # real rank's, which last_arrival writes in when asked
+    state.arrivals[op_index] = now
+    cost, lowest = loop._op_cost(state, op_index)
+    loop._complete(state, op_index, loop._queue(state, info.spec.family, now, cost),
+                   slack=lowest)
+    return True
+
+
+def with_real(arrival, shape: tuple[int, ...], loop: EventLoop, op_index: int) -> np.ndarray:
+    """The class's arrivals with the real rank's written in (the full path)."""
+    real = loop.real
+    full = np.empty(shape)
+    full[...] = arrival  # (cheaper than np.array(np.broadcast_to(...)))
+    full[real.index] = real.arrivals[op_index] = real.pending[1]
+    real.pending = None
+    return full
+
+
+def arrivals_of(state: ClassState, real, op_index: int, shape: tuple[int, ...]) -> np.ndarray:
+    """Every member's arrival at one of the real rank's ops, the real rank's included."""
+    arrival = state.arrivals[op_index]
+    own = real.arrivals.get(op_index)
+    if own is None:
+        return np.broadcast_to(arrival, shape)
+    full = np.empty(shape)
+    full[...] = arrival
+    full[real.index] = own
+    return full
+
+
+def shared(graph: ExecutionGraph, op: OpSpec) -> bool:
+    """Whether an op's groups have more than one member."""
+    size = 1
+    for axis in graph.family_axes(op.family):
+        size *= graph.mesh.shape[axis]
+    return size > 1
+
+
+def next_issues(events: tuple[Event, ...]) -> tuple[int | None, ...]:
+    """For each event index, the index of the first issue at or after it
+    (None past the last): what the real rank's next op must be."""
+    following: list[int | None] = [None] * (len(events) + 1)
+    for i in range(len(events) - 1, -1, -1):
+        following[i] = i if events[i].action == "issue" else following[i + 1]
+    return tuple(following)
+
+
+def real_peer(graph: ExecutionGraph, rank: int, op: OpSpec) -> int:
+    """The real rank's peer in a p2p op (rings inside a class wrap around)."""
+    mesh = graph.mesh
+    axis = graph.family_axes(op.family)[0]
+    coords = list(mesh.coordinates(rank))
+    coords[axis] = (coords[axis] + op.peer) % mesh.shape[axis]
+    return mesh.rank(coords)
