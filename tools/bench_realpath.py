@@ -25,8 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def one_round(graph_path: str, rank: int, iterations: int, hardware: str) -> dict:
-    """In this process: µs per real op over ``iterations`` iterations (after one warm-up)."""
+def one_round(graph_path: str, rank: int, iterations: int, hardware: str,
+              late: float = 0.0) -> dict:
+    """In this process: µs per real op over ``iterations`` iterations (after
+    one warm-up); the real rank computes ``late`` seconds longer than the
+    graph's gap before each op (its peers then wait for it)."""
     import dataclasses
 
     from prism_debug.cost import CostModel
@@ -43,7 +46,7 @@ def one_round(graph_path: str, rank: int, iterations: int, hardware: str) -> dic
     for iteration in range(1, iterations + 2):
         handles = {}
         for event in program.events(iteration):
-            clock += event.gap_s
+            clock += event.gap_s + (late if event.action == "issue" else 0.0)
             if event.action == "issue":
                 start = time.process_time()
                 handles[event.op] = engine.real_issue(program.ops[event.op], clock)
@@ -71,11 +74,14 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--hardware", default="h100-ib400")
+    parser.add_argument("--late", type=float, default=0.0,
+                        help="seconds the real rank computes longer than the graph says, per op")
     parser.add_argument("--before", type=Path)
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
-        print(json.dumps(one_round(args.graph, args.rank, args.iterations, args.hardware)))
+        print(json.dumps(one_round(args.graph, args.rank, args.iterations, args.hardware,
+                                          args.late)))
         return
     trees = {"after": ROOT}
     if args.before:
@@ -86,7 +92,8 @@ def main() -> None:
         for name, tree in trees.items():
             out = subprocess.run(
                 [sys.executable, __file__, args.graph, "--one", "--rank", str(args.rank),
-                 "--iterations", str(args.iterations), "--hardware", args.hardware],
+                 "--iterations", str(args.iterations), "--hardware", args.hardware,
+                 "--late", str(args.late)],
                 capture_output=True, text=True, check=True,
                 env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(tree))).stdout
             result = json.loads(out.splitlines()[-1])
