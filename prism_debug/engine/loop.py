@@ -103,6 +103,7 @@ class EventLoop:
             self._costs.clear()
         if self.real is not None:
             self.real.index = self.layout.internal_coordinates(self.real.rank)
+            self.real.plans.clear()
 
     def add_window(self, window: Perturbation | LinkPerturbation) -> None:
         """Put a perturbation in force from the next event on."""

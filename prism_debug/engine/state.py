@@ -133,6 +133,9 @@ class RealRank:
     # op index -> its arrival at the ops it issued this iteration (the class's
     # arrays may not hold it: see :mod:`.real`)
     arrivals: dict[int, float] = dataclasses.field(default_factory=dict)
+    # (axes, shape of the class's times) -> how its shortcut reads them (see
+    # :mod:`.real`), until the layout changes
+    plans: dict[tuple, tuple | None] = dataclasses.field(default_factory=dict)
     # Completions of its ops, kept past their iteration's end: an async op may
     # be waited for after the next optimizer step (DDP futures).
     done: dict[tuple[int, int], Time] = dataclasses.field(default_factory=dict)
