@@ -9,12 +9,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prism_debug.engine.replay import ReplayEngine
+from prism_debug.graph.execution import ClassProgram, ExecutionGraph, Mesh, OpSpec
 from tests.engine.test_replay import (
     constant_cost,
+    end,
+    issue,
     one_class_jobs,
     perturb,
     pipeline_jobs,
     tp_then_dp_graph,
+    wait,
 )
 
 
@@ -102,3 +106,19 @@ def test_a_late_real_rank_still_sets_its_groups_apart():
     engine.real_iteration_end()
     # rank 2 waited in TP, then DP held ranks 0 and 1 for it and rank 3
     assert [engine.iteration_times(r) for r in range(4)] == [[pytest.approx(3.2)]] * 4
+
+
+def test_a_real_rank_between_its_groups_and_the_rest_waits_for_its_own_group():
+    tp_op = OpSpec("all_reduce", "tp", 64)
+    graph = ExecutionGraph(
+        mesh=Mesh((2, 2), ("dp", "tp")), families={"tp": ("tp",), "dp": ("dp",)},
+        class_axis=None, gpus_per_node=4, programs=(ClassProgram(
+            0, (tp_op, tp_op), (), (issue(0, 1.0), wait(0), issue(1, 1.0), wait(1), end())),))
+    for shortcuts in (True, False):
+        engine = ReplayEngine(graph, constant_cost, real_rank=3)
+        engine._loop.real_shortcuts = shortcuts
+        assert engine.real_completion(engine.real_issue(tp_op, 1.5)) == pytest.approx(1.6)
+        # its TP peer, rank 2, arrives at 2.6, the other group at 2.1
+        handle = engine.real_issue(tp_op, 2.3)
+        assert engine.real_completion(handle) == pytest.approx(2.7)
+        assert engine.last_arrival(handle) == (2, pytest.approx(2.6))
