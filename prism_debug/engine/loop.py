@@ -190,9 +190,8 @@ class EventLoop:
             state.epoch += 1
             if is_real:
                 if state.t.__class__ is not float and self.real_shortcuts:
-                    # the real rank's ops leave arrays whose ranks mostly agree
-                    # (one element written in, ops across classes): back to the
-                    # scalar its shortcuts need
+                    # the real rank's ops leave arrays whose ranks mostly agree:
+                    # back to the scalar its shortcuts take
                     state.t = squeeze(state.t)
             else:
                 # The stream's last op ended before each rank's now: the next one

@@ -10,11 +10,12 @@ arrival kept beside it as a scalar rather than written into an array the
 size of the class; a late real rank sets only its groups apart (an array
 shaped like a group max).  Ranks that differ inside a group, a perturbed
 class or a recorded replay take the full per-rank path (the engine's
-Hypothesis properties compare the two)."""
+Hypothesis properties compare the two).
+
+(``loop`` below is the :class:`~prism_debug.engine.loop.EventLoop`, which
+imports this module: unannotated, to keep the imports one way.)"""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,11 +23,8 @@ from prism_debug.engine.state import ClassState, OpInfo
 from prism_debug.engine.times import max_over
 from prism_debug.graph.execution import Event, ExecutionGraph, OpSpec
 
-if TYPE_CHECKING:  # (the loop imports this module)
-    from prism_debug.engine.loop import EventLoop
 
-
-def issue_alone(loop: EventLoop, state: ClassState, op_index: int, info: OpInfo) -> bool:
+def issue_alone(loop, state: ClassState, op_index: int, info: OpInfo) -> bool:
     """Complete the real rank's collective inside its class from the class's
     times (while they agree within its groups) and the real rank's arrival;
     False (nothing done) when the full per-rank path must take it."""
@@ -70,7 +68,7 @@ def issue_alone(loop: EventLoop, state: ClassState, op_index: int, info: OpInfo)
     return True
 
 
-def _plan(loop: EventLoop, axes: tuple[int, ...], shape: tuple[int, ...] | None):
+def _plan(loop, axes: tuple[int, ...], shape: tuple[int, ...] | None):
     """For an op on ``axes`` of a class whose times have ``shape`` (None: a
     scalar): where the real rank's group max is in the group maxima, the
     shape of group maxima and the real rank's group in it (None, None: one
@@ -97,7 +95,7 @@ def _plan(loop: EventLoop, axes: tuple[int, ...], shape: tuple[int, ...] | None)
     return plan
 
 
-def with_real(arrival, shape: tuple[int, ...], loop: EventLoop, op_index: int) -> np.ndarray:
+def with_real(arrival, shape: tuple[int, ...], loop, op_index: int) -> np.ndarray:
     """The class's arrivals with the real rank's written in (the full path)."""
     real = loop.real
     full = np.empty(shape)
