@@ -67,7 +67,7 @@ class EventLoop:
     def _op_info(self, op: OpSpec) -> OpInfo:
         spans = self.layout.spans_classes(op.family)
         return OpInfo(op, self.layout.local_axes(op.family), spans, not op.is_p2p and not spans,
-                      shared(self.graph, op))
+                      shared(self.graph, op), self._stream_keys(op))
 
     # -- what the replay engine changes between events -----------------------------------
 
@@ -197,9 +197,9 @@ class EventLoop:
                 # The stream's last op ended before each rank's now: the next one
                 # cannot queue behind it (spares a max per op).  The real rank's
                 # arrivals come from its process, which the graph's waits do not bind.
-                spec = state.ops[event.op].spec
-                streams = state.p2p_free if spec.is_p2p else state.streams
-                for key in self._stream_keys(spec):
+                info = state.ops[event.op]
+                streams = state.p2p_free if info.spec.is_p2p else state.streams
+                for key in info.streams:
                     if streams.get(key) is done:
                         del streams[key]
         elif event.action == "issue":

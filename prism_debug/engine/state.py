@@ -37,6 +37,7 @@ class OpInfo:
     spans_classes: bool
     local: bool  # a collective inside the class: the fast path applies
     shared: bool = True  # its groups have more than one member
+    streams: tuple = ()  # the streams it may run on (see EventLoop._stream_keys)
 
 
 class Unit:
