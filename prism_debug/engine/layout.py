@@ -41,6 +41,7 @@ class Layout:
         self._picked = np.arange(0)  # array column -> a coordinate it stands for
         self._position = np.arange(0)  # coordinate -> array column
         self._placements: dict[tuple, Placement] = {}
+        self._class_shape: tuple[int, ...] | None = None
 
     # -- shapes and orders -------------------------------------------------------------
 
@@ -58,10 +59,12 @@ class Layout:
     @property
     def class_shape(self) -> tuple[int, ...]:
         """Shape of a class's time arrays, in the internal axis order."""
-        shape = [self.mesh.shape[a] for a in self.order]
-        if self.columns_axis is not None:
-            shape[-1] = len(self._picked)
-        return tuple(shape)
+        if self._class_shape is None:  # (asked per op of the real rank)
+            shape = [self.mesh.shape[a] for a in self.order]
+            if self.columns_axis is not None:
+                shape[-1] = len(self._picked)
+            self._class_shape = tuple(shape)
+        return self._class_shape
 
     def internal(self, sliced: np.ndarray) -> np.ndarray:
         """A class's slice of a mesh-shaped array, in the internal axis order
@@ -124,6 +127,7 @@ class Layout:
         old_width = len(self._picked)
         take = self._position[picked] if old_width else None
         self._explicit, self._picked, self._position = new, picked, position
+        self._class_shape = None
         # (arrays one column wide broadcast: the value holds for every column)
         if take is None or old_width <= 1:
             return None

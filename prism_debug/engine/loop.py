@@ -18,6 +18,7 @@ import numpy as np
 from prism_debug.cost import Placement
 from prism_debug.engine.compute import ComputeModel
 from prism_debug.engine.layout import Layout
+from prism_debug.engine.real import issue_alone, real_peer, shared, with_real
 from prism_debug.engine.state import ClassState, OpInfo, OpTiming, RealRank, Unit
 from prism_debug.engine.times import Time, at, least, max_over, maximum, roll, squeeze
 from prism_debug.engine.windows import LinkPerturbation, Perturbation, Windows
@@ -44,6 +45,11 @@ class EventLoop:
         self.real = real
         self._real_class = None if real is None else real.class_id
         self.target: float = math.inf  # the iteration every class stops after
+        # True once advance() went as far as it can and nothing changed since
+        # (the real rank's completion is then known without another advance)
+        self.settled = False
+        # the real rank's shortcuts (off: the full per-rank path, the tests' oracle)
+        self.real_shortcuts = True
         # copies of the windows' flags, read on every issue
         self._arrivals_perturbed = False
         self._volatile_links = False
@@ -60,7 +66,8 @@ class EventLoop:
 
     def _op_info(self, op: OpSpec) -> OpInfo:
         spans = self.layout.spans_classes(op.family)
-        return OpInfo(op, self.layout.local_axes(op.family), spans, not op.is_p2p and not spans)
+        return OpInfo(op, self.layout.local_axes(op.family), spans, not op.is_p2p and not spans,
+                      shared(self.graph, op), self._stream_keys(op))
 
     # -- what the replay engine changes between events -----------------------------------
 
@@ -70,6 +77,7 @@ class EventLoop:
 
     def _relayout(self, column_map: Callable[[Time], Time] | None) -> None:
         """Apply ``column_map`` to every time array held."""
+        self.settled = False
         if column_map is not None:
             for state in self.states:
                 state.t = column_map(state.t)
@@ -95,6 +103,7 @@ class EventLoop:
             self._costs.clear()
         if self.real is not None:
             self.real.index = self.layout.internal_coordinates(self.real.rank)
+            self.real.plans.clear()
 
     def add_window(self, window: Perturbation | LinkPerturbation) -> None:
         """Put a perturbation in force from the next event on."""
@@ -113,6 +122,7 @@ class EventLoop:
         self._windows_changed(window)
 
     def _windows_changed(self, window: object) -> None:
+        self.settled = False
         self._arrivals_perturbed = self.windows.arrivals_perturbed
         self._volatile_links = self.windows.volatile_links
         if isinstance(window, LinkPerturbation):
@@ -138,6 +148,7 @@ class EventLoop:
             for state in self.states:
                 while self._step(state):
                     progress = True
+        self.settled = True
 
     def _step(self, state: ClassState) -> bool:
         if state.iteration > self.target:
@@ -177,13 +188,18 @@ class EventLoop:
                 state.t = maximum(self._now(state), done)
             state.pending = 0.0
             state.epoch += 1
-            if not is_real:
+            if is_real:
+                if state.t.__class__ is not float and self.real_shortcuts:
+                    # the real rank's ops leave arrays whose ranks mostly agree:
+                    # back to the scalar its shortcuts take
+                    state.t = squeeze(state.t)
+            else:
                 # The stream's last op ended before each rank's now: the next one
                 # cannot queue behind it (spares a max per op).  The real rank's
                 # arrivals come from its process, which the graph's waits do not bind.
-                spec = state.ops[event.op].spec
-                streams = state.p2p_free if spec.is_p2p else state.streams
-                for key in self._stream_keys(spec):
+                info = state.ops[event.op]
+                streams = state.p2p_free if info.spec.is_p2p else state.streams
+                for key in info.streams:
                     if streams.get(key) is done:
                         del streams[key]
         elif event.action == "issue":
@@ -236,6 +252,7 @@ class EventLoop:
             real = self.real
             real.allowed = -1
             real.last.clear()
+            real.arrivals.clear()
             ended = state.iteration - 1
             real.done = {k: v for k, v in real.done.items()
                          if k[0] >= ended - _REAL_DONE_ITERATIONS}
@@ -309,15 +326,18 @@ class EventLoop:
                            slack=lowest)
             state.issued += 1
             return
+        if real_here and info.local and self.real_shortcuts and not (
+                self.record or self._arrivals_perturbed) and issue_alone(self, state,
+                                                                          event.op, info):
+            state.issued += 1
+            return
         arrival = self._now(state)
         for p, part in self.windows.active("delay", state, op.family):
             arrival = arrival + np.where(part, p.value, 0.0)
         for p, part in self.windows.active("fail", state, op.family):
             arrival = np.where(part, math.inf, arrival)
         if real_here:
-            arrival = np.array(np.broadcast_to(arrival, self.layout.class_shape), dtype=float)
-            arrival[self.real.index] = self.real.pending[1]
-            self.real.pending = None
+            arrival = with_real(arrival, self.layout.class_shape, self, event.op)
         state.arrivals[event.op] = arrival
         state.issued += 1
         if op.is_p2p:
@@ -476,7 +496,8 @@ class EventLoop:
             if class_id == self._real_class and op_iteration == self.states[class_id].iteration:
                 # the real rank's side: its peer, if the peer arrived later, was waited for
                 real = self.real
-                peer_rank = self._real_peer(self.states[class_id].program.ops[op_index])
+                peer_rank = real_peer(self.graph, real.rank,
+                                      self.states[class_id].program.ops[op_index])
                 peer_time = at(peers, real.index, self.layout.class_shape)
                 own_time = at(own, real.index, self.layout.class_shape)
                 real.last[op_index] = ((peer_rank, peer_time) if peer_time >= own_time
@@ -538,14 +559,6 @@ class EventLoop:
         queue = state.queues[unit.key]
         queue.popleft()
         return queue[0] if queue else None
-
-    def _real_peer(self, op: OpSpec) -> int:
-        """The real rank's peer in a p2p op (rings inside a class wrap around)."""
-        mesh = self.graph.mesh
-        axis = self.graph.family_axes(op.family)[0]
-        coords = list(mesh.coordinates(self.real.rank))
-        coords[axis] = (coords[axis] + op.peer) % mesh.shape[axis]
-        return mesh.rank(coords)
 
     def _complete(self, state: ClassState, op_index: int, done: Time,
                   iteration: int | None = None, cause: tuple[int, int] | None = None,

@@ -30,6 +30,7 @@ import numpy as np
 from prism_debug.engine.compute import ComputeModel, GraphCompute
 from prism_debug.engine.layout import Layout
 from prism_debug.engine.loop import CostFn, EventLoop, describe_op
+from prism_debug.engine.real import arrivals_of, next_issues
 from prism_debug.engine.state import OpTiming, RealRank
 from prism_debug.engine.times import at
 from prism_debug.engine.windows import LinkPerturbation, Perturbation, Windows
@@ -62,6 +63,8 @@ class ReplayEngine:
                                GraphCompute() if compute is None else compute,
                                np.random.default_rng(seed), real=real, record=record)
         self._states = self._loop.states
+        # id(events) -> (events, the index of the first issue at or after each)
+        self._next_issues: dict[int, tuple] = {}
         self._loop.keep_apart(self._layout.mask([] if real_rank is None else [real_rank]))
 
     @property
@@ -171,8 +174,10 @@ class ReplayEngine:
         state = self._states[self._real_class]
         real = self._loop.real
         events = state.events
-        index = next((i for i in range(max(state.pc, real.allowed + 1), len(events))
-                      if events[i].action == "issue"), None)
+        found = self._next_issues.get(id(events))
+        if found is None or found[0] is not events:
+            found = self._next_issues[id(events)] = (events, next_issues(events))
+        index = found[1][max(state.pc, real.allowed + 1)]
         expected = state.program.ops[events[index].op] if index is not None else None
         if expected is None or (expected.kind, expected.family, expected.nbytes,
                                 expected.peer) != (spec.kind, spec.family, spec.nbytes, spec.peer):
@@ -191,10 +196,13 @@ class ReplayEngine:
         iteration, op = handle
         state = self._states[self._real_class]
         real = self._loop.real
-        self._loop.advance()
+        if not (self._loop.settled and self._loop.real_shortcuts):
+            self._loop.advance()  # (else the last advance went as far as any would)
         done = state.done.get(op) if state.iteration == iteration else real.done.get(handle)
         if done is None:
             return math.inf
+        if done.__class__ is float:
+            return done
         return at(done, real.index, self.class_shape)
 
     def last_arrival(self, handle: tuple[int, int]) -> tuple[int, float] | None:
@@ -224,7 +232,7 @@ class ReplayEngine:
             for axis, offset in zip(axes, offsets[1:]):
                 coords[axis] = int(offset)
             return self._rank_of(int(offsets[0]), coords), float(group.max())
-        arrival = np.broadcast_to(state.arrivals[op_index], self.class_shape)
+        arrival = arrivals_of(state, real, op_index, self.class_shape)
         index = list(real.index)
         for axis in info.axes:
             index[axis] = slice(None)

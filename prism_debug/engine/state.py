@@ -36,6 +36,8 @@ class OpInfo:
     axes: tuple[int, ...]  # the family's axes in a class array
     spans_classes: bool
     local: bool  # a collective inside the class: the fast path applies
+    shared: bool = True  # its groups have more than one member
+    streams: tuple = ()  # the streams it may run on (see EventLoop._stream_keys)
 
 
 class Unit:
@@ -129,6 +131,12 @@ class RealRank:
     index: tuple = ()  # its element of its class's arrays
     allowed: int = -1  # its class may run up to this event index
     pending: tuple[int, float] | None = None  # (event index, arrival) of the op it issues
+    # op index -> its arrival at the ops it issued this iteration (the class's
+    # arrays may not hold it: see :mod:`.real`)
+    arrivals: dict[int, float] = dataclasses.field(default_factory=dict)
+    # (axes, shape of the class's times) -> how its shortcut reads them (see
+    # :mod:`.real`), until the layout changes
+    plans: dict[tuple, tuple | None] = dataclasses.field(default_factory=dict)
     # Completions of its ops, kept past their iteration's end: an async op may
     # be waited for after the next optimizer step (DDP futures).
     done: dict[tuple[int, int], Time] = dataclasses.field(default_factory=dict)
