@@ -9,8 +9,10 @@ no CPU, so the real job is 16 processes under ``torchrun`` on two cores, in
 two layouts: pp=4 x dp=4 and tp=2 x pp=4 x dp=2.  The bench
 
 1. fits a hardware profile to this host (``prism-debug calibrate --local
-   --processes 16``: as many processes as the real job, since a gloo op here
-   costs more the more processes share the two cores),
+   --processes 4``; a gloo op here costs more the more processes share the
+   two cores, but calibrating among all 16 does not finish in 10 minutes on
+   two cores: ``--calibrate-processes``, or ``--hardware`` for a profile made
+   elsewhere),
 2. profiles each layout once (``prism-debug profile``, world 16),
 3. each round, runs the job for real (every rank writes its iteration times
    and peak RSS to its own file), then emulates ranks of the first, the
@@ -372,10 +374,13 @@ def main() -> None:
                         help="Bytes sent between stages per micro-batch (see the README: at "
                              "256 KiB gloo's transfers among 16 processes cost more than "
                              "the calibrated profile says).")
-    parser.add_argument("--calibrate-processes", type=int, default=WORLD,
-                        help="Processes of calibrate --local: as many as the real job, whose "
-                             "gloo ops pay for sharing two cores with all of them (a send's "
-                             "latency here: ~0.2 ms between 4 processes, ~0.9 ms among 16).")
+    parser.add_argument("--calibrate-processes", type=int, default=4,
+                        help="Processes of calibrate --local.  As many as the real job (16) "
+                             "would price gloo ops that share two cores with all of them (a "
+                             "send's latency here: ~0.2 ms between 4 processes, ~0.9 ms among "
+                             "16), but the least-squares calibration of 5 ops at 8 sizes in "
+                             "11 passes among 16 processes does not finish in 10 minutes on "
+                             "two cores; 4 does in about a minute.")
     parser.add_argument("--hardware", type=Path,
                         help="Use this profile instead of calibrating afresh.")
     parser.add_argument("--cpu-rounds", type=int, default=2,
