@@ -167,12 +167,9 @@ def coalesced_work(runtime, group, works: list[PrismWork]) -> PrismWork:
     if not works:
         return PrismWork(runtime, runtime.clock.now(), [])
     first = works[0]
-
-    def done() -> float:
-        return max(work.done for work in works)
-
-    if all(work.known is not None for work in works):
-        done = max(work.known for work in works)  # type: ignore[assignment]
+    known = [work.known for work in works]
+    # a float when every op's completion is known, else asked at the first wait
+    done = max(known) if None not in known else (lambda: max(work.done for work in works))
     numel = sum(t.numel() for work in works for t in flat_tensors(work.result()))
     return PrismWork(runtime, done, [], group=group, seq=works[-1].seq, op="coalesced",
                      arrival=first.arrival, numel=numel)
