@@ -54,7 +54,8 @@ def check_id(snapshot_id: object) -> str:
     :class:`SnapshotError` saying what an id looks like."""
     if isinstance(snapshot_id, str) and ID_PATTERN.fullmatch(snapshot_id):
         return snapshot_id
-    shown = repr(snapshot_id) if len(repr(snapshot_id)) <= 80 else repr(snapshot_id)[:77] + "..."
+    shown = repr(snapshot_id)
+    shown = shown if len(shown) <= 200 else shown[:197] + "..."  # one line, of a size to read
     raise SnapshotError(f"{shown} is not a snapshot id: ids look like {ID_FORM} "
                         "(prism-debug snapshot ls lists them)")
 
