@@ -29,6 +29,7 @@ import secrets
 import shutil
 import stat
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from prism_debug.errors import SnapshotError
@@ -253,18 +254,30 @@ class Store:
         durable, and move the snapshot into place."""
         check_id(manifest.id)
         files, image_bytes = {}, 0
-        for entry in sorted(staging.iterdir()):
-            if entry.is_symlink():
-                continue  # CRIU's link to the parent's images
-            fd = _open_nofollow(entry)
+        fds: list[int] = []
+        # each file is written back to disk by a second thread while this one
+        # reads it for its checksum (from the page cache): the snapshot's
+        # durability costs the longer of the two, not their sum
+        with ThreadPoolExecutor(max_workers=1) as flusher:
             try:
-                os.fchmod(fd, 0o600)  # CRIU writes its images 0644
-                if entry.suffix == ".img":
-                    files[entry.name] = _digest_fd(fd)
-                    image_bytes += os.fstat(fd).st_size
-                os.fsync(fd)
+                flushed = []
+                for entry in sorted(staging.iterdir()):
+                    if entry.is_symlink():
+                        continue  # CRIU's link to the parent's images
+                    fds.append(fd := _open_nofollow(entry))
+                    os.fchmod(fd, 0o600)  # CRIU writes its images 0644
+                    flushed.append(flusher.submit(os.fsync, fd))
+                    if entry.suffix == ".img":
+                        files[entry.name] = _digest_fd(fd)
+                        image_bytes += os.fstat(fd).st_size
+                for done in flushed:
+                    done.result()  # a write error (EIO, ENOSPC) fails the commit
             finally:
-                os.close(fd)
+                for done in flushed:
+                    done.cancel()
+                wait(flushed)
+                for fd in fds:
+                    os.close(fd)
         manifest = dataclasses.replace(manifest, files=files, image_bytes=image_bytes)
         fd = os.open(staging / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                      | os.O_CLOEXEC, 0o600)
