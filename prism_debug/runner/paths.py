@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import stat
 import sys
 import time
 from pathlib import Path
@@ -38,6 +39,8 @@ def open_store(path: Path | None, warn: Callable[[str], None] = _stderr) -> Stor
     left by dumps that died is swept, and a store that others can write is
     refused (:class:`SnapshotError`) when a snapshot in it is used."""
     store = Store(path or DEFAULT_STORE)
+    if path is None:
+        _tighten(DEFAULT_STORE)
     _, warning = store.problems()
     if warning is not None and store.root not in _warned:
         _warned.add(store.root)
@@ -45,6 +48,17 @@ def open_store(path: Path | None, warn: Callable[[str], None] = _stderr) -> Stor
     if store.problems()[0] is None:
         store.sweep()
     return store
+
+
+def _tighten(folder: Path) -> None:
+    """The default store is prism-debug's own folder (git makes it 0755 with
+    the checkout): made 0700 when it is this user's, rather than warned of."""
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and info.st_mode & 0o077:
+        os.chmod(folder, 0o700)
 
 
 def default_run_dir() -> Path:
