@@ -485,7 +485,10 @@ def _peer_pid(peer: str | None) -> int | None:
 
 def _descends(pid: int, ancestor: int, depth: int = 64) -> bool:
     """Whether ``pid`` is ``ancestor`` or one of its descendants (the rank may be
-    started by a shell the command names)."""
+    started by a shell the command names).  Init adopts every orphan: it is no
+    rank's ancestor here."""
+    if ancestor <= 1:
+        return pid == ancestor
     for _ in range(depth):
         if pid == ancestor:
             return True
