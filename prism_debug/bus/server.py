@@ -384,7 +384,10 @@ class BusServer:
                                    f"controller runs (pid {expected})")
         except Unauthorized as exc:
             self.refused_hellos += 1
-            log.warning("%s", exc.message)
+            # the right secret from another of the user's processes is most often a
+            # rank just replaced by a restore, saying hello as it dies
+            log.log(logging.INFO if pid is not None and "secret" not in exc.message
+                    else logging.WARNING, "%s", exc.message)
             self._send(sender, encode_error(request.id, exc))
             return
         self._agent = sender
