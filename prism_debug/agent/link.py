@@ -177,17 +177,16 @@ class BusLink:
         send) for many events keeps the GIL away from the rank's main thread."""
         outbox = self._outbox
         while outbox:
-            count = min(len(outbox), _BATCH)
-            while True:  # a frame over the limit would be dropped by the controller
-                batch = [outbox[i] for i in range(count)]
+            batch = [outbox.popleft() for _ in range(min(len(outbox), _BATCH))]
+            frame = encode_request("agent.events", {"events": batch})
+            while len(frame) > MAX_FRAME_BYTES and len(batch) > 1:
+                # the controller would refuse it: send half, the rest goes next
+                half = len(batch) // 2
+                outbox.extendleft(reversed(batch[half:]))
+                batch = batch[:half]
                 frame = encode_request("agent.events", {"events": batch})
-                if len(frame) <= MAX_FRAME_BYTES or count == 1:
-                    break
-                count //= 2
-            for _ in range(count):
-                outbox.popleft()
             if len(frame) > MAX_FRAME_BYTES or not _send(socket, frame):
-                self.dropped += count
+                self.dropped += len(batch)
 
 
 def _refusal(frame: bytes) -> str | None:

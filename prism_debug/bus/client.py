@@ -56,6 +56,7 @@ class BusClient:
             if curve is not None:
                 curve_keys.apply_client(socket, (curve.public, curve.secret),
                                         curve.server_public)
+        self._events.setsockopt(zmq.RCVHWM, 20_000)  # the controller's PUB queues as many
         self._events.setsockopt(zmq.SUBSCRIBE, b"")
         # watched until the CURVE handshake is done: a server with another key
         # fails it, which check_server tells apart from a silent controller

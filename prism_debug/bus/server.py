@@ -73,6 +73,7 @@ CLIENT_CHECK_S = 2.0  # how often clients that went away without detaching are n
 MAX_CLIENTS = 64
 MAX_QUEUED = 256  # requests waiting for the agent to come back
 MAX_FORWARDED = 1024  # requests the agent has not answered yet
+EVENT_HWM = 20_000  # events queued for one subscriber before it misses some
 # sent to every client now and then: it drops a reply to no request of its own,
 # and the ROUTER raises EHOSTUNREACH for a client whose connection is gone
 _PING = encode_reply("~ping", {})
@@ -123,6 +124,10 @@ class BusServer:
             socket.setsockopt(zmq.LINGER, 0)
             # a larger frame is dropped by ZeroMQ as its header arrives, unallocated
             socket.setsockopt(zmq.MAXMSGSIZE, MAX_WIRE_BYTES)
+        # a Unix socket buffers far less than loopback TCP did: let ZeroMQ queue what
+        # a subscriber has not read yet, so a burst of events is not dropped (bounded:
+        # ~200 bytes an event, per subscriber)
+        self._pub.setsockopt(zmq.SNDHWM, EVENT_HWM)
         # a reply to a client that has gone raises EHOSTUNREACH instead of
         # vanishing silently; it is dropped either way, but we know
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 1)
