@@ -82,8 +82,8 @@ def main(verbose: int) -> None:
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the run's log and events go [default: ~/.local/state/prism-debug/runs/…].")
 @click.option("--bind", default="127.0.0.1", show_default=True,
-              help="Address of the debugger bus (prism-debug attach); other than loopback "
-                   "it needs CURVE keys (prism-debug keys).")
+              help="Address of the debugger bus (prism-debug attach): loopback keeps it on "
+                   "private ipc sockets; any other adds TCP with CURVE (prism-debug keys).")
 @click.option("--no-bus", is_flag=True, help="No debugger bus: the run cannot be attached to.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--perturb", "perturbations", multiple=True,
@@ -235,8 +235,8 @@ def snapshot_rm(snapshot_id, force, store) -> None:
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the restored run's log and events go.")
 @click.option("--bind", default="127.0.0.1", show_default=True,
-              help="Address of the debugger bus (prism-debug attach); other than loopback "
-                   "it needs CURVE keys (prism-debug keys).")
+              help="Address of the debugger bus (prism-debug attach): loopback keeps it on "
+                   "private ipc sockets; any other adds TCP with CURVE (prism-debug keys).")
 @click.option("--no-bus", is_flag=True, help="No debugger bus: the run cannot be attached to.")
 @_store_option
 def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, bind, no_bus,
@@ -254,11 +254,15 @@ def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, 
 @click.option("--rank", type=int, default=None, help="Attach to the session running this rank.")
 @click.option("--session", "session_id", default=None, help="… or to this session (prism-debug ps).")
 @click.option("--connect", default=None,
-              help="… or to the controller at this command endpoint (tcp://HOST:PORT).")
+              help="… or to the controller at this command endpoint (tcp://HOST:PORT, with "
+                   "CURVE and your keys).")
+@click.option("--server-key", default=None,
+              help="With --connect: the controller's CURVE public key (Z85, or a .key file); "
+                   "default: the server key in your keys directory.")
 @click.option("--command", "-c", "commands", default=None,
               help="Run these ;-separated console commands, then detach.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per reply.")
-def attach(rank, session_id, connect, commands, as_json) -> None:
+def attach(rank, session_id, connect, server_key, commands, as_json) -> None:
     """Attach a debugger console to a running rank.
 
     \b
@@ -271,12 +275,17 @@ def attach(rank, session_id, connect, commands, as_json) -> None:
     from prism_debug.console import Console
 
     if connect:
-        probe = BusClient(connect, connect)  # the events endpoint comes from hello
+        from prism_debug.bus.keys import connect_curve
+
+        curve = connect_curve(connect, server_key)
+        probe = BusClient(connect, connect, curve)  # the events endpoint comes from hello
         try:
+            probe.check_server()
             hello = probe.request("hello", client="attach")
         finally:
             probe.close()
-        client = BusClient(connect, hello["events"])
+        remote = connect.startswith("tcp://") and hello.get("remote_events")
+        client = BusClient(connect, remote or hello["events"], curve)
     else:
         client = BusClient.for_session(sessions.find(rank=rank, session=session_id))
     with client:
@@ -305,7 +314,7 @@ def ps(as_json) -> None:
     for s in live:
         ranks = ",".join(map(str, s.ranks))
         click.echo(f"{s.session:<24} {s.pid:>7} {s.world_size:>7}  {ranks:<12} {s.started:<25} "
-                   f"{s.commands}{'  (CURVE)' if s.curve_public else ''}")
+                   f"{s.remote_commands or s.commands}{'  (CURVE)' if s.curve_public else ''}")
 
 
 @main.command()
