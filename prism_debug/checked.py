@@ -12,16 +12,17 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
 from dataclasses import MISSING, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn
 
 from prism_debug.errors import ConfigError, InvalidFields
 from prism_debug.errors import key_path as dotted
 
 Check = Callable[[Any], "str | None"]
-__all__ = ["Checked", "InvalidFields", "at_least", "declare", "declared_fields", "dotted",
-           "field_errors",
-           "from_mapping", "non_negative", "not_empty", "one_of", "positive", "to_mapping",
+__all__ = ["SAFE_NAME", "Checked", "InvalidFields", "Untrusted", "at_least", "at_most",
+           "declare", "declared_fields", "dotted", "field_errors", "from_mapping",
+           "non_negative", "not_empty", "one_of", "positive", "safe_name", "to_mapping",
            "unit_interval"]
 
 
@@ -38,6 +39,21 @@ def declare(kind: str, *, key: str | None = None, default: Any = MISSING,
 
 def at_least(low: int) -> Check:
     return lambda v: None if v >= low else f"must be >= {low}, got {v}"
+
+
+def at_most(high: int) -> Check:
+    return lambda v: None if v <= high else f"must be <= {high}, got {v}"
+
+
+# what a name that becomes part of a path may be: no separators, no "..", no
+# leading dot or dash, not empty, not longer than a file name should be
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def safe_name(v: str) -> str | None:
+    return None if SAFE_NAME.fullmatch(v) else (
+        f"{_short(v)} is not a safe name: use 1-64 letters, digits, '.', '_' or '-', "
+        "starting with a letter or digit")
 
 
 def positive(v: float) -> str | None:
@@ -147,3 +163,92 @@ def from_mapping(cls, data: dict, where: str):
         return cls(**values)
     except InvalidFields as exc:
         raise ConfigError(f"{where}: {exc}") from exc
+
+
+# -- untrusted nested data (JSON, TOML): typed values or one error naming the key path --
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+_KIND_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+               list: "a list", dict: "a mapping", type(None): "nothing"}
+
+
+def _found(value: Any) -> str:
+    kind = _KIND_NAMES.get(type(value), type(value).__name__)
+    return kind if isinstance(value, (list, dict, type(None))) else f"{kind} {_short(value)}"
+
+
+class Untrusted:
+    """Reads values out of parsed JSON or TOML that anyone may have written.
+
+    Each method returns the value with the type asked for, or raises
+    ``error`` (a :class:`~prism_debug.errors.PrismError` class) with one line:
+    ``{what}: {key path}: {what is wrong}{advice}``.  Numbers must be finite
+    unless ``infinite`` allows ``+inf``; NaN never passes; booleans are not
+    numbers; lists and text are capped, so a crafted file cannot make the
+    caller loop or allocate without bound."""
+
+    def __init__(self, error: type[Exception], what: str, advice: str = "") -> None:
+        self.error, self.what, self.advice = error, what, advice
+
+    def fail(self, path: tuple, problem: str) -> "NoReturn":
+        where = f"{dotted(path)}: " if path else ""
+        raise self.error(f"{self.what}: {where}{problem}{self.advice}")
+
+    def mapping(self, value: Any, path: tuple) -> dict:
+        if not isinstance(value, dict):
+            self.fail(path, f"expected a mapping, got {_found(value)}")
+        return value
+
+    def get(self, data: dict, key: str, path: tuple, default: Any = MISSING) -> Any:
+        """``data[key]``, ``default`` when absent (required when no default)."""
+        if key in data:
+            return data[key]
+        if default is MISSING:
+            self.fail(path, f"missing required key {key!r}")
+        return default
+
+    def items(self, value: Any, path: tuple, *, most: int, length: int | None = None) -> list:
+        if not isinstance(value, list):
+            self.fail(path, f"expected a list, got {_found(value)}")
+        if length is not None and len(value) != length:
+            self.fail(path, f"expected a list of {length}, got {len(value)} items")
+        if len(value) > most:
+            self.fail(path, f"{len(value)} items, more than the {most} allowed")
+        return value
+
+    def int(self, value: Any, path: tuple, low: int = 0, high: int = 2**63 - 1) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(path, f"expected an integer, got {_found(value)}")
+        if not low <= value <= high:
+            self.fail(path, f"{_short(value)} is outside [{low}, {high}]")
+        return value
+
+    def number(self, value: Any, path: tuple, check: Check = non_negative, *,
+               infinite: bool = False) -> float:
+        """A float; ``check`` (finite values only) says what else it must be."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(path, f"expected a number, got {_found(value)}")
+        value = float(value)
+        if infinite and value == math.inf:
+            return value
+        if not math.isfinite(value):
+            self.fail(path, f"must be a finite number{' or inf' if infinite else ''}, "
+                            f"got {value}")
+        if (problem := check(value)) is not None:
+            self.fail(path, problem)
+        return value
+
+    def text(self, value: Any, path: tuple, *, most: int = 4096, check: Check | None = None
+             ) -> str:
+        if not isinstance(value, str):
+            self.fail(path, f"expected a string, got {_found(value)}")
+        if len(value) > most:
+            self.fail(path, f"a string of {len(value)} characters, more than the {most} allowed")
+        if check is not None and (problem := check(value)) is not None:
+            self.fail(path, problem)
+        return value
