@@ -52,7 +52,7 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 def safe_name(v: str) -> str | None:
     return None if SAFE_NAME.fullmatch(v) else (
-        f"{_short(v)} is not a safe name: use 1-64 letters, digits, '.', '_' or '-', "
+        f"must be a safe name, got {_short(v)}: use 1-64 letters, digits, '.', '_' or '-', "
         "starting with a letter or digit")
 
 
@@ -173,13 +173,9 @@ def _short(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
-_KIND_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-               list: "a list", dict: "a mapping", type(None): "nothing"}
-
-
 def _found(value: Any) -> str:
-    kind = _KIND_NAMES.get(type(value), type(value).__name__)
-    return kind if isinstance(value, (list, dict, type(None))) else f"{kind} {_short(value)}"
+    words = {list: "a list", dict: "a mapping", type(None): "nothing"}
+    return words.get(type(value)) or _short(value)
 
 
 class Untrusted:
@@ -187,52 +183,64 @@ class Untrusted:
 
     Each method returns the value with the type asked for, or raises
     ``error`` (a :class:`~prism_debug.errors.PrismError` class) with one line:
-    ``{what}: {key path}: {what is wrong}{advice}``.  Numbers must be finite
-    unless ``infinite`` allows ``+inf``; NaN never passes; booleans are not
-    numbers; lists and text are capped, so a crafted file cannot make the
-    caller loop or allocate without bound."""
+    ``{what}: {place} must be …, got …{advice}``, ``place`` naming the key path
+    (``place`` turns a path into words: :func:`dotted` by default).  Numbers
+    must be finite unless ``infinite`` allows ``+inf``; NaN never passes;
+    booleans are not numbers; lists and text are capped, so a crafted file
+    cannot make the caller loop or allocate without bound."""
 
-    def __init__(self, error: type[Exception], what: str, advice: str = "") -> None:
-        self.error, self.what, self.advice = error, what, advice
+    def __init__(self, error: type[Exception], what: str, advice: str = "",
+                 place: Callable[[tuple], str] = dotted) -> None:
+        self.error, self.what, self.advice, self.place = error, what, advice, place
 
-    def fail(self, path: tuple, problem: str) -> "NoReturn":
-        where = f"{dotted(path)}: " if path else ""
-        raise self.error(f"{self.what}: {where}{problem}{self.advice}")
+    def fail(self, path: tuple, problem: str) -> NoReturn:
+        """``problem`` says what is wrong with the value at ``path``: "must be …"."""
+        where = self.place(path) if path else "the top level"
+        raise self.error(f"{self.what}: {where} {problem}{self.advice}")
 
     def mapping(self, value: Any, path: tuple) -> dict:
         if not isinstance(value, dict):
-            self.fail(path, f"expected a mapping, got {_found(value)}")
+            self.fail(path, f"must be a mapping, got {_found(value)}")
         return value
 
     def get(self, data: dict, key: str, path: tuple, default: Any = MISSING) -> Any:
-        """``data[key]``, ``default`` when absent (required when no default)."""
+        """``data[key]`` (``data`` is at ``path``), ``default`` when absent
+        (required when no default)."""
         if key in data:
             return data[key]
         if default is MISSING:
-            self.fail(path, f"missing required key {key!r}")
+            raise self.error(f"{self.what}: missing {self.place(path + (key,))}{self.advice}")
         return default
+
+    def known(self, data: dict, path: tuple, keys) -> dict:
+        """``data`` (at ``path``), refused when it holds a key not in ``keys`` (a typo)."""
+        for key in data:
+            if key not in keys:
+                raise self.error(f"{self.what}: unknown key {self.place(path + (key,))}: use "
+                                 f"{', '.join(keys)}{self.advice}")
+        return data
 
     def items(self, value: Any, path: tuple, *, most: int, length: int | None = None) -> list:
         if not isinstance(value, list):
-            self.fail(path, f"expected a list, got {_found(value)}")
+            self.fail(path, f"must be a list, got {_found(value)}")
         if length is not None and len(value) != length:
-            self.fail(path, f"expected a list of {length}, got {len(value)} items")
+            self.fail(path, f"must be a list of {length}, got {len(value)} items")
         if len(value) > most:
-            self.fail(path, f"{len(value)} items, more than the {most} allowed")
+            self.fail(path, f"must hold at most {most} items, got {len(value)}")
         return value
 
     def int(self, value: Any, path: tuple, low: int = 0, high: int = 2**63 - 1) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(path, f"expected an integer, got {_found(value)}")
+            self.fail(path, f"must be an integer, got {_found(value)}")
         if not low <= value <= high:
-            self.fail(path, f"{_short(value)} is outside [{low}, {high}]")
+            self.fail(path, f"must be in [{low}, {high}], got {_short(value)}")
         return value
 
     def number(self, value: Any, path: tuple, check: Check = non_negative, *,
                infinite: bool = False) -> float:
-        """A float; ``check`` (finite values only) says what else it must be."""
+        """A float; ``check`` (of finite values) says what else it must be."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            self.fail(path, f"expected a number, got {_found(value)}")
+            self.fail(path, f"must be a number, got {_found(value)}")
         value = float(value)
         if infinite and value == math.inf:
             return value
@@ -246,9 +254,9 @@ class Untrusted:
     def text(self, value: Any, path: tuple, *, most: int = 4096, check: Check | None = None
              ) -> str:
         if not isinstance(value, str):
-            self.fail(path, f"expected a string, got {_found(value)}")
+            self.fail(path, f"must be a string, got {_found(value)}")
         if len(value) > most:
-            self.fail(path, f"a string of {len(value)} characters, more than the {most} allowed")
+            self.fail(path, f"must be at most {most} characters, got {len(value)}")
         if check is not None and (problem := check(value)) is not None:
             self.fail(path, problem)
         return value

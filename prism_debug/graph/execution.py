@@ -267,15 +267,15 @@ class ExecutionGraph:
                       enumerate(read.items(read.get(mesh_data, "names", ("mesh",)),
                                            ("mesh", "names"), most=MAX_AXES)))
         if math.prod(shape) > MAX_WORLD_SIZE:
-            read.fail(("mesh", "shape"), f"a world of {math.prod(shape)} ranks, more than "
-                                         f"the {MAX_WORLD_SIZE} prism-debug emulates")
+            read.fail(("mesh", "shape"), f"must make at most {MAX_WORLD_SIZE} ranks, "
+                                         f"got {math.prod(shape)}")
         families = {}
         for name, axes in read.mapping(read.get(data, "families", ()), ("families",)).items():
             at = ("families", name)
             axes = tuple(read.text(a, at + (i,), most=64)
                          for i, a in enumerate(read.items(axes, at, most=MAX_AXES)))
             if len(set(axes)) != len(axes):
-                read.fail(at, f"axes {list(axes)} name one axis twice")
+                read.fail(at, f"must name each axis once, got {list(axes)}")
             families[read.text(name, at, most=256)] = axes
         class_axis = read.get(data, "class_axis", ())
         if class_axis is not None:
@@ -286,7 +286,7 @@ class ExecutionGraph:
         raw_messages = read.mapping(data.get("messages", {}), ("messages",))
         for key, rows in raw_messages.items():
             if not (key.isdecimal() and int(key) < len(programs)):
-                read.fail(("messages", key), f"{key!r} is not a class of the graph (0-"
+                read.fail(("messages", key), f"must name a class of the graph (0-"
                                              f"{len(programs) - 1})")
             for j, row in enumerate(read.items(rows, ("messages", key), most=MAX_EVENTS)):
                 _message_row(read, row, ("messages", key, j), world)
@@ -406,46 +406,46 @@ def _program(read: Untrusted, data: object, index: int, world: int,
     data = read.mapping(data, at)
     class_id = read.int(read.get(data, "class_id", at), at + ("class_id",), 0, MAX_WORLD_SIZE)
     if class_id != index:
-        read.fail(at + ("class_id",), f"class {class_id} is listed at position {index}")
+        read.fail(at + ("class_id",), f"must be {index}, its position, got {class_id}")
     ops = []
     for i, row in enumerate(read.items(read.get(data, "ops", at), at + ("ops",),
                                        most=MAX_EVENTS)):
         here = at + ("ops", i)
         row = read.items(row, here, most=5)
         if len(row) < 3:
-            read.fail(here, "an op is [kind, family, nbytes, dtype, peer]")
+            read.fail(here, "must be [kind, family, nbytes, dtype, peer]")
         kind = read.text(row[0], here + (0,), most=64)
         if kind not in COLLECTIVES:
-            read.fail(here + (0,), f"unknown op {kind!r}: one of {', '.join(COLLECTIVES)}")
+            read.fail(here + (0,), f"must be one of {', '.join(COLLECTIVES)}, got {kind!r}")
         ops.append(OpSpec(
             kind, read.text(row[1], here + (1,), most=256),
             read.int(row[2], here + (2,), 0, MAX_OP_BYTES),
             read.text(row[3], here + (3,), most=64) if len(row) > 3 else "float32",
             read.int(row[4], here + (4,), -world, world) if len(row) > 4 else 0))
         if ops[-1].is_p2p and len(families.get(ops[-1].family, ())) != 1:
-            read.fail(here + (1,), f"a {kind} moves along one axis: family {ops[-1].family!r} "
-                                   "must vary exactly one")
+            read.fail(here + (1,), f"must vary exactly one axis (a {kind} moves along "
+                                   f"one), got {ops[-1].family!r}")
 
     def events(rows: object, where: tuple) -> tuple[Event, ...]:
         out, issued = [], set()
         if not read.items(rows, where, most=MAX_EVENTS):
-            read.fail(where, "an iteration ends with one end event, its last")
+            read.fail(where, "must end with one end event, its last")
         for i, row in enumerate(rows):
             here = where + (i,)
             row = read.items(row, here, most=4)
             if len(row) < 2:
-                read.fail(here, "an event is [action, gap_s, op, batch]")
+                read.fail(here, "must be [action, gap_s, op, batch]")
             action = read.text(row[0], here + (0,), most=8)
             if action not in ACTIONS:
-                read.fail(here + (0,), f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
+                read.fail(here + (0,), f"must be one of {', '.join(ACTIONS)}, got {action!r}")
             op = read.int(row[2], here + (2,), -1, MAX_EVENTS) if len(row) > 2 else -1
             if action != "end" and op >= len(ops) or action != "end" and op < 0:
-                read.fail(here + (2,), f"op {op} does not exist: class {index} has "
-                                       f"{len(ops)} ops")
+                read.fail(here + (2,), f"must name an op of class {index} (0-{len(ops) - 1}), "
+                                       f"got {op}")
             if action == "wait" and op not in issued:
-                read.fail(here + (2,), f"a wait for op {op}, which the iteration has not issued")
+                read.fail(here + (2,), f"must wait for an op the iteration issued, got {op}")
             if (action == "end") != (i == len(rows) - 1):
-                read.fail(here + (0,), "an iteration ends with one end event, its last")
+                read.fail(here + (0,), "must end with one end event, its last")
             issued.add(op)
             out.append(Event(action, read.number(row[1], here + (1,)), op,
                              read.int(row[3], here + (3,), 0, MAX_EVENTS) if len(row) > 3 else 0))
@@ -463,7 +463,7 @@ def _message_row(read: Untrusted, row: object, at: tuple, world: int) -> None:
     read.int(row[0], at + (0,), 1, 1 << 20)
     read.int(row[1], at + (1,), -world, world)
     if read.text(row[2], at + (2,), most=16) not in MESSAGE_KINDS:
-        read.fail(at + (2,), f"unknown message kind {row[2]!r}")
+        read.fail(at + (2,), f"must be one of {', '.join(MESSAGE_KINDS)}, got {row[2]!r}")
     read.int(row[3], at + (3,), 0, MAX_EVENTS)
     read.text(row[4], at + (4,), most=MAX_GRAPH_MB << 20)
     read.text(row[5], at + (5,), most=64)
