@@ -26,6 +26,16 @@ __all__ = ["SAFE_NAME", "Checked", "InvalidFields", "Untrusted", "at_least", "at
            "unit_interval"]
 
 
+# -- limits: what prism-debug accepts anywhere a number comes in ---------------------
+# (world sizes beyond any job yet run, GPUs per node beyond any machine, a run's
+# iterations, seeds torch takes, a timeout that is "never" in practice)
+MAX_WORLD_SIZE = 1 << 24
+MAX_GPUS_PER_NODE = 1 << 16
+MAX_ITERATIONS = 10**9
+MAX_SEED = 2**63 - 1
+MAX_TIMEOUT_S = 1e6
+
+
 def declare(kind: str, *, key: str | None = None, default: Any = MISSING,
             check: Check | None = None, of: Any = None) -> Any:
     """A field the loader reads as ``kind`` (``int``, ``float``, ``text``,

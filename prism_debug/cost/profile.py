@@ -12,7 +12,15 @@ import tomllib
 from dataclasses import MISSING
 from pathlib import Path
 
-from prism_debug.checked import Untrusted, dotted, non_negative, not_empty, positive, unit_interval
+from prism_debug.checked import (
+    MAX_GPUS_PER_NODE,
+    Untrusted,
+    dotted,
+    non_negative,
+    not_empty,
+    positive,
+    unit_interval,
+)
 from prism_debug.errors import HardwareProfileError
 
 BUNDLED_DIR = Path(__file__).with_name("profiles")
@@ -136,7 +144,6 @@ def bundled_profiles() -> list[str]:
 
 # a profile is a page of numbers; a file much larger is not one
 MAX_PROFILE_BYTES = 1 << 20
-MAX_GPUS_PER_NODE = 1 << 16
 
 
 def load_profile(name_or_path: str) -> HardwareProfile:

@@ -34,7 +34,7 @@ import stat
 import zlib
 from pathlib import Path
 
-from prism_debug.checked import Untrusted
+from prism_debug.checked import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, Untrusted
 from prism_debug.cost.model import COLLECTIVES
 from prism_debug.errors import GraphError
 from prism_debug.graph.messages import KINDS as MESSAGE_KINDS
@@ -50,15 +50,13 @@ P2P_KINDS = ("send", "recv")
 ACTIONS = ("issue", "wait", "end")
 # Caps on what a graph file may hold, checked as it is read (a file is
 # untrusted until then): its decompressed size (a gzip bomb inflates a
-# thousandfold), the world (2**24 ranks: beyond any job yet run), axes,
-# events per program, an op's bytes (1 PiB), GPUs per node.
+# thousandfold), the world (checked.MAX_WORLD_SIZE), axes, events per
+# program, an op's bytes (1 PiB).
 MAX_GRAPH_MB = 256
 MAX_GRAPH_ENV = "PRISM_DEBUG_MAX_GRAPH_MB"
-MAX_WORLD_SIZE = 1 << 24
 MAX_AXES = 16
 MAX_EVENTS = 1 << 24
 MAX_OP_BYTES = 1 << 50
-MAX_GPUS_PER_NODE = 1 << 16
 
 
 @dataclasses.dataclass(frozen=True)
