@@ -21,15 +21,15 @@ from prism_debug.errors import key_path as dotted
 
 Check = Callable[[Any], "str | None"]
 __all__ = ["SAFE_NAME", "Checked", "InvalidFields", "Untrusted", "at_least", "at_most",
-           "declare", "declared_fields", "dotted", "field_errors", "from_mapping",
+           "both", "declare", "declared_fields", "dotted", "field_errors", "from_mapping",
            "non_negative", "not_empty", "one_of", "positive", "safe_name", "to_mapping",
            "unit_interval"]
 
 
 # -- limits: what prism-debug accepts anywhere a number comes in ---------------------
-# (world sizes beyond any job yet run, GPUs per node beyond any machine, a run's
+# (the ranks torch numbers (int32), GPUs per node beyond any machine, a run's
 # iterations, seeds torch takes, a timeout that is "never" in practice)
-MAX_WORLD_SIZE = 1 << 24
+MAX_WORLD_SIZE = 2**31 - 1
 MAX_GPUS_PER_NODE = 1 << 16
 MAX_ITERATIONS = 10**9
 MAX_SEED = 2**63 - 1
@@ -51,8 +51,13 @@ def at_least(low: int) -> Check:
     return lambda v: None if v >= low else f"must be >= {low}, got {v}"
 
 
-def at_most(high: int) -> Check:
-    return lambda v: None if v <= high else f"must be <= {high}, got {v}"
+def at_most(high: float) -> Check:
+    return lambda v: None if v <= high else f"must be <= {high:.10g}, got {v}"
+
+
+def both(*checks: Check) -> Check:
+    """The first problem any of ``checks`` finds."""
+    return lambda v: next((p for check in checks if (p := check(v)) is not None), None)
 
 
 # what a name that becomes part of a path may be: no separators, no "..", no

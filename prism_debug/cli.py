@@ -37,8 +37,11 @@ class _Number(click.ParamType):
 
     name = "number"
 
+    def __init__(self, bounds: str | None = None) -> None:
+        self.bounds = bounds  # the OPTION_BOUNDS entry, when not the option's own
+
     def convert(self, value, param, ctx):
-        return option_number(param.opts[0], value)
+        return option_number(param.opts[0], value, self.bounds)
 
 
 NUMBER = _Number()
@@ -400,7 +403,7 @@ def graph_show(path, hardware, as_json) -> None:
 
 @main.command()
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--iterations", type=NUMBER, default=3, show_default=True)
+@click.option("--iterations", type=_Number("replay --iterations"), default=3, show_default=True)
 @click.option("--hardware", default=DEFAULT_PROFILE, show_default=True)
 @click.option("--ranks", "ranks_text", default="", help="Ranks to report (default: one per class).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -516,16 +519,12 @@ def scenario() -> None:
                 type=click.Path(dir_okay=False, path_type=Path))
 def scenario_lint(files) -> None:
     """Report every error in FILES, each with its line and column."""
-    from prism_debug.scenario import ScenarioError, lint
+    from prism_debug.scenario import lint
+    from prism_debug.scenario.loader import read_scenario_text
 
     problems = 0
     for path in files:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
-            raise ScenarioError([], f"cannot read scenario {path}: {why}") from exc
-        found = lint(text, str(path))
+        found = lint(read_scenario_text(path), str(path))
         for problem in found:
             click.echo(str(problem))
         problems += len(found)

@@ -162,14 +162,18 @@ OPTION_BOUNDS: dict[str, tuple[type, float, float]] = {
     "--seed": (int, 0, MAX_SEED),
     "--processes": (int, 2, 64),
     "--collective-timeout": (float, 0.0, MAX_TIMEOUT_S),
+    # a replay of the whole world prints a row per iteration: more is no table
+    "replay --iterations": (int, 1, 10_000),
 }
 
 
-def option_number(option: str, text: str | int | float) -> int | float:
+def option_number(option: str, text: str | int | float, bounds: str | None = None
+                  ) -> int | float:
     """The number command-line ``option`` gave as ``text``, within
     :data:`OPTION_BOUNDS`; :class:`ConfigError` naming the option otherwise
-    (``nan``, ``inf``, ``1e999``, a number of thousands of digits included)."""
-    kind, low, high = OPTION_BOUNDS[option]
+    (``nan``, ``inf``, ``1e999``, a number of thousands of digits included).
+    ``bounds`` names the entry when it is not the option's own."""
+    kind, low, high = OPTION_BOUNDS[bounds or option]
     word = "an integer" if kind is int else "a number"
     try:
         if isinstance(text, str) and len(text) > 40:  # (int() of thousands of digits raises)
