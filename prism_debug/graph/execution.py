@@ -54,6 +54,7 @@ ACTIONS = ("issue", "wait", "end")
 # program, an op's bytes (1 PiB).
 MAX_GRAPH_MB = 256
 MAX_GRAPH_ENV = "PRISM_DEBUG_MAX_GRAPH_MB"
+NOT_A_GRAPH = ": give a file prism-debug profile wrote (a gzipped JSON graph)"
 MAX_AXES = 16
 MAX_EVENTS = 1 << 24
 MAX_OP_BYTES = 1 << 50
@@ -288,24 +289,25 @@ class ExecutionGraph:
                                              f"{len(programs) - 1})")
             for j, row in enumerate(read.items(rows, ("messages", key), most=MAX_EVENTS)):
                 _message_row(read, row, ("messages", key, j), world)
+        gpus_per_node = read.int(read.get(data, "gpus_per_node", ()), ("gpus_per_node",), 1,
+                                 MAX_GPUS_PER_NODE)
+        command = tuple(read.text(w, ("command", i), most=1 << 16) for i, w in
+                        enumerate(read.items(data.get("command", []), ("command",),
+                                             most=1 << 16)))
+        message_iterations = read.int(data.get("message_iterations", 0),
+                                      ("message_iterations",), 0, 1 << 20)
         try:
             graph = cls(
-                mesh=Mesh(shape, names),
-                families=families,
-                class_axis=class_axis,
-                gpus_per_node=read.int(read.get(data, "gpus_per_node", ()), ("gpus_per_node",),
-                                       1, MAX_GPUS_PER_NODE),
-                command=tuple(read.text(w, ("command", i), most=1 << 16) for i, w in
-                              enumerate(read.items(data.get("command", []), ("command",),
-                                                   most=1 << 16))),
-                programs=programs,
+                mesh=Mesh(shape, names), families=families, class_axis=class_axis,
+                gpus_per_node=gpus_per_node, command=command, programs=programs,
                 # version 1 graphs recorded no messages: peers mirror the real rank's
                 messages=messages_from_json(raw_messages),
-                message_iterations=read.int(data.get("message_iterations", 0),
-                                            ("message_iterations",), 0, 1 << 20),
+                message_iterations=message_iterations,
             )
         except ValueError as exc:  # base64 a row's checks let through
-            raise GraphError(f"malformed graph {source}: messages: {exc}") from exc
+            raise GraphError(f"malformed graph {source}: messages: {exc}{read.advice}") from exc
+        except GraphError as exc:  # what only the whole graph shows (axes, classes)
+            raise GraphError(f"malformed graph {source}: {exc}{read.advice}") from exc
         if version != GRAPH_VERSION and any(op.is_p2p for p in graph.programs for op in p.ops):
             raise GraphError(f"graph format version {version!r} does not record which "
                              "point-to-point ops form one batch (batch_isend_irecv); this "
@@ -333,8 +335,10 @@ class ExecutionGraph:
         try:
             data = json.loads(text, parse_constant=_no_constant)
         except (ValueError, RecursionError) as exc:  # (JSONDecodeError, too many digits, NaN)
-            why = "nested too deeply" if isinstance(exc, RecursionError) else exc
-            raise GraphError(f"{path} is not a prism-debug graph file: {why}") from None
+            why = "nested too deeply" if isinstance(exc, RecursionError) else \
+                str(exc).split(";")[0]
+            raise GraphError(f"{path} is not a prism-debug graph file: {why}{NOT_A_GRAPH}") \
+                from None
         graph = cls.from_dict(data, str(path))
         if any(m.kind == "objects" for ms in graph.messages.values() for m in ms):
             check_trusted(Path(path))
@@ -384,14 +388,14 @@ def _decompressed(path: Path, limit: int) -> str:
     except FileNotFoundError:
         raise GraphError(f"no graph file at {path}: make one with prism-debug profile") from None
     except (OSError, EOFError, zlib.error) as exc:
-        raise GraphError(f"{path} is not a prism-debug graph file: {exc}") from None
+        raise GraphError(f"{path} is not a prism-debug graph file: {exc}{NOT_A_GRAPH}") from None
     if len(raw) > limit:
         raise GraphError(f"{path} changed while being read: read it again")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise GraphError(f"{path} is not a prism-debug graph file: not UTF-8 JSON ({exc.reason} "
-                         f"at byte {exc.start})") from None
+                         f"at byte {exc.start}){NOT_A_GRAPH}") from None
 
 
 def _no_constant(name: str):
