@@ -52,7 +52,8 @@ def at_least(low: int) -> Check:
 
 
 def at_most(high: float) -> Check:
-    return lambda v: None if v <= high else f"must be <= {high:.10g}, got {v}"
+    shown = high if isinstance(high, int) else f"{high:.10g}"
+    return lambda v: None if v <= high else f"must be <= {shown}, got {v}"
 
 
 def both(*checks: Check) -> Check:
