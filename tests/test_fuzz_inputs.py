@@ -117,8 +117,9 @@ COST = CostModel(load_profile("h100-ib400")).op_time_s
 @given(mutated_graphs())
 def test_fuzz_graph_dicts(data):
     graph = tried("graph (mutated dicts)", lambda: ExecutionGraph.from_dict(data), GraphError)
-    if graph is not None:  # what loads, replays: the engine meets no malformed graph
-        ReplayEngine(graph, COST).run(2)
+    if graph is not None:  # what loads, replays (or the engine says, typed, why it cannot)
+        tried("graph replayed after loading", lambda: ReplayEngine(graph, COST).run(2),
+              GraphError)
 
 
 @FUZZ
