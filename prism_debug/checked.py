@@ -4,7 +4,9 @@ A field declared with :func:`declare` carries its reading (``kind``), its YAML
 key when that is not the field's name, and a check that both the loader and
 ``__post_init__`` run, so a value built in Python and one read from a file are
 held to the same rules.  Faults (``prism_debug.faults``) and scenarios
-(``prism_debug.scenario``) are built from these.  Pure Python.
+(``prism_debug.scenario``) are built from these.  :class:`Untrusted` reads
+parsed JSON and TOML (graph files, hardware profiles) with the same checks,
+and the ``MAX_*`` limits bound every number that comes in.  Pure Python.
 """
 
 from __future__ import annotations

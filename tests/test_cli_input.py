@@ -70,23 +70,25 @@ def test_run_refuses_bad_iteration_and_rank_lists(args, message):
 # -- numbers: every numeric option finite and within its bounds, one line, exit 2 -----------
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--collective-timeout", "nan"], "--collective-timeout must be in (0, 1000000], got nan"),
-    (["--collective-timeout", "inf"], "--collective-timeout must be in (0, 1000000], got inf"),
-    (["--collective-timeout", "1e999"], "--collective-timeout must be in (0, 1000000], got inf"),
-    (["--collective-timeout", "0"], "--collective-timeout must be in (0, 1000000], got 0.0"),
+    (["--collective-timeout", "nan"], "--collective-timeout must be a finite number, got nan"),
+    (["--collective-timeout", "inf"], "--collective-timeout must be a finite number, got inf"),
+    (["--collective-timeout", "1e999"], "--collective-timeout must be a finite number, got inf"),
+    (["--collective-timeout", "1e7"], "--collective-timeout must be at most 1000000, got "
+                                      "10000000.0"),
+    (["--collective-timeout", "0"], "--collective-timeout must be positive, got 0.0"),
     (["--collective-timeout", "soon"],
      "--collective-timeout: 'soon' is not a number: give a number in (0, 1000000]"),
-    (["--world-size", "0"], "--world-size must be in [1, 2147483647], got 0"),
+    (["--world-size", "0"], "--world-size must be at least 1, got 0"),
     (["--world-size", "1e3"],
      "--world-size: '1e3' is not an integer: give an integer in [1, 2147483647]"),
-    (["--rank", "-1"], "--rank must be in [0, 2147483646], got -1"),
+    (["--rank", "-1"], "--rank must be at least 0, got -1"),
     (["--rank", "9" * 5000], f"--rank: '{'9' * 40}' is not an integer: give an integer in "
                              "[0, 2147483646]"),
-    (["--iterations", "0"], "--iterations must be in [1, 1000000000], got 0"),
-    (["--seed", "-1"], "--seed must be in [0, 9223372036854775807], got -1"),
-    (["--seed", str(2**64)], f"--seed must be in [0, 9223372036854775807], got {2**64}"),
-    (["--snapshot-every", "0"], "--snapshot-every must be in [1, 1000000000], got 0"),
-    (["--gpus-per-node", "0"], "--gpus-per-node must be in [1, 65536], got 0"),
+    (["--iterations", "0"], "--iterations must be at least 1, got 0"),
+    (["--seed", "-1"], "--seed must be at least 0, got -1"),
+    (["--seed", str(2**64)], f"--seed must be at most 9223372036854775807, got {2**64}"),
+    (["--snapshot-every", "0"], "--snapshot-every must be at least 1, got 0"),
+    (["--gpus-per-node", "0"], "--gpus-per-node must be at least 1, got 0"),
     (["--snapshot-at", "1-10000000000"],
      "--snapshot-at: iterations go up to 1000000000, not 10000000000"),
     (["--snapshot-at", "1-1000000"],
@@ -104,17 +106,17 @@ def test_run_refuses_numbers_out_of_bounds_in_one_line(args, message):
 
 @pytest.mark.parametrize(("args", "message"), [
     (["cost", "--op", "all_reduce", "--bytes", "1M", "--ranks", "0"],
-     "--ranks must be in [1, 2147483647], got 0"),
+     "--ranks must be at least 1, got 0"),
     (["cost", "--op", "all_reduce", "--bytes", "1M", "--ranks", "8", "--gpus-per-node", "0"],
-     "--gpus-per-node must be in [1, 65536], got 0"),
+     "--gpus-per-node must be at least 1, got 0"),
     (["cost", "--op", "all_reduce", "--bytes", "9" * 400 + "T", "--ranks", "8"],
      f"--bytes: '{'9' * 40}' is not a size such as 4096, 64K, 1M or 8GiB"),
     (["cost", "--op", "all_reduce", "--bytes", "99999999999999999999T", "--ranks", "8"],
      "--bytes must be at most 1024T (1125899906842624 bytes), got 99999999999999999999T"),
     (["calibrate", "--local", "--processes", "1000", "--out", "x.toml"],
-     "--processes must be in [2, 64], got 1000"),
+     "--processes must be at most 64, got 1000"),
     (["profile", "--world-size", "-4", "--out", "g.prism"],
-     "--world-size must be in [1, 2147483647], got -4"),
+     "--world-size must be at least 1, got -4"),
     (["snapshot", "restore", "x", "--iterations", "nan"],
      "--iterations: 'nan' is not an integer: give an integer in [1, 1000000000]"),
 ])
@@ -126,7 +128,7 @@ def test_other_commands_refuse_numbers_out_of_bounds_in_one_line(args, message):
 def test_replay_refuses_more_iterations_than_a_table_shows(graph_file):
     result = invoke("replay", graph_file, "--iterations", "1000000000")
     assert (result.exit_code, result.stderr) == (
-        2, "prism-debug: error: --iterations must be in [1, 10000], got 1000000000\n")
+        2, "prism-debug: error: --iterations must be at most 10000, got 1000000000\n")
 
 
 def test_a_huge_snapshot_range_is_refused_at_once_without_a_traceback():
@@ -146,4 +148,4 @@ def test_nan_timeout_from_the_command_line_without_a_traceback():
                           "nan", "--", "python", "train.py"],
                          capture_output=True, text=True, timeout=60)
     assert (out.returncode, out.stderr) == (
-        2, "prism-debug: error: --collective-timeout must be in (0, 1000000], got nan\n")
+        2, "prism-debug: error: --collective-timeout must be a finite number, got nan\n")

@@ -329,7 +329,9 @@ class ExecutionGraph:
         user's own and writable by nobody else: unpickling a message runs
         whatever code its author put there, as ``recv_object_list`` from a
         stranger would.  (The payloads stay bytes here; the real rank
-        unpickles the ones its script receives.)"""
+        unpickles the ones its script receives.)  The file is untrusted until
+        read: it may decompress to at most ``$PRISM_DEBUG_MAX_GRAPH_MB`` MiB
+        (default 256), and :meth:`from_dict` checks every value in it."""
         path = Path(path)
         text = _decompressed(path, max_graph_bytes())
         try:

@@ -5,6 +5,7 @@ starts a process or reads a graph)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import shutil
 import sys
@@ -64,8 +65,10 @@ class RunOptions:
     env: tuple[tuple[str, str], ...] = ()  # set in the rank's environment (scenarios)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.world_size <= MAX_WORLD_SIZE:
-            raise ConfigError(f"--world-size must be in [1, {MAX_WORLD_SIZE}], got "
+        if self.world_size < 1:
+            raise ConfigError(f"--world-size must be at least 1, got {self.world_size}")
+        if self.world_size > MAX_WORLD_SIZE:
+            raise ConfigError(f"--world-size must be at most {MAX_WORLD_SIZE}, got "
                               f"{self.world_size}")
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(
@@ -73,7 +76,8 @@ class RunOptions:
                 f"[0, {self.world_size - 1}] for --world-size {self.world_size}")
         check_iterations(self.iterations)
         if not 0 <= self.seed <= MAX_SEED:
-            raise ConfigError(f"--seed must be in [0, {MAX_SEED}], got {self.seed}")
+            raise ConfigError(f"--seed must be at least 0 and at most {MAX_SEED}, got "
+                              f"{self.seed}")
         if not self.command:
             raise ConfigError("no command to run")
         if self.profile_graph and self.graph_path is not None:
@@ -97,7 +101,7 @@ class RunOptions:
         if self.collective_timeout_s is not None \
                 and not 0 < self.collective_timeout_s <= MAX_TIMEOUT_S:  # (NaN too)
             raise ConfigError(f"--collective-timeout must be a number of seconds in (0, "
-                              f"{MAX_TIMEOUT_S:g}], got {self.collective_timeout_s}")
+                              f"{MAX_TIMEOUT_S:.10g}], got {self.collective_timeout_s}")
         if self.paused and self.bind is None:
             raise ConfigError("--paused waits for prism-debug attach, which --no-bus rules out")
         if self.incremental and not (self.snapshot_at or self.snapshot_every):
@@ -146,8 +150,10 @@ class RunResult:
 
 
 def check_iterations(iterations: int | None) -> None:
-    if iterations is not None and not 1 <= iterations <= MAX_ITERATIONS:
-        raise ConfigError(f"--iterations must be in [1, {MAX_ITERATIONS}], got {iterations}")
+    if iterations is not None and iterations < 1:
+        raise ConfigError(f"--iterations must be at least 1, got {iterations}")
+    if iterations is not None and iterations > MAX_ITERATIONS:
+        raise ConfigError(f"--iterations must be at most {MAX_ITERATIONS}, got {iterations}")
 
 
 # what each numeric command-line option may be: (int or float, lowest, highest);
@@ -182,9 +188,15 @@ def option_number(option: str, text: str | int | float, bounds: str | None = Non
     except (ValueError, OverflowError):
         raise ConfigError(f"{option}: {str(text)[:40]!r} is not {word}: give {word} in "
                           f"{_bounds(kind, low, high)}") from None
-    inside = low <= value <= high if kind is int else low < value <= high  # (NaN: never)
-    if not inside:
-        raise ConfigError(f"{option} must be in {_bounds(kind, low, high)}, got {value}")
+    if kind is float and not math.isfinite(value):
+        raise ConfigError(f"{option} must be a finite number, got {value}")
+    if kind is float and value <= low:
+        raise ConfigError(f"{option} must be positive, got {value}")
+    if value < low:
+        raise ConfigError(f"{option} must be at least {low}, got {value}")
+    if value > high:
+        shown = high if kind is int else f"{high:.10g}"
+        raise ConfigError(f"{option} must be at most {shown}, got {value}")
     return value
 
 
