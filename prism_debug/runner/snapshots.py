@@ -226,8 +226,8 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
         "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
         "stop_at": manifest.iteration, "phase": "go"}))
     fds = {
-        "log": os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-        "events": os.open(files["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        "log": os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+        "events": os.open(files["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
         "control": os.open(files["control"], os.O_RDONLY),
     }
     started = time.perf_counter()
