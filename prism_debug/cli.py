@@ -10,7 +10,6 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from prism_debug.errors import ConfigError, ExitCode, PrismError
 from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.graph.selectors import number_list, rank_list
-from prism_debug.runner.options import python_command
+from prism_debug.runner.options import option_number, parse_bytes, python_command
 
 
 class _Cli(click.Group):
@@ -31,6 +30,22 @@ class _Cli(click.Group):
         except PrismError as exc:
             click.echo(f"prism-debug: error: {exc}", err=True)
             ctx.exit(int(exc.exit_code))
+
+
+class _Number(click.ParamType):
+    """A number within its option's bounds (runner/options.py OPTION_BOUNDS): one
+    error line naming the option, as every PrismError, not click's usage text."""
+
+    name = "number"
+
+    def __init__(self, bounds: str | None = None) -> None:
+        self.bounds = bounds  # the OPTION_BOUNDS entry, when not the option's own
+
+    def convert(self, value, param, ctx):
+        return option_number(param.opts[0], value, self.bounds)
+
+
+NUMBER = _Number()
 
 
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,13 +58,15 @@ def main(verbose: int) -> None:
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
-@click.option("--rank", default=4097, show_default=True, help="The rank to run for real.")
-@click.option("--world-size", default=8192, show_default=True, help="Ranks in the emulated job.")
-@click.option("--gpus-per-node", type=int, default=None,
+@click.option("--rank", type=NUMBER, default=4097, show_default=True,
+              help="The rank to run for real.")
+@click.option("--world-size", type=NUMBER, default=8192, show_default=True,
+              help="Ranks in the emulated job.")
+@click.option("--gpus-per-node", type=NUMBER, default=None,
               help="GPUs per node [default: the hardware profile's, 8 for H100].")
 @click.option("--hardware", default=DEFAULT_PROFILE, show_default=True,
               help="Hardware profile: a bundled name or a TOML file.")
-@click.option("--iterations", type=int, default=None,
+@click.option("--iterations", type=NUMBER, default=None,
               help="Stop cleanly after this many iterations.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON report here.")
@@ -57,7 +74,7 @@ def main(verbose: int) -> None:
               help="Write a Chrome trace (open it in Perfetto) here.")
 @click.option("--trace-ranks", default="",
               help="Virtual ranks to show in the trace, e.g. 0,4096-4103 (not with --lockstep).")
-@click.option("--seed", default=0, show_default=True,
+@click.option("--seed", type=NUMBER, default=0, show_default=True,
               help="Seeds torch, random and numpy in the rank, and the seeded peer values.")
 @click.option("--values", type=click.Choice(["mirror", "zeros", "random"]), default="mirror",
               show_default=True, help="What virtual peers contribute to collectives.")
@@ -70,7 +87,7 @@ def main(verbose: int) -> None:
                    "without profiling the job (no pipeline bubbles, no stragglers).")
 @click.option("--snapshot-at", default="",
               help="Snapshot the rank (CRIU) after these iterations, e.g. 3,10.")
-@click.option("--snapshot-every", type=int, default=None,
+@click.option("--snapshot-every", type=NUMBER, default=None,
               help="Snapshot the rank after every K-th iteration.")
 @click.option("--incremental", is_flag=True,
               help="Snapshots after the first hold only the memory that changed since the last.")
@@ -89,7 +106,7 @@ def main(verbose: int) -> None:
 @click.option("--perturb", "perturbations", multiple=True,
               help="Perturb virtual peers (not with --lockstep), e.g. 'fail 4099 at 3', "
                    "'slow node:512 1.16', 'delay 4100 0.005 family dp'; repeatable.")
-@click.option("--collective-timeout", type=float, default=None,
+@click.option("--collective-timeout", type=NUMBER, default=None,
               help="Seconds before NCCL's watchdog gives up on a collective [default: the "
                    "script's process-group timeout].")
 @click.option("--paused", is_flag=True,
@@ -226,7 +243,7 @@ def snapshot_rm(snapshot_id, force, store) -> None:
 
 @snapshot.command("restore")
 @click.argument("snapshot_id")
-@click.option("--iterations", type=int, default=None,
+@click.option("--iterations", type=NUMBER, default=None,
               help="Stop after this many more iterations [default: run to the end].")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON report here.")
@@ -355,9 +372,10 @@ def _bundled_example_command(world_size: int, iterations: int | None = None) -> 
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
-@click.option("--world-size", default=8192, show_default=True, help="Ranks in the emulated job.")
-@click.option("--gpus-per-node", default=8, show_default=True)
-@click.option("--iterations", default=4, show_default=True,
+@click.option("--world-size", type=NUMBER, default=8192, show_default=True,
+              help="Ranks in the emulated job.")
+@click.option("--gpus-per-node", type=NUMBER, default=8, show_default=True)
+@click.option("--iterations", type=NUMBER, default=4, show_default=True,
               help="Iterations per slice (a warm-up and at least two to compare).")
 @click.option("--slice-ranks", default="", help="Ranks to profile, one per class, e.g. 0,2048.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
@@ -410,7 +428,7 @@ def graph_show(path, hardware, as_json) -> None:
 
 @main.command()
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--iterations", default=3, show_default=True)
+@click.option("--iterations", type=_Number("replay --iterations"), default=3, show_default=True)
 @click.option("--hardware", default=DEFAULT_PROFILE, show_default=True)
 @click.option("--ranks", "ranks_text", default="", help="Ranks to report (default: one per class).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -438,7 +456,8 @@ def replay(path, iterations, hardware, ranks_text, as_json) -> None:
 @click.option("--nccl-tests", "nccl_tests", multiple=True,
               help="An nccl-tests output file, as PATH or OP=PATH (repeatable).")
 @click.option("--local", is_flag=True, help="Measure gloo collectives between processes here.")
-@click.option("--processes", default=2, show_default=True, help="Processes for --local.")
+@click.option("--processes", type=NUMBER, default=2, show_default=True,
+              help="Processes for --local.")
 @click.option("--base", default=DEFAULT_PROFILE, show_default=True,
               help="Profile whose form the nccl-tests fit keeps.")
 @click.option("--no-nvls", "no_nvls", is_flag=True,
@@ -466,12 +485,8 @@ def calibrate(nccl_tests, local, processes, base, no_nvls, name, out) -> None:
         measurements = []
         for item in nccl_tests:
             op, _, path = item.rpartition("=")
-            try:
-                text = Path(path).read_text()
-            except OSError as exc:
-                raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
-            measurements.append(fitting.parse_nccl_tests(
-                text, path, fitting.NCCL_TESTS_OPS.get(op.lower()) if op else None))
+            measurements.append(fitting.read_nccl_tests(
+                Path(path), fitting.NCCL_TESTS_OPS.get(op.lower()) if op else None))
         base_profile = load_profile(base)
         if no_nvls:
             base_profile = dataclasses.replace(base_profile, nvls_bw=0.0)
@@ -487,26 +502,15 @@ def _cost_fn(hardware: str, gpus_per_node: int):
     return model.op_time_s
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_bytes(text: str) -> int:
-    """``1G``, ``64MiB``, ``8k``, ``4096``: binary multiples, as nccl-tests' -b/-e."""
-    match = _SIZE.match(text)
-    if not match:
-        raise click.BadParameter(f"{text!r} is not a size such as 4096, 64K, 1M or 8GiB")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return int(number * 1024 ** " kmgt".index(unit or " "))
-
-
 @main.command()
 @click.option("--hardware", default=DEFAULT_PROFILE, show_default=True,
               help="Hardware profile: a bundled name or a TOML file.")
 @click.option("--op", type=click.Choice(COLLECTIVES), required=True, help="The collective.")
 @click.option("--bytes", "size", required=True,
               help="Message size in nccl-tests' convention (e.g. 1G, 64MiB).")
-@click.option("--ranks", type=int, required=True, help="Ranks in the group (packed onto nodes).")
-@click.option("--gpus-per-node", type=int, default=None, help="[default: the profile's]")
+@click.option("--ranks", type=NUMBER, required=True,
+              help="Ranks in the group (packed onto nodes).")
+@click.option("--gpus-per-node", type=NUMBER, default=None, help="[default: the profile's]")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def cost(hardware, op, size, ranks, gpus_per_node, as_json) -> None:
     """Predict one collective's time and bus bandwidth."""
@@ -541,16 +545,12 @@ def scenario() -> None:
                 type=click.Path(dir_okay=False, path_type=Path))
 def scenario_lint(files) -> None:
     """Report every error in FILES, each with its line and column."""
-    from prism_debug.scenario import ScenarioError, lint
+    from prism_debug.scenario import lint
+    from prism_debug.scenario.loader import read_scenario_text
 
     problems = 0
     for path in files:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
-            raise ScenarioError([], f"cannot read scenario {path}: {why}") from exc
-        found = lint(text, str(path))
+        found = lint(read_scenario_text(path), str(path))
         for problem in found:
             click.echo(str(problem))
         problems += len(found)
