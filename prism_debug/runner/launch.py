@@ -25,6 +25,7 @@ from prism_debug.runner import report as reporting
 from prism_debug.runner.children import (
     Child,
     Follower,
+    die_with_controller,
     IsolatedChild,
     RestoredChild,
     run_files,
@@ -170,8 +171,10 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
         command = ["unshare", "--pid", "--fork", "--kill-child", "setsid", *command]
     with open(files["log"], "ab") as log:
         try:
+            # the rank dies with this process (children.py says how)
             popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     preexec_fn=die_with_controller())
         except OSError as exc:
             raise LaunchError(f"cannot start {command[0]}: {exc}") from exc
     session.child = IsolatedChild(popen) if options.isolate else Child(popen)
