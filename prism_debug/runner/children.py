@@ -184,11 +184,18 @@ class IsolatedChild(_RankProcess):
 
 
 class RestoredChild(_RankProcess):
-    """A copy of the rank CRIU restored as this process's child (``rst_sibling``)."""
+    """A copy of the rank CRIU restored as this process's child (``rst_sibling``);
+    ``isolated``: the init of a pid namespace of its own, signalled as
+    :class:`IsolatedChild` is."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, isolated: bool = False) -> None:
         self.pid = pid
+        self.isolated = isolated
         self.returncode: int | None = None
+
+    def signal(self, signum: int) -> None:
+        super().signal(signum if signum == signal.SIGINT or not self.isolated
+                       else signal.SIGKILL)
 
     def poll(self) -> int | None:
         if self.returncode is None:

@@ -25,9 +25,9 @@ from prism_debug.runner import report as reporting
 from prism_debug.runner.children import (
     Child,
     Follower,
-    die_with_controller,
     IsolatedChild,
     RestoredChild,
+    die_with_controller,
     run_files,
     supervise,
 )
@@ -41,6 +41,7 @@ from prism_debug.runner.snapshots import (
     restore_tools,
     snapshot_tools,
 )
+from prism_debug.snapshot.criu import tree_pids
 
 Message = Callable[[str], None]
 
@@ -223,7 +224,8 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
                               bus=session.commands_endpoint, bus_curve=session.agent_curve,
                               faults=options.faults, watch_nonfinite=options.watch_nonfinite,
                               message=message)
-        session.child = RestoredChild(pid)
+        # needing no pids here, the copy is the init of a pid namespace of its own
+        session.child = RestoredChild(pid, isolated=not tree_pids(store.path(manifest.id)))
         follower = Follower(files["log"], files["events"], manifest.rank, message, session)
         exit_code = supervise(session, follower)
         events, report = finish(

@@ -295,7 +295,7 @@ class Session:
         if old is not None and beside:
             old.kill()
         self.server.agent_away()  # the copy's agent connects as it resumes
-        self.child = RestoredChild(pid)
+        self.child = RestoredChild(pid, isolated=not needed)  # none: its own pid namespace
         self.exit_code = None
         result = {"id": manifest.id, "iteration": manifest.iteration, "pid": pid}
         self.server.publish("restored", result)
