@@ -25,14 +25,18 @@ from typing import Callable
 # a real-time signal, which nothing torch or a launcher sends
 RELEASE_SIGNAL = signal.SIGRTMIN + 6
 _POLL_S = 0.001
+_releases = 0  # release signals received by this process
+
+
+def _count_release(signum, frame) -> None:
+    global _releases
+    _releases += 1
 
 
 class Handshake:
     def __init__(self, control_path: str | None) -> None:
         # held open: a restore swaps this very descriptor for the new run's file
         self._control = os.open(control_path, os.O_RDONLY) if control_path else None
-        self._releases = 0  # release signals received
-        self._on_release = self._count_release  # one object, to recognise it
         self._restored_from: str | None = None  # the restore this process followed
 
     def wait(self, iteration: int, announce: Callable[[dict], None]) -> dict:
@@ -40,7 +44,7 @@ class Handshake:
         the controller needs) and idle until it is over; the control file's
         instructions (a restore's), or ``{}``."""
         ticket = os.urandom(6).hex()
-        released = self._releases
+        released = _releases
         announce({"ticket": ticket, "release_signal": self._release_signal()})
         while True:
             control = self.read()
@@ -48,7 +52,7 @@ class Handshake:
                     control.get("ticket") == ticket or control.get("restored")
                     and control.get("snapshot") != self._restored_from):
                 break
-            if self._releases != released:
+            if _releases != released:
                 return {}  # what the file holds is not this wait's
             time.sleep(_POLL_S)
         if control.get("restored"):
@@ -67,19 +71,16 @@ class Handshake:
             return {}
         return content if type(content) is dict else {}
 
-    def _count_release(self, signum, frame) -> None:
-        self._releases += 1
-
     def _release_signal(self) -> int | None:
         """The signal that ends a wait (its handler installed on first use);
         None where it cannot be: off the main thread (Python's rule), or when
         the script handles that signal itself."""
         try:
             current = signal.getsignal(RELEASE_SIGNAL)
-            if current is not self._on_release:
+            if current is not _count_release:
                 if current not in (signal.SIG_DFL, None):
                     return None
-                signal.signal(RELEASE_SIGNAL, self._on_release)
+                signal.signal(RELEASE_SIGNAL, _count_release)
         except ValueError:
             return None
         return int(RELEASE_SIGNAL)
