@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 import sys
 from pathlib import Path
@@ -113,6 +114,7 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
     from prism_debug import api  # the runner (and ZeroMQ) only for the commands that run
     from prism_debug.runner.graph_cache import PROFILE_ITERATIONS
 
+    _private()
     if lockstep and graph_path is not None:
         raise ConfigError("--lockstep and --graph exclude each other: --graph replays virtual "
                           "peers from a graph, --lockstep lets them arrive with the real rank")
@@ -153,6 +155,7 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
 @main.group()
 def snapshot() -> None:
     """List, inspect, check, remove and restore snapshots."""
+    _private()
 
 
 _store_option = click.option(
@@ -163,16 +166,28 @@ _store_option = click.option(
 def _store(store: Path | None):
     from prism_debug.runner.paths import open_store
 
-    return open_store(store)
+    return open_store(store, lambda line: click.echo(line, err=True))
+
+
+def _private() -> None:
+    """The controller's files are the user's alone: the store, run folders,
+    reports, what the rank writes (it inherits this)."""
+    from prism_debug.runner.paths import PRIVATE_UMASK
+
+    os.umask(PRIVATE_UMASK)
 
 
 @snapshot.command("ls")
 @_store_option
 def snapshot_ls(store) -> None:
-    """List the snapshots in the store."""
-    found = _store(store).list()
+    """List the snapshots in the store (one that cannot be read is skipped,
+    with a warning saying why)."""
+    opened = _store(store)
+    found, problems = opened.scan()
+    for problem in problems:
+        click.echo(f"prism-debug: warning: {problem}", err=True)
     if not found:
-        click.echo(f"no snapshots in {_store(store).root}")
+        click.echo(f"no snapshots in {opened.root}")
         return
     click.echo(f"{'id':<24} {'iteration':>9} {'rank':>7} {'world':>7} {'MiB':>8} "
                f"{'dump s':>7}  created")
@@ -349,6 +364,7 @@ def profile(world_size, gpus_per_node, iterations, slice_ranks, out, run_dir, co
     from prism_debug.runner.profile import ProfileOptions
     from prism_debug.runner.profile import profile as run_profile
 
+    _private()
     options = ProfileOptions(
         command=list(command) or _bundled_example_command(world_size), world_size=world_size,
         gpus_per_node=gpus_per_node, iterations=iterations, out=out,
@@ -508,6 +524,7 @@ def cost(hardware, op, size, ranks, gpus_per_node, as_json) -> None:
 @main.group()
 def scenario() -> None:
     """Check and run fault-injection scenarios (YAML files; see the README)."""
+    _private()
 
 
 @scenario.command("lint")

@@ -56,6 +56,8 @@ def run_files(run_dir: Path) -> dict[str, Path]:
              "control": run_dir / "control.json"}
     for path in files.values():
         path.unlink(missing_ok=True)
+        # made here, 0600 whatever the umask: the rank's output is the user's alone
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
     files["control"].write_text("{}")
     return files
 

@@ -32,7 +32,14 @@ from prism_debug.runner.children import (
     supervise,
 )
 from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, check_command
-from prism_debug.runner.paths import HOOKS_DIR, SOURCE_ROOT, default_run_dir, open_store
+from prism_debug.runner.paths import (
+    HOOKS_DIR,
+    SOURCE_ROOT,
+    default_run_dir,
+    make_run_dir,
+    open_store,
+    private,
+)
 from prism_debug.runner.session import NoSession, Session, open_session
 from prism_debug.runner.snapshots import (
     Snapshotter,
@@ -55,6 +62,7 @@ class GraphFinder(Protocol):
         """``options`` with the graph ``profile_graph`` asks for (or lockstep)."""
 
 
+@private  # the run's files, the store and the rank's are the user's alone
 def run(options: RunOptions, message: Message = _quiet,
         find_graph: GraphFinder | None = None) -> RunResult:
     """Run ``options.command`` as one real rank of the emulated job, to its end.
@@ -76,7 +84,7 @@ def run(options: RunOptions, message: Message = _quiet,
         # CRIU missing or unusable: say so before the run starts
         snapshotter = Snapshotter.for_run(options, store, message)
     run_dir = options.run_dir or default_run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run_dir)
     files = run_files(run_dir)
     session = open_session(options.rank, options.world_size, options.bind, files, store,
                            lambda: snapshotter or Snapshotter.for_run(options, store, message),
@@ -201,6 +209,7 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
     return RunResult(report, exit_code, run_dir, session.snapshots_taken, events)
 
 
+@private
 def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
     """A new run from a snapshot, continued to its end, with a bus of its own
     (so a restored rank can be attached to as well)."""
@@ -212,7 +221,7 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
                           f"{manifest.id} was taken from a run whose peers arrived in lockstep")
     criu = restore_tools(manifest)
     run_dir = options.run_dir or default_run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run_dir)
     files = run_files(run_dir)
     message(f"prism-debug: restoring snapshot {manifest.id} (rank {manifest.rank} of "
             f"{manifest.world_size}, after iteration {manifest.iteration})")

@@ -26,7 +26,7 @@ from prism_debug.graph import ExecutionGraph
 from prism_debug.runner.graph_cache import cached_graph
 from prism_debug.runner.launch import restore, run
 from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, python_command
-from prism_debug.runner.paths import default_run_dir, open_store
+from prism_debug.runner.paths import default_run_dir, make_run_dir, open_store
 from prism_debug.scenario import Scenario, plan
 from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt
 from prism_debug.snapshot.store import Manifest, sha256_file
@@ -63,7 +63,7 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
     with its faults, and judge what it showed."""
     started = time.monotonic()
     run_dir = (run_dir or default_run_dir()).resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_run_dir(run_dir)
     spec, world = scenario.run, scenario.world
     manifest = _snapshot(scenario, store) if spec.snapshot is not None else None
     hardware = manifest.hardware if manifest is not None else spec.hardware or DEFAULT_PROFILE

@@ -282,14 +282,17 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
     # the copy's own control file, in place of the run's once the copy is up:
     # a rank still holding the run's (a failed restore beside it) never reads it
     fresh = files["control"].with_name(files["control"].name + ".next")
-    fresh.write_text(json.dumps({
-        "restored": True, "snapshot": manifest.id, "iterations": limit,
-        "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve, "pause": pause,
-        "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
-        "stop_at": manifest.iteration, "phase": "go"}))
+    fresh.unlink(missing_ok=True)  # left by a controller killed mid-restore
+    with open(os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600),
+              "w") as f:
+        f.write(json.dumps({
+            "restored": True, "snapshot": manifest.id, "iterations": limit,
+            "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve, "pause": pause,
+            "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
+            "stop_at": manifest.iteration, "phase": "go"}))
     fds = {
-        "log": os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
-        "events": os.open(files["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
+        "log": os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
+        "events": os.open(files["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
         "control": os.open(fresh, os.O_RDONLY),
     }
     started = time.perf_counter()

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from prism_debug.snapshot.criu import pycriu
+from prism_debug.snapshot.store import PARENT_LINK, SnapshotError
 
 PAGE = 4096
-PARENT_LINK = "parent"  # CRIU's name for the link to the parent images
 PE_PARENT, PE_LAZY, PE_PRESENT = 1 << 0, 1 << 1, 1 << 2
 _CHUNK_PAGES = 16384  # 64 MiB of pages compared at a time
 
@@ -44,9 +44,27 @@ class Saving:
 class _Pages:
     """One process's memory as a snapshot holds it: its pagemap entries and
     where each present page lies in the pages image (pages marked as in the
-    parent are looked up there)."""
+    parent are looked up there, and in its parents, a level at a time)."""
 
     def __init__(self, images_dir: Path, pagemap: Path) -> None:
+        self._load(images_dir, pagemap)
+        # the parents' levels, nearest first, followed without recursion (a
+        # chain of thousands of increments) and refused if the links loop
+        self.parents: list[_Pages] = []
+        seen = {images_dir.resolve()}
+        parent_dir = images_dir / PARENT_LINK
+        while (parent_dir / pagemap.name).exists():
+            resolved = parent_dir.resolve()
+            if resolved in seen:
+                raise SnapshotError(f"the parent links of {images_dir} loop back to {resolved}: "
+                                    "the store is damaged")
+            seen.add(resolved)
+            level = _Pages.__new__(_Pages)
+            level._load(resolved, parent_dir / pagemap.name)
+            self.parents.append(level)
+            parent_dir = resolved / PARENT_LINK
+
+    def _load(self, images_dir: Path, pagemap: Path) -> None:
         with open(pagemap, "rb") as f:
             image = pycriu().images.load(f)
         head, *entries = image["entries"]
@@ -63,16 +81,13 @@ class _Pages:
         size = self.pages_path.stat().st_size if self.pages_path.exists() else 0
         self.data = (np.memmap(self.pages_path, dtype=np.uint8, mode="r").reshape(-1, PAGE)
                      if size else np.empty((0, PAGE), dtype=np.uint8))
-        parent_dir = images_dir / PARENT_LINK
-        parent_map = parent_dir / pagemap.name
-        self.parent = _Pages(parent_dir.resolve(), parent_map) if parent_map.exists() else None
 
-    def read(self, vaddrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(found, pages): for each page address, whether this snapshot (or its
-        parents) holds it, and its bytes (zeros where not found)."""
-        found = np.zeros(len(vaddrs), dtype=bool)
-        if not len(self.starts) or not len(vaddrs):
-            return found, np.zeros((len(vaddrs), PAGE), dtype=np.uint8)
+    def _level(self, vaddrs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(here, deeper, rows) of this level alone: which addresses its pages
+        image holds (at rows), and which it marks as in its parent."""
+        if not len(self.starts):
+            none = np.zeros(len(vaddrs), dtype=bool)
+            return none, none, np.zeros(0, dtype=np.int64)
         entry = np.searchsorted(self.starts, vaddrs, side="right") - 1
         inside = entry >= 0
         entry = np.where(inside, entry, 0)
@@ -81,18 +96,35 @@ class _Pages:
         flags = self.flags[entry]
         here = inside & ((flags & PE_PRESENT) != 0)
         rows = self.first_page[entry[here]] + offset[here].astype(np.int64)
-        if here.all() and rows[-1] - rows[0] == len(rows) - 1:
-            # the common case: one stretch of the pages image, read in place
-            return here, self.data[rows[0]:rows[-1] + 1]
-        pages = np.zeros((len(vaddrs), PAGE), dtype=np.uint8)
-        pages[here] = self.data[rows]
-        found[here] = True
-        deeper = inside & ((flags & PE_PARENT) != 0)
-        if deeper.any() and self.parent is not None:
-            found_deeper, pages_deeper = self.parent.read(vaddrs[deeper])
-            pages[deeper] = pages_deeper
-            found[deeper] = found_deeper
-        return found, pages
+        return here, inside & ((flags & PE_PARENT) != 0), rows
+
+    def read(self, vaddrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(found, pages): for each page address, whether this snapshot (or its
+        parents) holds it, and its bytes (zeros where not found)."""
+        return _read([self, *self.parents], vaddrs)
+
+
+def _read(levels: list[_Pages], vaddrs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`_Pages.read` through ``levels``, nearest first."""
+    found = np.zeros(len(vaddrs), dtype=bool)
+    if not len(vaddrs) or not levels:
+        return found, np.zeros((len(vaddrs), PAGE), dtype=np.uint8)
+    here, deeper, rows = levels[0]._level(vaddrs)
+    if here.all() and rows[-1] - rows[0] == len(rows) - 1:
+        # the common case: one stretch of the pages image, read in place
+        return here, levels[0].data[rows[0]:rows[-1] + 1]
+    pages = np.zeros((len(vaddrs), PAGE), dtype=np.uint8)
+    pages[here] = levels[0].data[rows]
+    found[here] = True
+    pending = np.flatnonzero(deeper)  # indices still to look for, a level down
+    for level in levels[1:]:
+        if not len(pending):
+            break
+        here, deeper, rows = level._level(vaddrs[pending])
+        pages[pending[here]] = level.data[rows]
+        found[pending[here]] = True
+        pending = pending[deeper]
+    return found, pages
 
 
 def link_to_parent(images_dir: Path, parent_dir: Path) -> Saving:
@@ -115,7 +147,6 @@ def link_to_parent(images_dir: Path, parent_dir: Path) -> Saving:
 
 def _rewrite(images_dir: Path, pagemap: Path) -> tuple[int, int]:
     child = _Pages(images_dir, pagemap)
-    parent = child.parent
     present = np.flatnonzero((child.flags & PE_PRESENT) != 0)
     # every present page's address, in the order of the pages image
     counts = child.counts[present].astype(np.int64)
@@ -126,7 +157,7 @@ def _rewrite(images_dir: Path, pagemap: Path) -> tuple[int, int]:
         .astype(np.uint64))
     for lo in range(0, total, _CHUNK_PAGES):
         hi = min(lo + _CHUNK_PAGES, total)
-        found, theirs = parent.read(vaddrs[lo:hi])
+        found, theirs = _read(child.parents, vaddrs[lo:hi])
         mine = child.data[lo:hi]
         same[lo:hi] = found & (mine.view(np.uint64) == theirs.view(np.uint64)).all(axis=1)
     if not same.any():

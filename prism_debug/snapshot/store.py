@@ -1,28 +1,64 @@
 """The snapshot store: one directory per snapshot, CRIU images + manifest.json.
 
-A snapshot is written into a hidden temporary directory and renamed into
-place only once its images and manifest are complete, so a failed or
-interrupted dump (a CRIU error, a full disk) never leaves a partial snapshot
-behind.  The manifest carries a SHA-256 of every image file; they are checked
-before any restore, and a damaged snapshot is refused with the file named.
+A snapshot is written into a hidden staging directory and renamed into
+place only once its images and manifest are complete and on disk (each file,
+the staging directory, then the store after the rename are fsynced), so a
+failed or interrupted dump (a CRIU error, a full disk, a power cut) never
+leaves a partial snapshot behind.  The manifest carries a SHA-256 of every
+image file; they are checked before any restore, and a damaged snapshot is
+refused with the file named.
+
+Images hold the rank's whole memory (its data, tokens, keys), so the store
+is private: directories 0700, files 0600, whatever the umask.  Every path
+made from a snapshot id goes through :meth:`Store.path`, which accepts only
+ids of :func:`new_id`'s form and refuses symbolic links, so an id can never
+name anything outside the store; a store other users could write (and so
+fill with images of their making) is refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
+import stat
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from prism_debug.errors import SnapshotError
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
+PARENT_LINK = "parent"  # CRIU's link from an incremental snapshot to its parent's images
 _TMP_PREFIX = ".tmp-"
+# r<rank>-it<iteration>-<6 hex digits>; ASCII digits only (``\d`` takes any script's)
+ID_PATTERN = re.compile(r"r[0-9]{1,10}-it[0-9]{1,12}-[0-9a-f]{6}")
+ID_FORM = "r<rank>-it<iteration>-<6 hex digits>, e.g. r4097-it2-a1b2c3"
+_IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.img")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_MAX_MANIFEST_BYTES = 4 << 20
+# A staging directory nobody holds the lock of is a dead writer's; the age
+# only covers the instant between a writer's mkdir and its lock, and a writer
+# of an older prism-debug that took no lock.
+STALE_STAGING_S = 600.0
+
+
+def check_id(snapshot_id: object) -> str:
+    """``snapshot_id`` if it has the form :func:`new_id` gives, else
+    :class:`SnapshotError` saying what an id looks like."""
+    if isinstance(snapshot_id, str) and ID_PATTERN.fullmatch(snapshot_id):
+        return snapshot_id
+    shown = repr(snapshot_id)
+    shown = shown if len(shown) <= 200 else shown[:197] + "..."  # one line, of a size to read
+    raise SnapshotError(f"{shown} is not a snapshot id: ids look like {ID_FORM} "
+                        "(prism-debug snapshot ls lists them)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -53,109 +89,400 @@ class Manifest:
     def from_json(cls, text: str, where: Path) -> "Manifest":
         try:
             data = json.loads(text)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
             if data.get("version") != MANIFEST_VERSION:
                 raise SnapshotError(f"{where}: manifest version {data.get('version')}; this "
                                     f"prism-debug reads version {MANIFEST_VERSION}")
-            return cls(**data)
+            manifest = cls(**data)
+            _check_fields(manifest)
+            return manifest
         except (ValueError, TypeError) as exc:
             raise SnapshotError(f"{where}: the manifest is damaged ({exc})") from None
 
 
-def sha256_file(path: Path) -> str:
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_text_map(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in value.items())
+
+
+_FIELD_TYPES = {
+    "str": lambda v: isinstance(v, str),
+    "str | None": lambda v: v is None or isinstance(v, str),
+    "int": lambda v: _is_int(v) and v >= 0,
+    "float": lambda v: (_is_int(v) or isinstance(v, float)) and v >= 0,
+    "bool": lambda v: isinstance(v, bool),
+    "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "dict[str, str]": _is_text_map,
+}
+
+
+def _check_fields(manifest: Manifest) -> None:
+    """Each field of the type it is declared with (JSON says nothing of that),
+    ids of the store's form, image names that stay in their folder."""
+    for field in dataclasses.fields(manifest):
+        value = getattr(manifest, field.name)
+        if not _FIELD_TYPES[field.type](value):
+            raise TypeError(f"{field.name} is {value!r:.60}, not a {field.type}")
+    for name in ("id", "parent"):
+        value = getattr(manifest, name)
+        if value is not None and not ID_PATTERN.fullmatch(value):
+            raise ValueError(f"{name} {value!r:.60} is not a snapshot id ({ID_FORM})")
+    if manifest.parent == manifest.id:
+        raise ValueError(f"snapshot {manifest.id} names itself as its parent")
+    for name, digest in manifest.files.items():
+        if not _IMAGE_NAME.fullmatch(name) or not _DIGEST.fullmatch(digest):
+            raise ValueError(f"files names {name!r:.60} with checksum {digest!r:.70}: not an "
+                             "image of the snapshot's folder and its SHA-256")
+
+
+def _open_nofollow(path: Path, flags: int = os.O_RDONLY) -> int:
+    """A descriptor of the regular file at ``path``, never through a link."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SnapshotError(f"{path} is a symbolic link; a snapshot's files must be its "
+                                "own (remove the link)") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise SnapshotError(f"{path} is not a regular file")
+    return fd
+
+
+def _digest_fd(fd: int) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    while block := os.read(fd, 1 << 20):
+        digest.update(block)
     return digest.hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    with open(path, "rb") as f:
+        return _digest_fd(f.fileno())
 
 
 def new_id(rank: int, iteration: int) -> str:
     return f"r{rank}-it{iteration}-{secrets.token_hex(3)}"
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_private_dir(path: Path) -> None:
+    """Make ``path`` (and missing parents) mode 0700 whatever the umask; a
+    folder that already exists keeps its mode."""
+    missing = []
+    for folder in [path, *path.parents]:
+        if folder.exists() or folder.is_symlink():
+            break
+        missing.append(folder)
+    for folder in reversed(missing):
+        try:
+            folder.mkdir(mode=0o700)
+        except FileExistsError:
+            continue  # made meanwhile by someone else: theirs to have set
+        os.chmod(folder, 0o700)
+
+
 class Store:
     def __init__(self, root: Path) -> None:
         self.root = root
+        self._locks: dict[Path, int] = {}  # staging directory -> its locked descriptor
+
+    # -- the store's own directory --------------------------------------------------------
+
+    def problems(self) -> tuple[str | None, str | None]:
+        """(refusal, warning) about who else can reach the store: one that
+        others can write, or that another user owns, is refused (its images
+        could be theirs, and a restore runs them as you); one that others can
+        read gets a warning naming the chmod that fixes it."""
+        try:
+            info = os.stat(self.root)
+        except FileNotFoundError:
+            return None, None
+        if not stat.S_ISDIR(info.st_mode):
+            return f"snapshot store {self.root} is not a directory", None
+        mode = stat.S_IMODE(info.st_mode)
+        if info.st_uid not in (os.geteuid(), 0):
+            return (f"snapshot store {self.root} belongs to uid {info.st_uid}, not to you: its "
+                    "images could be anyone's; use a store of your own (--store DIR)"), None
+        if mode & 0o022:
+            return (f"snapshot store {self.root} is writable by other users (mode {mode:04o}), "
+                    "so its images could be theirs: check it, then chmod 700 "
+                    f"{self.root}"), None
+        if mode & 0o077:
+            return None, (f"snapshot store {self.root} is open to other users (mode "
+                          f"{mode:04o}), and snapshots hold the rank's whole memory: chmod 700 "
+                          f"{self.root}")
+        return None, None
+
+    def _check_root(self) -> None:
+        refusal, _ = self.problems()
+        if refusal is not None:
+            raise SnapshotError(refusal)
+
+    # -- writing ------------------------------------------------------------------------
 
     def staging(self, snapshot_id: str) -> Path:
-        """A fresh directory to dump into; :meth:`commit` or :meth:`discard` it."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        """A fresh private directory to dump into, locked while this process
+        writes it; :meth:`commit` or :meth:`discard` it."""
+        check_id(snapshot_id)
+        make_private_dir(self.root)
+        self._check_root()
+        self.sweep()
         path = self.root / f"{_TMP_PREFIX}{snapshot_id}"
-        path.mkdir()
+        path.mkdir(mode=0o700)
+        os.chmod(path, 0o700)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # released by the kernel if this process dies
+        self._locks[path] = fd
         return path
 
     def commit(self, staging: Path, manifest: Manifest) -> Path:
-        """Checksum the images, write the manifest, and move the snapshot into place."""
-        files = {p.name: sha256_file(p) for p in sorted(staging.iterdir())
-                 if p.suffix == ".img"}
-        manifest = dataclasses.replace(manifest, files=files, image_bytes=sum(
-            (staging / name).stat().st_size for name in files))
-        with open(staging / MANIFEST, "w") as f:
+        """Checksum the images, write the manifest, make them private and
+        durable, and move the snapshot into place."""
+        check_id(manifest.id)
+        files, image_bytes = {}, 0
+        fds: list[int] = []
+        # each file is written back to disk by a second thread while this one
+        # reads it for its checksum (from the page cache): the snapshot's
+        # durability costs the longer of the two, not their sum
+        with ThreadPoolExecutor(max_workers=1) as flusher:
+            try:
+                flushed = []
+                for entry in sorted(staging.iterdir()):
+                    if entry.is_symlink():
+                        continue  # CRIU's link to the parent's images
+                    fds.append(fd := _open_nofollow(entry))
+                    os.fchmod(fd, 0o600)  # CRIU writes its images 0644
+                    flushed.append(flusher.submit(os.fsync, fd))
+                    if entry.suffix == ".img":
+                        files[entry.name] = _digest_fd(fd)
+                        image_bytes += os.fstat(fd).st_size
+                for done in flushed:
+                    done.result()  # a write error (EIO, ENOSPC) fails the commit
+            finally:
+                for done in flushed:
+                    done.cancel()
+                wait(flushed)
+                for fd in fds:
+                    os.close(fd)
+        manifest = dataclasses.replace(manifest, files=files, image_bytes=image_bytes)
+        fd = os.open(staging / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
+        with open(fd, "w") as f:
             f.write(manifest.to_json())
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(staging, 0o700)
+        _fsync_dir(staging)
         final = self.root / manifest.id
         os.rename(staging, final)
+        _fsync_dir(self.root)
+        self._unlock(staging)
         return final
 
     def discard(self, staging: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
+        self._unlock(staging)
+
+    def _unlock(self, staging: Path) -> None:
+        fd = self._locks.pop(staging, None)
+        if fd is not None:
+            os.close(fd)
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Remove staging left by writers that died mid-dump (nobody holds its
+        lock, and it is older than :data:`STALE_STAGING_S`); their names."""
+        now = time.time() if now is None else now
+        swept = []
+        try:
+            entries = list(os.scandir(self.root))
+        except FileNotFoundError:
+            return []
+        for entry in entries:
+            if not entry.name.startswith(_TMP_PREFIX) or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                fd = os.open(entry.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                             | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                if now - os.fstat(fd).st_mtime < STALE_STAGING_S:
+                    continue
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # a live dump
+                shutil.rmtree(entry.path, ignore_errors=True)
+                swept.append(entry.name)
+            finally:
+                os.close(fd)
+        return swept
+
+    # -- reading ------------------------------------------------------------------------
 
     def path(self, snapshot_id: str) -> Path:
-        return self.root / snapshot_id
+        """The folder of snapshot ``snapshot_id``: the one way from an id to a
+        path.  Refuses anything but an id of :func:`new_id`'s form, a folder
+        that is a symbolic link, and (after resolving) one outside the store."""
+        check_id(snapshot_id)
+        self._check_root()
+        path = self.root / snapshot_id
+        try:
+            info = os.lstat(path)
+        except FileNotFoundError:
+            return path
+        if stat.S_ISLNK(info.st_mode):
+            raise SnapshotError(f"snapshot {snapshot_id} in {self.root} is a symbolic link to "
+                                f"{os.readlink(path)}; a store holds its snapshots itself "
+                                "(remove the link)", snapshot_id=snapshot_id)
+        if path.resolve().parent != self.root.resolve():
+            raise SnapshotError(f"snapshot {snapshot_id} resolves outside the store "
+                                f"{self.root}", snapshot_id=snapshot_id)
+        return path
 
     def get(self, snapshot_id: str) -> Manifest:
-        path = self.root / snapshot_id
-        if snapshot_id.startswith(_TMP_PREFIX) or not (path / MANIFEST).is_file():
+        path = self.path(snapshot_id)
+        if not path.is_dir():
             raise SnapshotError(f"no snapshot {snapshot_id!r} in {self.root} (list them with "
                                 f"prism-debug snapshot ls --store {self.root})",
                                 snapshot_id=snapshot_id)
-        return Manifest.from_json((path / MANIFEST).read_text(), path / MANIFEST)
+        try:
+            fd = _open_nofollow(path / MANIFEST)
+        except FileNotFoundError:
+            raise SnapshotError(f"snapshot {snapshot_id} in {self.root} has no {MANIFEST} "
+                                "(an interrupted copy?): remove it with prism-debug snapshot "
+                                "rm", snapshot_id=snapshot_id) from None
+        with open(fd, "rb") as f:
+            data = f.read(_MAX_MANIFEST_BYTES + 1)
+        if len(data) > _MAX_MANIFEST_BYTES:
+            raise SnapshotError(f"{path / MANIFEST}: the manifest is damaged (over "
+                                f"{_MAX_MANIFEST_BYTES >> 20} MiB)", snapshot_id=snapshot_id)
+        manifest = Manifest.from_json(data.decode("utf-8", "replace"), path / MANIFEST)
+        if manifest.id != snapshot_id:
+            raise SnapshotError(f"{path / MANIFEST}: the manifest is of snapshot {manifest.id}, "
+                                f"not of its folder {snapshot_id} (renamed or damaged)",
+                                snapshot_id=snapshot_id)
+        return manifest
+
+    def scan(self) -> tuple[list[Manifest], list[str]]:
+        """Every snapshot's manifest (oldest first), and a line for each
+        folder that is not a readable snapshot (skipped)."""
+        self._check_root()
+        try:
+            names = sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return [], []
+        manifests, problems = [], []
+        for name in names:
+            if name.startswith("."):
+                continue  # staging, and the checkout's .gitkeep
+            try:
+                manifests.append(self.get(name))
+            except SnapshotError as exc:
+                problems.append(f"skipped {self.root / name}: {exc}")
+        return sorted(manifests, key=lambda m: (m.created, m.id)), problems
 
     def list(self) -> list[Manifest]:
-        if not self.root.is_dir():
-            return []
-        manifests = [self.get(p.name) for p in self.root.iterdir()
-                     if not p.name.startswith(_TMP_PREFIX) and (p / MANIFEST).is_file()]
-        return sorted(manifests, key=lambda m: (m.created, m.id))
+        return self.scan()[0]
+
+    def chain(self, snapshot_id: str) -> list[Manifest]:
+        """The snapshot's manifest and its parents', nearest first, walked
+        without recursion; a parent chain that loops is refused."""
+        chain = [self.get(snapshot_id)]
+        seen = {snapshot_id}
+        while (parent := chain[-1].parent) is not None:
+            if parent in seen:
+                loop = " → ".join([m.id for m in chain] + [parent])
+                raise SnapshotError(f"snapshot {snapshot_id}'s parent chain loops ({loop}): the "
+                                    "manifests are damaged; restore none of them",
+                                    snapshot_id=snapshot_id)
+            seen.add(parent)
+            chain.append(self.get(parent))
+        return chain
 
     def verify(self, snapshot_id: str) -> Manifest:
         """The manifest, once every image is present with its recorded checksum
         (and the parent chain of an incremental snapshot too)."""
-        manifest = self.get(snapshot_id)
-        path = self.root / snapshot_id
+        chain = self.chain(snapshot_id)
+        for manifest in chain:
+            self._verify_images(manifest)
+        return chain[0]
+
+    def _verify_images(self, manifest: Manifest) -> None:
+        snapshot_id = manifest.id
+        path = self.path(snapshot_id)
         if not manifest.files:
             raise SnapshotError(f"snapshot {snapshot_id} has no images",
                                 snapshot_id=snapshot_id)
+        # CRIU reads the pages an increment lacks through this link: it must
+        # lead to the parent the manifest names, and nowhere else
+        try:
+            target = os.readlink(path / PARENT_LINK)
+        except FileNotFoundError:
+            target = None
+        except OSError:
+            target = "something that is not a link"
+        expected = None if manifest.parent is None else f"../{manifest.parent}"
+        if target != expected:
+            raise SnapshotError(f"snapshot {snapshot_id} is damaged: its {PARENT_LINK} link "
+                                f"points at {target!r}, not at its parent {expected!r}",
+                                snapshot_id=snapshot_id)
         for name, digest in manifest.files.items():
-            image = path / name
-            if not image.is_file():
+            try:
+                fd = _open_nofollow(path / name)
+            except FileNotFoundError:
                 raise SnapshotError(f"snapshot {snapshot_id} is damaged: image {name} is "
-                                    "missing", snapshot_id=snapshot_id)
-            if sha256_file(image) != digest:
+                                    "missing", snapshot_id=snapshot_id) from None
+            try:
+                actual = _digest_fd(fd)
+            finally:
+                os.close(fd)
+            if actual != digest:
                 raise SnapshotError(f"snapshot {snapshot_id} is damaged: image {name} does not "
                                     "match its checksum", snapshot_id=snapshot_id)
-        if manifest.parent is not None:
-            self.verify(manifest.parent)
-        return manifest
 
     def children(self, snapshot_id: str) -> list[str]:
         return [m.id for m in self.list() if m.parent == snapshot_id]
 
     def remove(self, snapshot_id: str, force: bool = False) -> list[str]:
         """Remove a snapshot; with ``force``, also the incremental ones built on
-        it (which could not be restored without it).  Returns the ids removed."""
-        self.get(snapshot_id)
-        children = self.children(snapshot_id)
+        it (which could not be restored without it), descendants first.
+        Returns the ids removed."""
+        path = self.path(snapshot_id)
+        if not path.is_dir():
+            self.get(snapshot_id)  # says there is none
+        by_parent: dict[str, list[str]] = {}
+        for m in self.list():
+            if m.parent is not None:
+                by_parent.setdefault(m.parent, []).append(m.id)
+        children = by_parent.get(snapshot_id, [])
         if children and not force:
             raise SnapshotError(f"snapshot {snapshot_id} is the parent of incremental "
                                 f"snapshot(s) {', '.join(children)}; remove those first or "
                                 "pass --force to remove them all", snapshot_id=snapshot_id)
-        removed = []
-        for child in children:
-            removed += self.remove(child, force=True)
-        shutil.rmtree(self.root / snapshot_id)
-        return removed + [snapshot_id]
+        order, seen = [snapshot_id], {snapshot_id}
+        for current in order:  # breadth first, so a loop of parents ends
+            for child in by_parent.get(current, []):
+                if child not in seen:
+                    seen.add(child)
+                    order.append(child)
+        for removed in reversed(order):
+            shutil.rmtree(self.path(removed))
+        return order[::-1]
 
 
 def now_text() -> str:

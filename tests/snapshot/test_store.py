@@ -16,11 +16,16 @@ def manifest(snapshot_id, parent=None, iteration=2):
                     image_bytes=0, dump_s=0.2, created="2026-11-22T08:00:00+0000")
 
 
+BASE, CHILD = "r1-it1-0ba5e0", "r1-it2-c41d00"  # ids of the store's form (any other is refused)
+
+
 def committed(store, snapshot_id, parent=None, images=(("pages-1.img", b"pages"),)):
     staging = store.staging(snapshot_id)
     for name, data in images:
         (staging / name).write_bytes(data)
     (staging / "dump.log").write_text("criu's log is not an image")
+    if parent is not None:  # CRIU's link to the parent's images, as an incremental dump has
+        (staging / "parent").symlink_to(f"../{parent}")
     return store.commit(staging, manifest(snapshot_id, parent))
 
 
@@ -61,13 +66,13 @@ def test_a_damaged_manifest_and_an_unknown_id_are_refused(tmp_path):
     store = Store(tmp_path / "store")
     path = committed(store, "r1-it2-dddddd")
     with pytest.raises(SnapshotError) as info:
-        store.get("nope")
-    assert str(info.value) == (f"no snapshot 'nope' in {store.root} (list them with "
+        store.get("r1-it2-000000")
+    assert str(info.value) == (f"no snapshot 'r1-it2-000000' in {store.root} (list them with "
                                f"prism-debug snapshot ls --store {store.root})")
     (path / MANIFEST).write_text("{not json")
     with pytest.raises(SnapshotError, match="the manifest is damaged"):
         store.get("r1-it2-dddddd")
-    data = json.loads(manifest("x").to_json()) | {"version": 9}
+    data = json.loads(manifest("r1-it2-dddddd").to_json()) | {"version": 9}
     (path / MANIFEST).write_text(json.dumps(data))
     with pytest.raises(SnapshotError, match="manifest version 9; this prism-debug reads "
                                             "version 1"):
@@ -76,26 +81,26 @@ def test_a_damaged_manifest_and_an_unknown_id_are_refused(tmp_path):
 
 def test_removing_a_parent_needs_force_and_takes_its_children(tmp_path):
     store = Store(tmp_path / "store")
-    committed(store, "base")
-    committed(store, "child", parent="base")
+    committed(store, BASE)
+    committed(store, CHILD, parent=BASE)
     with pytest.raises(SnapshotError) as info:
-        store.remove("base")
-    assert str(info.value) == ("snapshot base is the parent of incremental snapshot(s) child; "
-                               "remove those first or pass --force to remove them all")
-    assert [m.id for m in store.list()] == ["base", "child"]
-    assert store.remove("base", force=True) == ["child", "base"]
+        store.remove(BASE)
+    assert str(info.value) == (f"snapshot {BASE} is the parent of incremental snapshot(s) "
+                               f"{CHILD}; remove those first or pass --force to remove them all")
+    assert [m.id for m in store.list()] == [BASE, CHILD]
+    assert store.remove(BASE, force=True) == [CHILD, BASE]
     assert store.list() == []
 
 
 def test_verifying_an_incremental_snapshot_verifies_its_parent(tmp_path):
     store = Store(tmp_path / "store")
-    base = committed(store, "base")
-    committed(store, "child", parent="base")
+    base = committed(store, BASE)
+    committed(store, CHILD, parent=BASE)
     (base / "pages-1.img").write_bytes(b"xxxxx")
-    with pytest.raises(SnapshotError, match="snapshot base is damaged"):
-        store.verify("child")
+    with pytest.raises(SnapshotError, match=f"snapshot {BASE} is damaged"):
+        store.verify(CHILD)
 
 
 def test_a_manifest_round_trips():
-    original = dataclasses.replace(manifest("r1"), files={"a.img": "00"})
+    original = dataclasses.replace(manifest("r1-it2-eeeeee"), files={"a.img": "0" * 64})
     assert Manifest.from_json(original.to_json(), None) == original
