@@ -4,7 +4,9 @@ A field declared with :func:`declare` carries its reading (``kind``), its YAML
 key when that is not the field's name, and a check that both the loader and
 ``__post_init__`` run, so a value built in Python and one read from a file are
 held to the same rules.  Faults (``prism_debug.faults``) and scenarios
-(``prism_debug.scenario``) are built from these.  Pure Python.
+(``prism_debug.scenario``) are built from these.  :class:`Untrusted` reads
+parsed JSON and TOML (graph files, hardware profiles) with the same checks,
+and the ``MAX_*`` limits bound every number that comes in.  Pure Python.
 """
 
 from __future__ import annotations
@@ -12,17 +14,28 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
 from dataclasses import MISSING, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NoReturn
 
 from prism_debug.errors import ConfigError, InvalidFields
 from prism_debug.errors import key_path as dotted
 
 Check = Callable[[Any], "str | None"]
-__all__ = ["Checked", "InvalidFields", "at_least", "declare", "declared_fields", "dotted",
-           "field_errors",
-           "from_mapping", "non_negative", "not_empty", "one_of", "positive", "to_mapping",
+__all__ = ["SAFE_NAME", "Checked", "InvalidFields", "Untrusted", "at_least", "at_most",
+           "both", "declare", "declared_fields", "dotted", "field_errors", "from_mapping",
+           "non_negative", "not_empty", "one_of", "positive", "safe_name", "to_mapping",
            "unit_interval"]
+
+
+# -- limits: what prism-debug accepts anywhere a number comes in ---------------------
+# (the ranks torch numbers (int32), GPUs per node beyond any machine, a run's
+# iterations, seeds torch takes, a timeout that is "never" in practice)
+MAX_WORLD_SIZE = 2**31 - 1
+MAX_GPUS_PER_NODE = 1 << 16
+MAX_ITERATIONS = 10**9
+MAX_SEED = 2**63 - 1
+MAX_TIMEOUT_S = 1e6
 
 
 def declare(kind: str, *, key: str | None = None, default: Any = MISSING,
@@ -38,6 +51,27 @@ def declare(kind: str, *, key: str | None = None, default: Any = MISSING,
 
 def at_least(low: int) -> Check:
     return lambda v: None if v >= low else f"must be >= {low}, got {v}"
+
+
+def at_most(high: float) -> Check:
+    shown = high if isinstance(high, int) else f"{high:.10g}"
+    return lambda v: None if v <= high else f"must be <= {shown}, got {v}"
+
+
+def both(*checks: Check) -> Check:
+    """The first problem any of ``checks`` finds."""
+    return lambda v: next((p for check in checks if (p := check(v)) is not None), None)
+
+
+# what a name that becomes part of a path may be: no separators, no "..", no
+# leading dot or dash, not empty, not longer than a file name should be
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def safe_name(v: str) -> str | None:
+    return None if SAFE_NAME.fullmatch(v) else (
+        f"must be a safe name, got {_short(v)}: use 1-64 letters, digits, '.', '_' or '-', "
+        "starting with a letter or digit")
 
 
 def positive(v: float) -> str | None:
@@ -147,3 +181,100 @@ def from_mapping(cls, data: dict, where: str):
         return cls(**values)
     except InvalidFields as exc:
         raise ConfigError(f"{where}: {exc}") from exc
+
+
+# -- untrusted nested data (JSON, TOML): typed values or one error naming the key path --
+
+
+def _short(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _found(value: Any) -> str:
+    words = {list: "a list", dict: "a mapping", type(None): "nothing"}
+    return words.get(type(value)) or _short(value)
+
+
+class Untrusted:
+    """Reads values out of parsed JSON or TOML that anyone may have written.
+
+    Each method returns the value with the type asked for, or raises
+    ``error`` (a :class:`~prism_debug.errors.PrismError` class) with one line:
+    ``{what}: {place} must be …, got …{advice}``, ``place`` naming the key path
+    (``place`` turns a path into words: :func:`dotted` by default).  Numbers
+    must be finite unless ``infinite`` allows ``+inf``; NaN never passes;
+    booleans are not numbers; lists and text are capped, so a crafted file
+    cannot make the caller loop or allocate without bound."""
+
+    def __init__(self, error: type[Exception], what: str, advice: str = "",
+                 place: Callable[[tuple], str] = dotted) -> None:
+        self.error, self.what, self.advice, self.place = error, what, advice, place
+
+    def fail(self, path: tuple, problem: str) -> NoReturn:
+        """``problem`` says what is wrong with the value at ``path``: "must be …"."""
+        where = self.place(path) if path else "the top level"
+        raise self.error(f"{self.what}: {where} {problem}{self.advice}")
+
+    def mapping(self, value: Any, path: tuple) -> dict:
+        if not isinstance(value, dict):
+            self.fail(path, f"must be a mapping, got {_found(value)}")
+        return value
+
+    def get(self, data: dict, key: str, path: tuple, default: Any = MISSING) -> Any:
+        """``data[key]`` (``data`` is at ``path``), ``default`` when absent
+        (required when no default)."""
+        if key in data:
+            return data[key]
+        if default is MISSING:
+            raise self.error(f"{self.what}: missing {self.place(path + (key,))}{self.advice}")
+        return default
+
+    def known(self, data: dict, path: tuple, keys) -> dict:
+        """``data`` (at ``path``), refused when it holds a key not in ``keys`` (a typo)."""
+        for key in data:
+            if key not in keys:
+                raise self.error(f"{self.what}: unknown key {self.place(path + (key,))}: use "
+                                 f"{', '.join(keys)}{self.advice}")
+        return data
+
+    def items(self, value: Any, path: tuple, *, most: int, length: int | None = None) -> list:
+        if not isinstance(value, list):
+            self.fail(path, f"must be a list, got {_found(value)}")
+        if length is not None and len(value) != length:
+            self.fail(path, f"must be a list of {length}, got {len(value)} items")
+        if len(value) > most:
+            self.fail(path, f"must hold at most {most} items, got {len(value)}")
+        return value
+
+    def int(self, value: Any, path: tuple, low: int = 0, high: int = 2**63 - 1) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.fail(path, f"must be an integer, got {_found(value)}")
+        if not low <= value <= high:
+            self.fail(path, f"must be in [{low}, {high}], got {_short(value)}")
+        return value
+
+    def number(self, value: Any, path: tuple, check: Check = non_negative, *,
+               infinite: bool = False) -> float:
+        """A float; ``check`` (of finite values) says what else it must be."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.fail(path, f"must be a number, got {_found(value)}")
+        value = float(value)
+        if infinite and value == math.inf:
+            return value
+        if not math.isfinite(value):
+            self.fail(path, f"must be a finite number{' or inf' if infinite else ''}, "
+                            f"got {value}")
+        if (problem := check(value)) is not None:
+            self.fail(path, problem)
+        return value
+
+    def text(self, value: Any, path: tuple, *, most: int = 4096, check: Check | None = None
+             ) -> str:
+        if not isinstance(value, str):
+            self.fail(path, f"must be a string, got {_found(value)}")
+        if len(value) > most:
+            self.fail(path, f"must be at most {most} characters, got {len(value)}")
+        if check is not None and (problem := check(value)) is not None:
+            self.fail(path, problem)
+        return value

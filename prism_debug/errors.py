@@ -19,6 +19,7 @@ their callers catch.  ::
     ├── BusError                             the debugger bus (``type`` travels on the wire)
     │   ├── BadMessage, UnknownVerb, BadArguments (also ValueError)
     │   ├── InvalidState, RankUnavailable, SnapshotFailed, BusTimeout, InternalError
+    │   ├── Unauthorized, Busy               a peer that did not prove itself; a table full
     │   ├── KeysError                        CURVE keys needed and missing or unreadable
     │   └── SessionNotFound                  no running session matches (or several do)
     └── DebuggerError                        a debugger command the rank's state rules out
@@ -215,6 +216,20 @@ class InternalError(BusError):
     """A bug on the answering side; the message carries what it raised."""
 
     type = "Internal"
+
+
+class Unauthorized(BusError):
+    """A peer that did not prove who it is: an ``agent.hello`` with the wrong
+    session secret or from a process that is not the rank the controller runs."""
+
+    type = "Unauthorized"
+
+
+class Busy(BusError):
+    """A bounded table of the controller is full (clients, requests waiting for the
+    rank, snapshot waiters): the request is refused rather than kept."""
+
+    type = "Busy"
 
 
 class KeysError(BusError):

@@ -29,7 +29,7 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from prism_debug.agent.config import ENV_VAR, AgentConfig
+from prism_debug.agent.config import ENV_VAR, OWNER_ENV_VAR, AgentConfig
 from prism_debug.agent.debugger import Debugger
 from prism_debug.agent.handshake import Handshake
 from prism_debug.backend.flight_log import FlightLog
@@ -117,7 +117,7 @@ class Agent:
         config = self.config
         self.debugger = Debugger(self.clock, self._publish, self._watch)
         self.link = BusLink(config.bus, config.rank, os.getpid(), Commands(self).handle,
-                            self._controller_lost, config.bus_curve)
+                            self._controller_lost, config.bus_curve, config.bus_secret)
         self.tracker.keep_last_ops = True
         self._tokens, self._tokens_at, self._skipped, self._sampled = 0.0, 0.0, 0, False
         self._snapshots_asked: set[int] = set()  # iterations the console asked snapshots of
@@ -446,7 +446,8 @@ class Agent:
                 record_ops=bool(control.get("record_ops")),
                 snapshot_at=tuple(control.get("snapshot_at", ())),
                 snapshot_every=control.get("snapshot_every"),
-                bus=control.get("bus"), bus_curve=control.get("bus_curve"))
+                bus=control.get("bus"), bus_curve=control.get("bus_curve"),
+                bus_secret=control.get("bus_secret"))
             self.tracker.record_ops = self.config.record_ops
             if control.get("watch_nonfinite"):
                 self.runtime.on_nonfinite = self._first_nonfinite
@@ -478,6 +479,7 @@ class Agent:
             self.debugger.release()
         self.link.endpoint = self.config.bus
         self.link.curve = self.config.bus_curve
+        self.link.secret = self.config.bus_secret  # the restoring controller's session
         self.link.start()
 
     def _graph_extras(self) -> dict:
@@ -550,4 +552,21 @@ def bootstrap() -> None:
         sys.exit(f"prism-debug: error: cannot load the agent configuration "
                  f"${ENV_VAR}={os.environ.get(ENV_VAR)}: {exc}")
     if config is not None:
-        Agent(config).install()
+        Agent(_claim_bus(config)).install()
+
+
+def _claim_bus(config: AgentConfig) -> AgentConfig:
+    """The rank's own process talks on the bus; the processes it starts that import
+    torch too (a ``subprocess`` of Python, spawned DataLoader workers) load the agent
+    without a link, so none of them can speak for the rank.  The first process to load
+    the agent claims the bus in its environment, which its children inherit (a pid,
+    not a flag: a process that execs itself keeps its claim; a restored copy keeps
+    its pid, which CRIU restores)."""
+    owner = os.environ.get(OWNER_ENV_VAR)
+    if owner is None:
+        os.environ[OWNER_ENV_VAR] = str(os.getpid())
+        return config
+    if owner == str(os.getpid()):
+        return config
+    return dataclasses.replace(config, bus=None, bus_curve=None, bus_secret=None,
+                               start_paused=False)

@@ -9,6 +9,9 @@ import os
 from pathlib import Path
 
 ENV_VAR = "PRISM_DEBUG_CONFIG"
+# set by the first process of the rank that loads the agent (its pid): the processes
+# it starts inherit it and load the agent without a bus link (only the rank talks)
+OWNER_ENV_VAR = "PRISM_DEBUG_BUS_OWNER"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -34,7 +37,8 @@ class AgentConfig:
     control_path: str | None = None
     # the controller's command endpoint on the debugger bus (None: no bus)
     bus: str | None = None
-    bus_curve: dict | None = None  # CURVE keys when the bus is not on loopback
+    bus_curve: dict | None = None  # the session's agent CURVE keys when the bus uses CURVE
+    bus_secret: str | None = None  # proves the rank's hello (this file is 0600)
     start_paused: bool = False  # pause at init_process_group until a client continues
     faults: tuple[dict, ...] = ()  # Fault.to_dict()s put in force at the start
     collective_timeout_s: float | None = None  # overrides every group's timeout
@@ -49,7 +53,11 @@ class AgentConfig:
             self.snapshot_every and iteration % self.snapshot_every == 0)
 
     def write(self, path: Path) -> None:
-        path.write_text(json.dumps(dataclasses.asdict(self), indent=1))
+        """Written 0600, whatever the umask: it holds the bus secret."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(fd, 0o600)  # a file that existed keeps its mode otherwise
+            f.write(json.dumps(dataclasses.asdict(self), indent=1))
 
     @classmethod
     def read(cls, path: str | Path) -> "AgentConfig":

@@ -6,9 +6,15 @@ rank's main thread never touches the socket: events go through a bounded
 queue that drops the oldest when the bus falls behind, so publishing never
 blocks training.
 
+The link proves it is the rank's: its hello carries the session's secret
+(from agent.json or the control file, never the environment) and goes over the
+controller's ipc socket, whose peer credentials give the controller our pid.
+Each start connects under a fresh random identity: nobody else can take over
+ours, and we need no ``ROUTER_HANDOVER`` to replace the one we left.
+
 Before a snapshot the link is stopped — socket closed, ZeroMQ context
-terminated, its threads gone — because CRIU cannot dump half of a TCP
-connection; afterwards (in the original and in every restored copy) a new
+terminated, its threads gone — because CRIU cannot dump half of a connection
+(TCP or Unix); afterwards (in the original and in every restored copy) a new
 link starts, to the endpoint the controller then names.  A controller that
 stops answering is reported once and the rank runs on.
 """
@@ -17,6 +23,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
+import secrets
 import threading
 import time
 from typing import Any, Callable
@@ -24,8 +32,12 @@ from typing import Any, Callable
 import zmq
 
 from prism_debug.bus.protocol import (
+    MAX_FRAME_BYTES,
+    MAX_WIRE_BYTES,
     BusError,
     InternalError,
+    Unauthorized,
+    decode_reply,
     decode_request,
     encode_error,
     encode_reply,
@@ -38,25 +50,30 @@ HEARTBEAT_S = 1.0
 CONTROLLER_SILENT_S = 5.0  # no word from the controller for this long: it is lost
 _OUTBOX = 10_000  # events kept while the bus falls behind; older ones are dropped
 _POLL_MS = 10
-_BATCH = 2000  # events per frame (well under the protocol's frame limit)
+_BATCH = 2000  # events per frame, at most; halved while the frame is over the limit
 
 
 class BusLink:
     def __init__(self, endpoint: str, rank: int, pid: int,
                  handle: Callable[[str, dict], dict],
-                 on_lost: Callable[[], None], curve: dict | None = None) -> None:
+                 on_lost: Callable[[], None], curve: dict | None = None,
+                 secret: str | None = None) -> None:
         self.endpoint = endpoint
         self._rank = rank
         self._pid = pid
         self._handle = handle
         self._on_lost = on_lost
         self.curve = curve  # {"server_public", "public", "secret"} when the bus uses CURVE
+        self.secret = secret  # the session's, shown in the hello
+        self._refused = False  # the controller refused our hello: say it again
         self._outbox: collections.deque = collections.deque(maxlen=_OUTBOX)
         self.dropped = 0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked copy of the rank (a DataLoader worker): it is not the rank
         self._stopping.clear()
         self._thread = threading.Thread(target=self._run, name="prism-debug-bus", daemon=True)
         self._thread.start()
@@ -79,7 +96,9 @@ class BusLink:
     def _run(self) -> None:
         context = zmq.Context()
         socket = context.socket(zmq.DEALER)
-        socket.setsockopt(zmq.IDENTITY, b"agent")
+        # ours for this connection only; the controller learns it from the hello
+        socket.setsockopt(zmq.IDENTITY, b"agent-" + secrets.token_hex(8).encode())
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_WIRE_BYTES)
         socket.setsockopt(zmq.SNDHWM, _OUTBOX)
         if self.curve:
             socket.curve_serverkey = self.curve["server_public"].encode()
@@ -87,14 +106,15 @@ class BusLink:
             socket.curve_secretkey = self.curve["secret"].encode()
         socket.connect(self.endpoint)
         try:
-            hello = encode_request("agent.hello", {"rank": self._rank, "pid": self._pid})
+            hello = encode_request("agent.hello", {"rank": self._rank, "pid": self._pid,
+                                                   "secret": self.secret or ""})
             _send(socket, hello)
             heard = next_beat = time.monotonic()
             lost = greeted = False
             while not self._stopping.is_set():
                 if socket.poll(_POLL_MS) and self._answer_all(socket):
                     heard = time.monotonic()
-                    greeted = True
+                    greeted = not self._refused
                     if lost:
                         lost = False
                         log.warning("prism-debug: the controller answers again")
@@ -134,6 +154,11 @@ class BusLink:
             request = decode_request(frame)
         except BusError as exc:
             if b'"verb"' not in frame:  # a reply to us, not a request
+                refusal = _refusal(frame)
+                if refusal is not None and not self._refused:
+                    log.warning("prism-debug: the controller refused the rank's bus link: %s",
+                                refusal)
+                self._refused = refusal is not None
                 return
             _send(socket, encode_error(exc.request_id, exc))
             return
@@ -153,8 +178,26 @@ class BusLink:
         outbox = self._outbox
         while outbox:
             batch = [outbox.popleft() for _ in range(min(len(outbox), _BATCH))]
-            if not _send(socket, encode_request("agent.events", {"events": batch})):
+            frame = encode_request("agent.events", {"events": batch})
+            while len(frame) > MAX_FRAME_BYTES and len(batch) > 1:
+                # the controller would refuse it: send half, the rest goes next
+                half = len(batch) // 2
+                outbox.extendleft(reversed(batch[half:]))
+                batch = batch[:half]
+                frame = encode_request("agent.events", {"events": batch})
+            if len(frame) > MAX_FRAME_BYTES or not _send(socket, frame):
                 self.dropped += len(batch)
+
+
+def _refusal(frame: bytes) -> str | None:
+    """Why the controller did not believe our hello, if that is what a reply says."""
+    try:
+        decode_reply(frame)
+    except Unauthorized as exc:
+        return exc.message
+    except BusError:
+        pass
+    return None
 
 
 def _send(socket, frame: bytes) -> bool:

@@ -8,19 +8,23 @@ use, so importing the protocol never drags libzmq into a process.
 from typing import Any
 
 from prism_debug.bus.protocol import (
+    AGENT_EVENT_KINDS,
     EVENT_KINDS,
     MAX_FRAME_BYTES,
+    MAX_WIRE_BYTES,
     PROTOCOL_VERSION,
     VERBS,
     BadArguments,
     BadMessage,
     BusError,
     BusTimeout,
+    Busy,
     InternalError,
     InvalidState,
     RankUnavailable,
     Request,
     SnapshotFailed,
+    Unauthorized,
     UnknownVerb,
     decode_event,
     decode_reply,
@@ -45,9 +49,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["EVENT_KINDS", "MAX_FRAME_BYTES", "PROTOCOL_VERSION", "VERBS", "BadArguments",
-           "BadMessage", "BusClient", "BusError", "BusTimeout", "ClientCurve",
+__all__ = ["AGENT_EVENT_KINDS", "EVENT_KINDS", "MAX_FRAME_BYTES", "MAX_WIRE_BYTES",
+           "PROTOCOL_VERSION", "VERBS", "BadArguments", "BadMessage", "BusClient", "BusError",
+           "BusTimeout", "Busy", "ClientCurve",
            "InternalError", "InvalidState", "KeysError", "RankUnavailable", "Request",
-           "SessionInfo", "SessionNotFound", "SnapshotFailed", "UnknownVerb", "decode_event",
+           "SessionInfo", "SessionNotFound", "SnapshotFailed", "Unauthorized", "UnknownVerb", "decode_event",
            "decode_reply", "decode_request", "encode_error", "encode_event", "encode_reply",
            "encode_request", "ensure_keys", "error_from_type", "find", "live_sessions"]

@@ -18,6 +18,7 @@ import zmq
 
 from prism_debug.bus import keys as curve_keys
 from prism_debug.bus.protocol import (
+    MAX_WIRE_BYTES,
     BadMessage,
     BusError,
     BusTimeout,
@@ -27,6 +28,7 @@ from prism_debug.bus.protocol import (
     new_request_id,
 )
 from prism_debug.bus.sessions import SessionInfo
+from prism_debug.errors import KeysError
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +48,22 @@ class BusClient:
         context = context or zmq.Context.instance()
         self._commands = context.socket(zmq.DEALER)
         self._events = context.socket(zmq.SUB)
+        self._curve = curve
         for socket in (self._commands, self._events):
             socket.linger = 0  # closing never waits on a controller that went away
+            # a larger frame is dropped unallocated (and the connection with it)
+            socket.setsockopt(zmq.MAXMSGSIZE, MAX_WIRE_BYTES)
             if curve is not None:
                 curve_keys.apply_client(socket, (curve.public, curve.secret),
                                         curve.server_public)
+        self._events.setsockopt(zmq.RCVHWM, 20_000)  # the controller's PUB queues as many
         self._events.setsockopt(zmq.SUBSCRIBE, b"")
+        # watched until the CURVE handshake is done: a server with another key
+        # fails it, which check_server tells apart from a silent controller
+        self._monitor = (self._commands.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_DISCONNECTED) if curve is not None else None)
         self._commands.connect(commands_endpoint)
         self._events.connect(events_endpoint)
         self._closed = False
@@ -66,6 +78,36 @@ class BusClient:
             curve = curve_keys.ClientCurve(public=public, secret=secret,
                                            server_public=info.curve_public.encode("ascii"))
         return cls(info.commands, info.events, curve, context=context)
+
+    def check_server(self, timeout_s: float = 10.0) -> None:
+        """With CURVE: wait for the handshake with the controller; :class:`KeysError`
+        when it fails (the server holds another key than the one we expect, or does not
+        know our client key).  Silence is left to the request that follows."""
+        if self._monitor is None:
+            return
+        from zmq.utils.monitor import recv_monitor_message
+
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                remaining_ms = max(0, round((deadline - time.monotonic()) * 1000))
+                if not self._monitor.poll(remaining_ms):
+                    return
+                event = recv_monitor_message(self._monitor)["event"]
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    return
+                if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                    raise KeysError(f"the controller at {self.commands_endpoint} refused your "
+                                    "CURVE client key: it is not the key of the user who "
+                                    "started the session (prism-debug keys, $PRISM_DEBUG_KEYS)")
+                raise KeysError(
+                    f"the controller at {self.commands_endpoint} failed the CURVE handshake: "
+                    f"its server key is not {self._curve.server_public.decode()} (the key you "
+                    "expect); refusing to attach to a server that may not be yours")
+        finally:
+            self._commands.disable_monitor()
+            self._monitor.close(0)
+            self._monitor = None
 
     # --- requests -------------------------------------------------------------------------
 
@@ -161,6 +203,9 @@ class BusClient:
     def close(self) -> None:
         if not self._closed:
             self._closed = True
+            if self._monitor is not None:
+                self._commands.disable_monitor()
+                self._monitor.close(0)
             self._commands.close()
             self._events.close()
 

@@ -1,7 +1,8 @@
 """CURVE keys for a bus bound beyond loopback.
 
-On 127.0.0.1 the operating system already keeps other machines out, so the bus
-runs in the clear.  Bound anywhere else, the controller requires CURVE: one
+On the machine the bus is a pair of ipc sockets in a private directory (see
+:mod:`prism_debug.bus.runtime`), so it runs in the clear.  Bound to an address
+beyond loopback, the controller adds TCP endpoints and requires CURVE: one
 server and one client key pair per user, created once by ``prism-debug keys``
 in ZeroMQ's certificate format (``NAME.key`` public, ``NAME.key_secret``
 secret, readable by the owner only).
@@ -183,3 +184,26 @@ def apply_client(socket: zmq.Socket, keys: tuple[bytes, bytes],
     socket.curve_publickey = public
     socket.curve_serverkey = (server_public.encode("ascii") if isinstance(server_public, str)
                               else server_public)
+
+
+def connect_curve(endpoint: str, server_key: str | None) -> ClientCurve | None:
+    """What ``attach --connect`` uses: the user's client pair and the server key it
+    expects (``server_key``: Z85 text or a ``.key`` file; default the user's own server
+    key, which the controller runs with).  None for a local endpoint named without a
+    key (ipc needs no CURVE)."""
+    if not endpoint.startswith("tcp://") and server_key is None:
+        return None
+    _require_curve()
+    if server_key is not None and len(server_key) == 40 and not Path(server_key).exists():
+        expected = server_key.encode("ascii")
+    else:
+        path = key_paths().server_public if server_key is None else Path(server_key)
+        try:
+            expected, _ = zmq.auth.load_certificate(path)
+        except (OSError, ValueError) as exc:
+            raise KeysError(f"cannot read the server's CURVE key from {path} ({exc}): pass "
+                            "--server-key, or run prism-debug keys") from None
+        if not expected:
+            raise KeysError(f"{path} holds no CURVE public key: pass --server-key")
+    public, secret = load_client()
+    return ClientCurve(public=public, secret=secret, server_public=expected)

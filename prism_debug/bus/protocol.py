@@ -21,22 +21,33 @@ from prism_debug.errors import (
     BadMessage,
     BusError,
     BusTimeout,
+    Busy,
     ConfigError,
     InternalError,
     InvalidState,
     RankUnavailable,
     SnapshotFailed,
+    Unauthorized,
     UnknownVerb,
 )
 from prism_debug.faults import fault_from_dict
 
 PROTOCOL_VERSION = 2  # 2: faults travel as typed dicts (perturb, faults, unperturb)
 MAX_FRAME_BYTES = 1 << 20
+# What ZeroMQ itself accepts on every socket of the bus (ZMQ_MAXMSGSIZE): a larger
+# frame is dropped as its header arrives, before any memory is allocated for it, and its
+# sender disconnected.  Above MAX_FRAME_BYTES because the agent's replies (a long
+# timeline, a deep stack) may be larger than a request ever is.
+MAX_WIRE_BYTES = 8 << 20
 MAX_ID_CHARS = 64
 
 EVENT_KINDS = ("iteration.start", "iteration.end", "coll.enter", "coll.exit", "paused",
                "resumed", "snapshot", "restored", "output", "agent.lost", "agent.back",
                "exited")
+# what the agent inside the rank publishes; anything else it sends is dropped (and
+# counted), so a rank cannot forge the controller's own events (snapshot, exited …)
+AGENT_EVENT_KINDS = frozenset(("iteration.start", "iteration.end", "coll.enter", "coll.exit",
+                               "paused", "resumed"))
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -46,7 +57,8 @@ EVENT_KINDS = ("iteration.start", "iteration.end", "coll.enter", "coll.exit", "p
 
 _ERROR_TYPES: dict[str, type[BusError]] = {
     cls.type: cls for cls in (BadMessage, UnknownVerb, BadArguments, InvalidState,
-                              RankUnavailable, SnapshotFailed, BusTimeout, InternalError)}
+                              RankUnavailable, SnapshotFailed, BusTimeout, InternalError,
+                              Unauthorized, Busy)}
 
 
 def error_from_type(error_type: str, message: str, *,
@@ -92,7 +104,10 @@ VERBS: Mapping[str, ArgSchema] = types.MappingProxyType({
     "faults": _NO_ARGS,
     "unperturb": {"index": ((int,), False)},
     # the agent inside the rank speaks to the controller's ROUTER too
-    "agent.hello": {"rank": ((int,), True), "pid": ((int,), True)},
+    # the secret is the session's (agent.json / the control file, 0600): it proves the
+    # hello comes from the rank the controller started, with the peer's pid
+    "agent.hello": {"rank": ((int,), True), "pid": ((int,), True),
+                    "secret": ((str,), True)},
     "agent.heartbeat": _NO_ARGS,
 })
 

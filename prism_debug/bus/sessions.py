@@ -31,12 +31,15 @@ _SESSION_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 class SessionInfo:
     session: str
     pid: int  # the controller's pid: a session whose pid is gone is stale
-    commands: str  # ROUTER endpoint, e.g. tcp://127.0.0.1:40123
+    commands: str  # ROUTER endpoint, e.g. ipc:///run/user/1000/prism-debug/0f3a9c2b7d1e.c
     events: str  # PUB endpoint
     world_size: int
     ranks: tuple[int, ...]  # the real ranks this controller runs
     started: str  # ISO 8601
     curve_public: str | None  # the server's CURVE public key (Z85) when bound with CURVE
+    # the TCP command endpoint for remote clients (attach --connect), with CURVE; the
+    # local endpoints above are ipc sockets in a private directory
+    remote_commands: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", tuple(self.ranks))
@@ -68,8 +71,11 @@ class SessionInfo:
                 raise ValueError(f"field {name!r} is missing or mistyped")
         if any(type(r) is not int for r in data["ranks"]):
             raise ValueError("field 'ranks' must hold ints")
+        remote = data.get("remote_commands")
+        if type(remote) not in (str, type(None)):
+            raise ValueError("field 'remote_commands' is mistyped")
         # unknown fields are a newer prism-debug's additions: ignore them
-        return cls(**{name: data[name] for name in expected})
+        return cls(**{name: data[name] for name in expected}, remote_commands=remote)
 
 
 def new_session_id() -> str:

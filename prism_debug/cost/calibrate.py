@@ -65,12 +65,38 @@ class Measurements:
         return max(size * factor / t for size, t in largest if t > 0)
 
 
+# an nccl-tests log is a page or two; a file far larger is something else
+MAX_LOG_BYTES = 16 << 20
+MAX_SAMPLES = 100_000
+
+
+def read_nccl_tests(path: Path, op: str | None = None) -> Measurements:
+    """:func:`parse_nccl_tests` of the file at ``path``; :class:`ConfigError`
+    when it cannot be read, is not text, or is too large to be a log."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_LOG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    if len(data) > MAX_LOG_BYTES:
+        raise ConfigError(f"{path} is larger than {MAX_LOG_BYTES >> 20} MiB: give the output of "
+                          "one nccl-tests run")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path} is not text ({exc.reason} at byte {exc.start}): give the "
+                          "output of an nccl-tests run") from None
+    return parse_nccl_tests(text, str(path), op)
+
+
 def parse_nccl_tests(text: str, source: str, op: str | None = None) -> Measurements:
     """An nccl-tests ``*_perf`` output: out-of-place times per size, and the
-    ranks and hosts from its ``# Rank`` lines."""
+    ranks and hosts from its ``# Rank`` lines.  A result row whose time is
+    not a positive number of microseconds (``N/A``, ``nan``) is an error
+    naming its line: a fit from part of a table would mislead."""
     op = op or _op_from_name(source)
     hosts, ranks, time_column, samples = set(), 0, None, []
-    for line in text.splitlines():
+    for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
         rank = re.match(r"#\s*Rank\s+\d+\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)", stripped)
         if rank:
@@ -83,16 +109,39 @@ def parse_nccl_tests(text: str, source: str, op: str | None = None) -> Measureme
                 time_column = tokens.index("time")
             continue
         tokens = stripped.split()
-        if time_column is None or len(tokens) <= time_column or not tokens[0].isdigit():
+        # isdecimal, not isdigit: "²" is a digit int() cannot read
+        if time_column is None or len(tokens) <= time_column or not tokens[0].isdecimal():
             continue
-        samples.append((int(tokens[0]), float(tokens[time_column]) * 1e-6))
+        size, micros = _result(tokens[0], tokens[time_column], f"{source}:{number}")
+        samples.append((size, micros * 1e-6))
+        if len(samples) > MAX_SAMPLES:
+            raise ConfigError(f"{source}: more than {MAX_SAMPLES} results: give the output "
+                              "of one nccl-tests run")
     if not samples:
         raise ConfigError(f"{source}: no nccl-tests results found (expected the table "
                           "printed by all_reduce_perf and friends)")
     if ranks == 0:
         raise ConfigError(f"{source}: no '# Rank … on HOST' lines, so the ranks and nodes of "
                           "the run are unknown; keep the whole nccl-tests output")
+    if ranks < 2:
+        raise ConfigError(f"{source}: one rank: a collective needs at least two to measure")
     return Measurements(op, ranks, len(hosts), tuple(samples), source)
+
+
+def _result(size_text: str, time_text: str, where: str) -> tuple[int, float]:
+    """A result row's size (bytes) and time (µs), checked."""
+    size = int(size_text) if len(size_text) <= 18 else -1  # (int() of 5000 digits raises)
+    if not 0 < size <= 1 << 50:
+        raise ConfigError(f"{where}: size {size_text} is not a message size in bytes (1 B to "
+                          "1 PiB): give nccl-tests output as it printed it")
+    try:
+        micros = float(time_text)
+    except ValueError:
+        micros = math.nan
+    if not 0 < micros < math.inf:
+        raise ConfigError(f"{where}: the time of {size} bytes is {time_text!r}, not a positive "
+                          "number of microseconds: rerun that size, or delete the line")
+    return size, micros
 
 
 def _op_from_name(source: str) -> str:

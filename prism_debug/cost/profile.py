@@ -9,8 +9,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+from dataclasses import MISSING
 from pathlib import Path
 
+from prism_debug.checked import (
+    MAX_GPUS_PER_NODE,
+    Untrusted,
+    dotted,
+    non_negative,
+    not_empty,
+    positive,
+    unit_interval,
+)
 from prism_debug.errors import HardwareProfileError
 
 BUNDLED_DIR = Path(__file__).with_name("profiles")
@@ -96,6 +106,11 @@ class HardwareProfile:
         if not 0 <= self.net_scale_loss < 1:
             raise HardwareProfileError(
                 f"profile {self.name!r}: [scale] net_loss_per_doubling must be in [0, 1)")
+        latencies = (*self.base_ring, *self.base_tree, *self.nvlink_ring, *self.nvlink_tree,
+                     *self.net_ring, *self.net_tree, self.nvls_lat, self.nvls_tree_net_lat)
+        if not all(0 <= v < math.inf for v in latencies):
+            raise HardwareProfileError(
+                f"profile {self.name!r}: latencies must be finite and >= 0")
         if not all(0 < e <= 1 for e in self.protocol_efficiency):
             raise HardwareProfileError(
                 f"profile {self.name!r}: protocol_efficiency values must be in (0, 1]"
@@ -127,8 +142,15 @@ def bundled_profiles() -> list[str]:
     return sorted(p.stem for p in BUNDLED_DIR.glob("*.toml"))
 
 
+# a profile is a page of numbers; a file much larger is not one
+MAX_PROFILE_BYTES = 1 << 20
+
+
 def load_profile(name_or_path: str) -> HardwareProfile:
-    """Load a bundled profile by name, or a TOML file by path."""
+    """Load a bundled profile by name, or a TOML file by path; one
+    :class:`HardwareProfileError` line naming the table and key at fault when
+    the file is malformed (a table of the wrong type, a string, a negative,
+    NaN or infinite number where a finite non-negative one belongs)."""
     path = Path(name_or_path)
     if not path.suffix and not path.exists():
         path = BUNDLED_DIR / f"{name_or_path}.toml"
@@ -138,48 +160,58 @@ def load_profile(name_or_path: str) -> HardwareProfile:
             f"{', '.join(bundled_profiles())}"
         )
     try:
-        raw = tomllib.loads(path.read_text())
+        with path.open("rb") as f:
+            data = f.read(MAX_PROFILE_BYTES + 1)
+        if len(data) > MAX_PROFILE_BYTES:
+            raise HardwareProfileError(f"hardware profile {path} is larger than "
+                                       f"{MAX_PROFILE_BYTES >> 10} KiB: not a profile")
+        raw = tomllib.loads(data.decode("utf-8"))
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise HardwareProfileError(f"cannot read hardware profile {path}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise HardwareProfileError(f"cannot read hardware profile {path}: not UTF-8 text "
+                                   f"({exc.reason} at byte {exc.start})") from None
     return _parse(raw, path)
 
 
 def _parse(raw: dict, path: Path) -> HardwareProfile:
-    def get(table: str, key: str):
-        try:
-            return raw[table][key] if table else raw[key]
-        except KeyError:
-            where = f"[{table}] " if table else ""
-            raise HardwareProfileError(
-                f"hardware profile {path}: missing {where}{key}"
-            ) from None
+    read = Untrusted(HardwareProfileError, f"hardware profile {path}",
+                     ": fix the file, or start from a bundled one "
+                     f"({', '.join(bundled_profiles())})", place=_toml_place)
 
-    def number(table: str, key: str, kind=float):
-        value = get(table, key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise HardwareProfileError(
-                f"hardware profile {path}: [{table}] {key} must be a number, got {value!r}")
-        return kind(value)
+    read.known(raw, (), _KEYS)
+
+    def table(name: str, required: bool = True) -> dict:
+        data = read.mapping(read.get(raw, name, (), MISSING if required else {}), (name,))
+        return data if name == "fit" else read.known(data, (name,), _KEYS[name])
+
+    def number(name: str, key: str, check=non_negative, infinite: bool = False) -> float:
+        data = table(name) if name else raw
+        return read.number(read.get(data, key, (name,) if name else ()),
+                           (name, key) if name else (key,), check, infinite=infinite)
+
+    def bandwidth(key: str) -> float:  # GB/s; inf: a free link (the zero profile)
+        return number("bandwidth_gbs", key, positive, infinite=True) * gbs
 
     def micros(key: str) -> tuple[float, float, float]:
-        value = get("latency_us", key)
-        if not (isinstance(value, list) and len(value) == 3
-                and all(isinstance(v, (int, float)) for v in value)):
-            raise HardwareProfileError(
-                f"hardware profile {path}: [latency_us] {key} must be [LL, LL128, Simple] in µs"
-            )
-        return tuple(float(v) * 1e-6 for v in value)  # type: ignore[return-value]
+        at = ("latency_us", key)
+        values = read.items(read.get(table("latency_us"), key, ("latency_us",)), at,
+                            most=3, length=3)
+        return tuple(read.number(v, at + (i,)) * 1e-6  # type: ignore[return-value]
+                     for i, v in enumerate(values))
 
     gbs = 1e9
+    sources = read.items(raw.get("sources", []), ("sources",), most=1024)
     return HardwareProfile(
-        name=str(get("", "name")),
-        description=str(raw.get("description", "")),
-        gpus_per_node=number("", "gpus_per_node", int),
-        sources=tuple(raw.get("sources", ())),
-        nvlink_bw=number("bandwidth_gbs", "nvlink") * gbs,
-        nvls_bw=number("bandwidth_gbs", "nvls") * gbs,
-        nic_bw=number("bandwidth_gbs", "nic") * gbs,
-        tree_factor=number("bandwidth_gbs", "tree_factor"),
+        name=read.text(read.get(raw, "name", ()), ("name",), most=256, check=not_empty),
+        description=read.text(raw.get("description", ""), ("description",)),
+        gpus_per_node=read.int(read.get(raw, "gpus_per_node", ()), ("gpus_per_node",), 1,
+                               MAX_GPUS_PER_NODE),
+        sources=tuple(read.text(s, ("sources", i)) for i, s in enumerate(sources)),
+        nvlink_bw=bandwidth("nvlink"),
+        nvls_bw=number("bandwidth_gbs", "nvls", infinite=True) * gbs,  # 0: no NVLink SHARP
+        nic_bw=bandwidth("nic"),
+        tree_factor=number("bandwidth_gbs", "tree_factor", unit_interval),
         base_ring=micros("base_ring"),
         base_tree=micros("base_tree"),
         nvlink_ring=micros("nvlink_ring"),
@@ -189,26 +221,65 @@ def _parse(raw: dict, path: Path) -> HardwareProfile:
         nvls_lat=number("latency_us", "nvls") * 1e-6,
         nvls_tree_net_lat=number("latency_us", "nvls_tree_net") * 1e-6,
         protocol_efficiency=tuple(
-            number("protocol_efficiency", p) for p in PROTOCOLS
+            number("protocol_efficiency", p, unit_interval) for p in PROTOCOLS
         ),  # type: ignore[arg-type]
-        ll_max_bw=tuple(number("bandwidth_gbs", f"ll_max_{nodes}") * gbs
+        ll_max_bw=tuple(bandwidth(f"ll_max_{nodes}")
                         for nodes in ("1node", "2nodes", "3nodes")),  # type: ignore[arg-type]
         # optional tables: files written before they existed still load
-        net_scale_loss=number("scale", "net_loss_per_doubling") if "scale" in raw else 0.0,
-        op_fits=tuple(_op_fit(op, table, path) for op, table in raw.get("fit", {}).items()),
+        net_scale_loss=number("scale", "net_loss_per_doubling", _below_one)
+        if "scale" in raw else 0.0,
+        op_fits=tuple(_op_fit(read, op, fit) for op, fit in table("fit", False).items()),
         path=str(path),
     )
 
 
-def _op_fit(op: str, table: dict, path: Path) -> OpFit:
-    try:
-        return OpFit(op=op, ranks=int(table["ranks"]), latency=float(table["latency_us"]) * 1e-6,
-                     busbw=float(table["busbw_gbs"]) * 1e9,
-                     knee_bytes=int(table.get("knee_bytes", 0)),
-                     large_busbw=float(table.get("large_busbw_gbs", 0.0)) * 1e9,
-                     small_bytes=int(table.get("small_bytes", 0)),
-                     small_latency=float(table.get("small_latency_us", 0.0)) * 1e-6)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise HardwareProfileError(
-            f"hardware profile {path}: [fit.{op}] needs ranks, latency_us and busbw_gbs "
-            f"(numbers): {exc}") from None
+def _toml_place(path: tuple) -> str:
+    """A key path as a TOML file shows it: ``[latency_us] net_ring[2]``, ``[fit.send] ranks``."""
+    if len(path) == 1:
+        return str(path[0]) if path[0] not in _TABLES else f"[{path[0]}]"
+    head, *rest = path
+    if head == "fit" and len(rest) >= 1:
+        head, rest = f"fit.{rest[0]}", rest[1:]
+    if head not in _TABLES and not head.startswith("fit."):
+        return dotted(path)
+    return f"[{head}]" + (" " + dotted(tuple(rest)) if rest else "")
+
+
+# what a profile holds: each table's keys (what _parse reads)
+_KEYS = {"name": (), "description": (), "gpus_per_node": (), "sources": (),
+         "bandwidth_gbs": ("nvlink", "nvls", "nic", "tree_factor", "ll_max_1node",
+                           "ll_max_2nodes", "ll_max_3nodes"),
+         "latency_us": ("base_ring", "base_tree", "nvlink_ring", "nvlink_tree", "net_ring",
+                        "net_tree", "nvls", "nvls_tree_net"),
+         "protocol_efficiency": PROTOCOLS, "scale": ("net_loss_per_doubling",), "fit": ()}
+_TABLES = ("bandwidth_gbs", "latency_us", "protocol_efficiency", "scale", "fit")
+
+
+def _below_one(v: float) -> str | None:
+    return None if 0 <= v < 1 else f"must be in [0, 1), got {v}"
+
+
+def _op_fit(read: Untrusted, op: str, table: object) -> OpFit:
+    at = ("fit", op)
+    table = read.mapping(table, at)
+    read.known(table, at, tuple(_FIT_KEYS))
+
+    def number(key: str, check=non_negative, infinite: bool = False) -> float:
+        value = read.get(table, key, at, 0.0 if _FIT_KEYS[key] is None else MISSING)
+        return read.number(value, at + (key,), check, infinite=infinite)
+
+    return OpFit(op=op, ranks=read.int(read.get(table, "ranks", at), at + ("ranks",), 2,
+                                       1 << 24),
+                 latency=number("latency_us") * 1e-6,
+                 busbw=number("busbw_gbs", positive, True) * 1e9,
+                 knee_bytes=read.int(table.get("knee_bytes", 0), at + ("knee_bytes",), 0,
+                                     1 << 62),
+                 large_busbw=number("large_busbw_gbs", infinite=True) * 1e9,
+                 small_bytes=read.int(table.get("small_bytes", 0), at + ("small_bytes",), 0,
+                                      1 << 62),
+                 small_latency=number("small_latency_us") * 1e-6)
+
+
+# a [fit.OP] table's keys: None for the optional ones
+_FIT_KEYS = {"ranks": "", "latency_us": "", "busbw_gbs": "", "knee_bytes": None,
+             "large_busbw_gbs": None, "small_bytes": None, "small_latency_us": None}

@@ -31,9 +31,13 @@ import json
 import math
 import os
 import stat
+import zlib
 from pathlib import Path
 
+from prism_debug.checked import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, Untrusted
+from prism_debug.cost.model import COLLECTIVES
 from prism_debug.errors import GraphError
+from prism_debug.graph.messages import KINDS as MESSAGE_KINDS
 from prism_debug.graph.messages import PeerMessage, messages_from_json, messages_to_json
 
 # 2: p2p batches and the messages (peer objects, control tensors) classes send.
@@ -43,6 +47,17 @@ from prism_debug.graph.messages import PeerMessage, messages_from_json, messages
 GRAPH_VERSION = 2
 READABLE_VERSIONS = (1, GRAPH_VERSION)
 P2P_KINDS = ("send", "recv")
+ACTIONS = ("issue", "wait", "end")
+# Caps on what a graph file may hold, checked as it is read (a file is
+# untrusted until then): its decompressed size (a gzip bomb inflates a
+# thousandfold), the world (checked.MAX_WORLD_SIZE), axes, events per
+# program, an op's bytes (1 PiB).
+MAX_GRAPH_MB = 256
+MAX_GRAPH_ENV = "PRISM_DEBUG_MAX_GRAPH_MB"
+NOT_A_GRAPH = ": give a file prism-debug profile wrote (a gzipped JSON graph)"
+MAX_AXES = 16
+MAX_EVENTS = 1 << 24
+MAX_OP_BYTES = 1 << 50
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,31 +245,69 @@ class ExecutionGraph:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ExecutionGraph":
+    def from_dict(cls, data: object, source: str = "graph") -> "ExecutionGraph":
+        """The graph ``data`` (a parsed graph file) describes; :class:`GraphError`
+        naming the key path of the first thing wrong otherwise (``source``
+        names the file).  Every value is checked for its type and range and
+        every index for what it points at before anything is built."""
+        read = Untrusted(GraphError, f"malformed graph {source}",
+                         ": give a file prism-debug profile wrote, or profile the job again")
+        data = read.mapping(data, ())
         version = data.get("version")
-        if version not in READABLE_VERSIONS:
+        if version not in READABLE_VERSIONS or isinstance(version, bool):
             raise GraphError(f"graph format version {version!r}; this prism-debug reads "
                              f"versions {', '.join(map(str, READABLE_VERSIONS))}: profile the "
                              "job again")
+        mesh_data = read.mapping(read.get(data, "mesh", ()), ("mesh",))
+        shape = tuple(read.int(v, ("mesh", "shape", i), 1, MAX_WORLD_SIZE) for i, v in
+                      enumerate(read.items(read.get(mesh_data, "shape", ("mesh",)),
+                                           ("mesh", "shape"), most=MAX_AXES)))
+        names = tuple(read.text(v, ("mesh", "names", i), most=64) for i, v in
+                      enumerate(read.items(read.get(mesh_data, "names", ("mesh",)),
+                                           ("mesh", "names"), most=MAX_AXES)))
+        if math.prod(shape) > MAX_WORLD_SIZE:
+            read.fail(("mesh", "shape"), f"must make at most {MAX_WORLD_SIZE} ranks, "
+                                         f"got {math.prod(shape)}")
+        families = {}
+        for name, axes in read.mapping(read.get(data, "families", ()), ("families",)).items():
+            at = ("families", name)
+            axes = tuple(read.text(a, at + (i,), most=64)
+                         for i, a in enumerate(read.items(axes, at, most=MAX_AXES)))
+            if len(set(axes)) != len(axes):
+                read.fail(at, f"must name each axis once, got {list(axes)}")
+            families[read.text(name, at, most=256)] = axes
+        class_axis = read.get(data, "class_axis", ())
+        if class_axis is not None:
+            read.text(class_axis, ("class_axis",), most=64)
+        world = math.prod(shape)
+        programs = tuple(_program(read, p, i, world, families) for i, p in enumerate(
+            read.items(read.get(data, "programs", ()), ("programs",), most=MAX_WORLD_SIZE)))
+        raw_messages = read.mapping(data.get("messages", {}), ("messages",))
+        for key, rows in raw_messages.items():
+            if not (key.isdecimal() and int(key) < len(programs)):
+                read.fail(("messages", key), f"must name a class of the graph (0-"
+                                             f"{len(programs) - 1})")
+            for j, row in enumerate(read.items(rows, ("messages", key), most=MAX_EVENTS)):
+                _message_row(read, row, ("messages", key, j), world)
+        gpus_per_node = read.int(read.get(data, "gpus_per_node", ()), ("gpus_per_node",), 1,
+                                 MAX_GPUS_PER_NODE)
+        command = tuple(read.text(w, ("command", i), most=1 << 16) for i, w in
+                        enumerate(read.items(data.get("command", []), ("command",),
+                                             most=1 << 16)))
+        message_iterations = read.int(data.get("message_iterations", 0),
+                                      ("message_iterations",), 0, 1 << 20)
         try:
             graph = cls(
-                mesh=Mesh(tuple(data["mesh"]["shape"]), tuple(data["mesh"]["names"])),
-                families={k: tuple(v) for k, v in data["families"].items()},
-                class_axis=data["class_axis"],
-                gpus_per_node=int(data["gpus_per_node"]),
-                command=tuple(data.get("command", ())),
-                programs=tuple(ClassProgram(
-                    class_id=p["class_id"],
-                    ops=tuple(OpSpec(*o) for o in p["ops"]),
-                    warmup=tuple(tuple(Event(*e) for e in it) for it in p["warmup"]),
-                    steady=tuple(Event(*e) for e in p["steady"]),
-                ) for p in data["programs"]),
+                mesh=Mesh(shape, names), families=families, class_axis=class_axis,
+                gpus_per_node=gpus_per_node, command=command, programs=programs,
                 # version 1 graphs recorded no messages: peers mirror the real rank's
-                messages=messages_from_json(data.get("messages", {})),
-                message_iterations=int(data.get("message_iterations", 0)),
+                messages=messages_from_json(raw_messages),
+                message_iterations=message_iterations,
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise GraphError(f"malformed graph: {exc!r}") from exc
+        except ValueError as exc:  # base64 a row's checks let through
+            raise GraphError(f"malformed graph {source}: messages: {exc}{read.advice}") from exc
+        except GraphError as exc:  # what only the whole graph shows (axes, classes)
+            raise GraphError(f"malformed graph {source}: {exc}{read.advice}") from exc
         if version != GRAPH_VERSION and any(op.is_p2p for p in graph.programs for op in p.ops):
             raise GraphError(f"graph format version {version!r} does not record which "
                              "point-to-point ops form one batch (batch_isend_irecv); this "
@@ -276,15 +329,19 @@ class ExecutionGraph:
         user's own and writable by nobody else: unpickling a message runs
         whatever code its author put there, as ``recv_object_list`` from a
         stranger would.  (The payloads stay bytes here; the real rank
-        unpickles the ones its script receives.)"""
+        unpickles the ones its script receives.)  The file is untrusted until
+        read: it may decompress to at most ``$PRISM_DEBUG_MAX_GRAPH_MB`` MiB
+        (default 256), and :meth:`from_dict` checks every value in it."""
+        path = Path(path)
+        text = _decompressed(path, max_graph_bytes())
         try:
-            with gzip.open(path, "rt", encoding="utf-8") as f:
-                data = json.load(f)
-        except FileNotFoundError:
-            raise GraphError(f"no graph file at {path}: make one with prism-debug profile") from None
-        except (OSError, EOFError, json.JSONDecodeError) as exc:
-            raise GraphError(f"{path} is not a prism-debug graph file: {exc}") from exc
-        graph = cls.from_dict(data)
+            data = json.loads(text, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as exc:  # (JSONDecodeError, too many digits, NaN)
+            why = "nested too deeply" if isinstance(exc, RecursionError) else \
+                str(exc).split(";")[0]
+            raise GraphError(f"{path} is not a prism-debug graph file: {why}{NOT_A_GRAPH}") \
+                from None
+        graph = cls.from_dict(data, str(path))
         if any(m.kind == "objects" for ms in graph.messages.values() for m in ms):
             check_trusted(Path(path))
         return graph
@@ -302,6 +359,120 @@ def check_trusted(path: Path) -> None:
         raise GraphError(f"{path} carries pickled objects and others may write to it (mode "
                          f"{stat.filemode(info.st_mode)}); make it private (chmod go-w) if you "
                          "trust it, or profile the job again")
+
+
+def max_graph_bytes() -> int:
+    """The most bytes a graph file may decompress to: ``$PRISM_DEBUG_MAX_GRAPH_MB`` MiB."""
+    named = os.environ.get(MAX_GRAPH_ENV, "")
+    if named.isdecimal() and 0 < int(named) <= 1 << 20:
+        return int(named) << 20
+    if named:
+        raise GraphError(f"{MAX_GRAPH_ENV}={named!r}: give a whole number of MiB, 1 to "
+                         f"{1 << 20}")
+    return MAX_GRAPH_MB << 20
+
+
+def _decompressed(path: Path, limit: int) -> str:
+    """The graph file's text, counting decompressed bytes as they come, so
+    a file that inflates past ``limit`` (a gzip bomb) is refused after
+    reading ``limit`` bytes, a chunk at a time, never holding them."""
+    try:
+        with gzip.open(path, "rb") as f:
+            size = 0
+            while chunk := f.read(1 << 20):
+                size += len(chunk)
+                if size > limit:
+                    raise GraphError(
+                        f"{path} decompresses to more than {limit >> 20} MiB, the most a graph "
+                        f"may: if you trust it, raise the cap with {MAX_GRAPH_ENV}=MiB")
+            f.seek(0)
+            raw = f.read(limit + 1)  # bounded again: the file may have grown since
+    except FileNotFoundError:
+        raise GraphError(f"no graph file at {path}: make one with prism-debug profile") from None
+    except (OSError, EOFError, zlib.error) as exc:
+        raise GraphError(f"{path} is not a prism-debug graph file: {exc}{NOT_A_GRAPH}") from None
+    if len(raw) > limit:
+        raise GraphError(f"{path} changed while being read: read it again")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise GraphError(f"{path} is not a prism-debug graph file: not UTF-8 JSON ({exc.reason} "
+                         f"at byte {exc.start}){NOT_A_GRAPH}") from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a graph holds")
+
+
+def _program(read: Untrusted, data: object, index: int, world: int,
+             families: dict[str, tuple[str, ...]]) -> ClassProgram:
+    at = ("programs", index)
+    data = read.mapping(data, at)
+    class_id = read.int(read.get(data, "class_id", at), at + ("class_id",), 0, MAX_WORLD_SIZE)
+    if class_id != index:
+        read.fail(at + ("class_id",), f"must be {index}, its position, got {class_id}")
+    ops = []
+    for i, row in enumerate(read.items(read.get(data, "ops", at), at + ("ops",),
+                                       most=MAX_EVENTS)):
+        here = at + ("ops", i)
+        row = read.items(row, here, most=5)
+        if len(row) < 3:
+            read.fail(here, "must be [kind, family, nbytes, dtype, peer]")
+        kind = read.text(row[0], here + (0,), most=64)
+        if kind not in COLLECTIVES:
+            read.fail(here + (0,), f"must be one of {', '.join(COLLECTIVES)}, got {kind!r}")
+        ops.append(OpSpec(
+            kind, read.text(row[1], here + (1,), most=256),
+            read.int(row[2], here + (2,), 0, MAX_OP_BYTES),
+            read.text(row[3], here + (3,), most=64) if len(row) > 3 else "float32",
+            read.int(row[4], here + (4,), -world, world) if len(row) > 4 else 0))
+        if ops[-1].is_p2p and len(families.get(ops[-1].family, ())) != 1:
+            read.fail(here + (1,), f"must vary exactly one axis (a {kind} moves along "
+                                   f"one), got {ops[-1].family!r}")
+
+    def events(rows: object, where: tuple) -> tuple[Event, ...]:
+        out, issued = [], set()
+        if not read.items(rows, where, most=MAX_EVENTS):
+            read.fail(where, "must end with one end event, its last")
+        for i, row in enumerate(rows):
+            here = where + (i,)
+            row = read.items(row, here, most=4)
+            if len(row) < 2:
+                read.fail(here, "must be [action, gap_s, op, batch]")
+            action = read.text(row[0], here + (0,), most=8)
+            if action not in ACTIONS:
+                read.fail(here + (0,), f"must be one of {', '.join(ACTIONS)}, got {action!r}")
+            op = read.int(row[2], here + (2,), -1, MAX_EVENTS) if len(row) > 2 else -1
+            if action != "end" and op >= len(ops) or action != "end" and op < 0:
+                read.fail(here + (2,), f"must name an op of class {index} (0-{len(ops) - 1}), "
+                                       f"got {op}")
+            if action == "wait" and op not in issued:
+                read.fail(here + (2,), f"must wait for an op the iteration issued, got {op}")
+            if (action == "end") != (i == len(rows) - 1):
+                read.fail(here + (0,), "must end with one end event, its last")
+            issued.add(op)
+            out.append(Event(action, read.number(row[1], here + (1,)), op,
+                             read.int(row[3], here + (3,), 0, MAX_EVENTS) if len(row) > 3 else 0))
+        return tuple(out)
+
+    warmup = tuple(events(it, at + ("warmup", i)) for i, it in enumerate(
+        read.items(read.get(data, "warmup", at), at + ("warmup",), most=1 << 10)))
+    return ClassProgram(class_id, tuple(ops), warmup,
+                        events(read.get(data, "steady", at), at + ("steady",)))
+
+
+def _message_row(read: Untrusted, row: object, at: tuple, world: int) -> None:
+    """Checks what :meth:`PeerMessage.from_list` reads (its payload's base64 it checks itself)."""
+    row = read.items(row, at, most=7, length=7)
+    read.int(row[0], at + (0,), 1, 1 << 20)
+    read.int(row[1], at + (1,), -world, world)
+    if read.text(row[2], at + (2,), most=16) not in MESSAGE_KINDS:
+        read.fail(at + (2,), f"must be one of {', '.join(MESSAGE_KINDS)}, got {row[2]!r}")
+    read.int(row[3], at + (3,), 0, MAX_EVENTS)
+    read.text(row[4], at + (4,), most=MAX_GRAPH_MB << 20)
+    read.text(row[5], at + (5,), most=64)
+    for i, size in enumerate(read.items(row[6], at + (6,), most=MAX_AXES)):
+        read.int(size, at + (6, i), 0, MAX_OP_BYTES)
 
 
 def _event_row(event: Event) -> list:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from prism_debug.checked import MAX_ITERATIONS
 from prism_debug.errors import ConfigError
 
 
@@ -49,29 +50,48 @@ def select_ranks(text: str, world_size: int, gpus_per_node: int) -> list[int]:
     return expand(rank_spans(text, world_size, gpus_per_node))
 
 
+# the most numbers a command-line list may expand to: a trace of more ranks
+# cannot be read, and a snapshot after every iteration is --snapshot-every 1
+MAX_LISTED = 1 << 16
+
+
 def rank_list(text: str, world_size: int, gpus_per_node: int, option: str) -> tuple[int, ...]:
     """:func:`select_ranks` for the command-line ``option`` (``--trace-ranks``)
-    that gave ``text``: () when it is blank; its errors start with the option."""
+    that gave ``text``: () when it is blank; its errors start with the option.
+    At most :data:`MAX_LISTED` ranks, counted before they are expanded."""
     if not text.strip():
         return ()
     try:
-        return tuple(select_ranks(text, world_size, gpus_per_node))
+        spans = rank_spans(text, world_size, gpus_per_node)
+        _at_most(spans, "ranks")
+        return tuple(expand(spans))
     except ConfigError as exc:
         raise ConfigError(f"{option}: {exc}") from None
 
 
-def number_list(text: str, option: str, what: str) -> tuple[int, ...]:
+def number_list(text: str, option: str, what: str, high: int = MAX_ITERATIONS
+                ) -> tuple[int, ...]:
     """The numbers the command-line ``option`` lists in ``text`` (``3,10``,
-    ``2-5``, no upper bound), in order, each once; () when it is blank.
+    ``2-5``, each at most ``high``), in order, each once; () when it is blank.
     ``what`` names them in errors: ``--snapshot-at: cannot read 'x' as
-    iterations: use N, A-B, or …``."""
+    iterations: use N, A-B, or …``.  Bounds and the count are checked before
+    anything is expanded."""
     if not text.strip():
         return ()
     try:
-        return tuple(expand(_spans(
-            text, None, f"{what}: use N, A-B, or a list of them separated by commas", None)))
+        spans = _spans(text, high + 1, f"{what}: use N, A-B, or a list of them separated by "
+                                       "commas", lambda n: f"{what} go up to {high}, not {n}")
+        _at_most(spans, what)
+        return tuple(expand(spans))
     except ConfigError as exc:
         raise ConfigError(f"{option}: {exc}") from None
+
+
+def _at_most(spans: list[tuple[int, int]], what: str) -> None:
+    count = sum(last - first + 1 for first, last in spans)
+    if count > MAX_LISTED:
+        raise ConfigError(f"{count} {what} listed, more than the {MAX_LISTED} a list may "
+                          "hold: list fewer")
 
 
 def _spans(text: str, count: int | None, readable_as: str,
@@ -81,7 +101,8 @@ def _spans(text: str, count: int | None, readable_as: str,
     for part in text.replace(" ", "").split(","):
         low, dash, high = part.partition("-")
         # isdecimal, not isdigit: "²" is a digit int() cannot read
-        if not low.isdecimal() or (dash and not high.isdecimal()):
+        # (and short: int() of thousands of digits raises)
+        if not low.isdecimal() or (dash and not high.isdecimal()) or len(part) > 40:
             raise ConfigError(f"cannot read {part!r} as {readable_as}")
         first, last = int(low), int(high) if dash else int(low)
         if last < first:

@@ -36,6 +36,7 @@ from prism_debug.snapshot.store import sha256_file
 CACHE_ENV = "PRISM_DEBUG_GRAPH_CACHE"
 PROFILE_ITERATIONS = 4  # per slice: a warm-up, and a steady state to compare
 Message = Callable[[str], None]
+MAX_REASON = 2000  # characters of a .unprofilable file read back
 
 
 def cache_dir() -> Path:
@@ -77,8 +78,8 @@ def cached_graph(command: list[str], world_size: int, gpus_per_node: int, *,
         message(f"graph: {path} (cached: profiled before for this command, script and layout)")
         return path
     if refused.is_file():
-        raise GraphError(f"{refused.read_text(encoding='utf-8').strip()} (profiled before; "
-                         f"remove {refused} to profile again)")
+        raise GraphError(f"{_reason(refused)} (profiled before; remove {refused} to profile "
+                         "again)")
     _private_dirs(cache)
     message(f"graph: profiling the job once into {path} ({PROFILE_ITERATIONS} iterations per "
             "slice, one slice per rank class)")
@@ -127,6 +128,16 @@ def with_graph(options: RunOptions, message: Message) -> RunOptions:
                                    run_dir=run_dir)
     return dataclasses.replace(options, graph_path=path, profile_graph=False,
                                profile_command=None, run_dir=run_dir)
+
+
+def _reason(refused: Path) -> str:
+    """Why a job was found unprofilable, as its file says: one line of at most
+    ``MAX_REASON`` characters, whatever the file holds (it is read back into
+    an error message, so a damaged or planted one cannot flood or break it)."""
+    with refused.open("rb") as f:
+        text = f.read(MAX_REASON).decode("utf-8", errors="replace")
+    line = " ".join(text.split()) or "no graph can describe this job"
+    return line if len(line) < MAX_REASON else line[:MAX_REASON - 1] + "…"
 
 
 def _publish(partial: Path, path: Path) -> None:

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Protocol
 
-from prism_debug.agent.config import ENV_VAR, AgentConfig
+from prism_debug.agent.config import ENV_VAR, OWNER_ENV_VAR, AgentConfig
 from prism_debug.errors import ConfigError, GraphError, LaunchError, SnapshotError
 from prism_debug.faults import resolve
 from prism_debug.graph import ExecutionGraph
@@ -86,6 +86,7 @@ def run(options: RunOptions, message: Message = _quiet,
     run_dir = options.run_dir or default_run_dir()
     make_run_dir(run_dir)
     files = run_files(run_dir)
+    os.chmod(files["control"], 0o600)  # it carries the bus secret to restored copies
     session = open_session(options.rank, options.world_size, options.bind, files, store,
                            lambda: snapshotter or Snapshotter.for_run(options, store, message),
                            message)
@@ -147,17 +148,18 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
         trace_ranks=options.trace_ranks, snapshot_at=options.snapshot_at,
         snapshot_every=options.snapshot_every, control_path=str(files["control"]),
         bus=session.commands_endpoint, bus_curve=session.agent_curve,
-        start_paused=options.paused, faults=tuple(f.to_dict() for f in options.faults),
+        bus_secret=session.agent_secret, start_paused=options.paused, faults=tuple(f.to_dict() for f in options.faults),
         collective_timeout_s=options.collective_timeout_s,
         watch_nonfinite=options.watch_nonfinite,
     )
     config_path = run_dir / "agent.json"
-    config.write(config_path)
+    config.write(config_path)  # 0600: it holds the bus secret
 
     env = dict(os.environ)
     env.update(torchrun_environment(options.rank, options.world_size, profile.gpus_per_node))
     env.update(options.env)
     env[ENV_VAR] = str(config_path)
+    env.pop(OWNER_ENV_VAR, None)  # the rank's first torch-importing process claims the bus
     env["PYTHONPATH"] = os.pathsep.join(
         [str(HOOKS_DIR), str(SOURCE_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
     env.setdefault("PYTHONUNBUFFERED", "1")
@@ -171,6 +173,9 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
     if session.commands_endpoint:
         message(f"debugger: prism-debug attach --rank {options.rank} "
                 f"(session {session.info.session})")
+        if session.info.remote_commands:
+            message(f"remote debugger: prism-debug attach --connect "
+                    f"{session.info.remote_commands} (CURVE, your keys)")
 
     command = options.command
     if options.isolate:
@@ -223,6 +228,7 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
     run_dir = options.run_dir or default_run_dir()
     make_run_dir(run_dir)
     files = run_files(run_dir)
+    os.chmod(files["control"], 0o600)  # it carries the bus secret to the restored copy
     message(f"prism-debug: restoring snapshot {manifest.id} (rank {manifest.rank} of "
             f"{manifest.world_size}, after iteration {manifest.iteration})")
     session = open_session(manifest.rank, manifest.world_size, options.bind, files, store,
@@ -231,7 +237,7 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
         pid = restore_process(store, manifest, files, criu, iterations=options.iterations,
                               record_ops=options.trace_path is not None,
                               bus=session.commands_endpoint, bus_curve=session.agent_curve,
-                              faults=options.faults, watch_nonfinite=options.watch_nonfinite,
+                              bus_secret=session.agent_secret, faults=options.faults, watch_nonfinite=options.watch_nonfinite,
                               message=message)
         # needing no pids here, the copy is the init of a pid namespace of its own
         session.child = RestoredChild(pid, isolated=not tree_pids(store.path(manifest.id)))

@@ -140,12 +140,20 @@ def measure(processes: int = 2, *, worker_command=WORKER,
                     child.wait()
         with open(f"{tmp}/0.out") as out:
             output = out.read()
-    results = json.loads(output)
     source = f"gloo, {processes} processes on {socket.gethostname()}"
-    return [Measurements(op, 2 if op == "send" else processes, 1,
-                         tuple((int(b), float(t)) for b, t, _ in results[op]), source,
-                         tuple(float(spread) for _, _, spread in results[op]))
-            for op in OPS]
+    try:  # the worker's output, checked as any input: a damaged one is one line
+        results = json.loads(output)
+        measured = [Measurements(op, 2 if op == "send" else processes, 1,
+                                 tuple((int(b), float(t)) for b, t, _ in results[op]), source,
+                                 tuple(float(spread) for _, _, spread in results[op]))
+                    for op in OPS]
+    except (ValueError, TypeError, KeyError) as exc:
+        raise LaunchError(f"local gloo measurement printed no results table ({exc!r:.120}): "
+                          "run calibrate --local again") from None
+    if any(not 0 < t < float("inf") for m in measured for _, t in m.samples):
+        raise LaunchError("local gloo measurement timed a collective at zero, a negative or "
+                          "no time: run calibrate --local again")
+    return measured
 
 
 def _wait_all(children, timeout_s: float, tmp: str) -> None:

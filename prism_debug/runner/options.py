@@ -5,10 +5,19 @@ starts a process or reads a graph)."""
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import shutil
 import sys
 from pathlib import Path
 
+from prism_debug.checked import (
+    MAX_GPUS_PER_NODE,
+    MAX_ITERATIONS,
+    MAX_SEED,
+    MAX_TIMEOUT_S,
+    MAX_WORLD_SIZE,
+)
 from prism_debug.cost import HardwareProfile
 from prism_debug.errors import ConfigError
 from prism_debug.faults import Fault
@@ -58,12 +67,17 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.world_size < 1:
             raise ConfigError(f"--world-size must be at least 1, got {self.world_size}")
+        if self.world_size > MAX_WORLD_SIZE:
+            raise ConfigError(f"--world-size must be at most {MAX_WORLD_SIZE}, got "
+                              f"{self.world_size}")
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(
                 f"rank {self.rank} is outside the world: --rank must be in "
                 f"[0, {self.world_size - 1}] for --world-size {self.world_size}")
-        if self.iterations is not None and self.iterations < 1:
-            raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
+        check_iterations(self.iterations)
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"--seed must be at least 0 and at most {MAX_SEED}, got "
+                              f"{self.seed}")
         if not self.command:
             raise ConfigError("no command to run")
         if self.profile_graph and self.graph_path is not None:
@@ -84,9 +98,10 @@ class RunOptions:
         if self.faults and not replayed:
             raise ConfigError("--perturb needs a graph, not --lockstep: perturbations act on "
                               "virtual peers replayed from an execution graph")
-        if self.collective_timeout_s is not None and self.collective_timeout_s <= 0:
-            raise ConfigError(f"--collective-timeout must be positive, got "
-                              f"{self.collective_timeout_s}")
+        if self.collective_timeout_s is not None \
+                and not 0 < self.collective_timeout_s <= MAX_TIMEOUT_S:  # (NaN too)
+            raise ConfigError(f"--collective-timeout must be a number of seconds in (0, "
+                              f"{MAX_TIMEOUT_S:.10g}], got {self.collective_timeout_s}")
         if self.paused and self.bind is None:
             raise ConfigError("--paused waits for prism-debug attach, which --no-bus rules out")
         if self.incremental and not (self.snapshot_at or self.snapshot_every):
@@ -114,8 +129,7 @@ class RestoreOptions:
     watch_nonfinite: bool = False  # report the first iteration the rank sends NaN or inf
 
     def __post_init__(self) -> None:
-        if self.iterations is not None and self.iterations < 1:
-            raise ConfigError(f"--iterations must be at least 1, got {self.iterations}")
+        check_iterations(self.iterations)
         check_output_paths(("--report", self.report_path), ("--trace", self.trace_path))
 
 
@@ -133,6 +147,77 @@ class RunResult:
     def log_path(self) -> Path:
         """The rank's output."""
         return self.run_dir / "rank.log"
+
+
+def check_iterations(iterations: int | None) -> None:
+    if iterations is not None and iterations < 1:
+        raise ConfigError(f"--iterations must be at least 1, got {iterations}")
+    if iterations is not None and iterations > MAX_ITERATIONS:
+        raise ConfigError(f"--iterations must be at most {MAX_ITERATIONS}, got {iterations}")
+
+
+# what each numeric command-line option may be: (int or float, lowest, highest);
+# a float's lowest is excluded (a timeout of 0 s is none)
+OPTION_BOUNDS: dict[str, tuple[type, float, float]] = {
+    "--rank": (int, 0, MAX_WORLD_SIZE - 1),
+    "--world-size": (int, 1, MAX_WORLD_SIZE),
+    "--ranks": (int, 1, MAX_WORLD_SIZE),
+    "--gpus-per-node": (int, 1, MAX_GPUS_PER_NODE),
+    "--iterations": (int, 1, MAX_ITERATIONS),
+    "--snapshot-every": (int, 1, MAX_ITERATIONS),
+    "--seed": (int, 0, MAX_SEED),
+    "--processes": (int, 2, 64),
+    "--collective-timeout": (float, 0.0, MAX_TIMEOUT_S),
+    # a replay of the whole world prints a row per iteration: more is no table
+    "replay --iterations": (int, 1, 10_000),
+}
+
+
+def option_number(option: str, text: str | int | float, bounds: str | None = None
+                  ) -> int | float:
+    """The number command-line ``option`` gave as ``text``, within
+    :data:`OPTION_BOUNDS`; :class:`ConfigError` naming the option otherwise
+    (``nan``, ``inf``, ``1e999``, a number of thousands of digits included).
+    ``bounds`` names the entry when it is not the option's own."""
+    kind, low, high = OPTION_BOUNDS[bounds or option]
+    word = "an integer" if kind is int else "a number"
+    try:
+        if isinstance(text, str) and len(text) > 40:  # (int() of thousands of digits raises)
+            raise ValueError(text)
+        value = kind(text)
+    except (ValueError, OverflowError):
+        raise ConfigError(f"{option}: {str(text)[:40]!r} is not {word}: give {word} in "
+                          f"{_bounds(kind, low, high)}") from None
+    if kind is float and not math.isfinite(value):
+        raise ConfigError(f"{option} must be a finite number, got {value}")
+    if kind is float and value <= low:
+        raise ConfigError(f"{option} must be positive, got {value}")
+    if value < low:
+        raise ConfigError(f"{option} must be at least {low}, got {value}")
+    if value > high:
+        shown = high if kind is int else f"{high:.10g}"
+        raise ConfigError(f"{option} must be at most {shown}, got {value}")
+    return value
+
+
+def _bounds(kind: type, low: float, high: float) -> str:
+    return f"[{low}, {high}]" if kind is int else f"({low:.10g}, {high:.10g}]"
+
+
+_SIZE = re.compile(r"^\s*(\d{1,20}(?:\.\d{1,20})?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+MAX_BYTES = 1 << 50  # a PiB: no message is larger
+
+
+def parse_bytes(text: str) -> int:
+    """``1G``, ``64MiB``, ``8k``, ``4096``: binary multiples, as nccl-tests' -b/-e."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ConfigError(f"--bytes: {text[:40]!r} is not a size such as 4096, 64K, 1M or 8GiB")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    size = int(number * 1024 ** " kmgt".index(unit or " "))
+    if size > MAX_BYTES:
+        raise ConfigError(f"--bytes must be at most 1024T ({MAX_BYTES} bytes), got {text}")
+    return size
 
 
 def check_output_paths(*named: tuple[str, Path | None]) -> None:

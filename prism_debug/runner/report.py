@@ -18,11 +18,13 @@ def read_events(path: Path) -> list[dict]:
     events = []
     if not path.exists():
         return events
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
+            event = json.loads(line)
+        except (ValueError, RecursionError):  # (a line cut short, or damaged)
             continue
+        if isinstance(event, dict) and isinstance(event.get("kind"), str):
+            events.append(event)
     return events
 
 

@@ -29,12 +29,21 @@ from typing import Callable
 
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
-from prism_debug.errors import InvalidState, PrismError, RankUnavailable, SnapshotFailed
+from prism_debug.errors import (
+    BusError,
+    Busy,
+    InvalidState,
+    PrismError,
+    RankUnavailable,
+    SnapshotFailed,
+)
 from prism_debug.runner import snapshots
 from prism_debug.runner.children import RankProcess, RestoredChild
 from prism_debug.runner.snapshots import Release, Snapshotter, release_rank
 from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot.store import Manifest, Store, now_text
+
+MAX_SNAPSHOT_WAITERS = 64  # clients waiting for snapshots to be taken, all together
 
 
 class Session:
@@ -48,12 +57,15 @@ class Session:
         self.server = BusServer(rank, host)
         self.commands_endpoint = self.server.commands
         self.agent_curve = self.server.agent_curve
+        self.agent_secret = self.server.secret  # handed to the rank in 0600 files only
         self.run_files = run_files  # log, events, control: what a restored copy writes to
         self.store = store
         self._snapshotter_factory = snapshotter_factory
         self._snapshotter: Snapshotter | None = None
         self._message = message
         self.child: RankProcess | None = None  # the rank's process, swapped by restores
+        # the only process (with its descendants) whose agent.hello is believed
+        self.server.rank_pid = lambda: self.child.pid if self.child is not None else None
         self.exit_code: int | None = None
         self._snapshot_waiters: dict[int, list[Pending]] = {}  # iteration -> clients
         self.snapshotting = False
@@ -65,7 +77,8 @@ class Session:
             session=sessions.new_session_id(), pid=os.getpid(),
             commands=self.server.commands, events=self.server.events,
             world_size=world_size, ranks=(rank,), started=now_text(),
-            curve_public=self.server.curve_public)
+            curve_public=self.server.curve_public,
+            remote_commands=self.server.remote_commands)
         self.session_file = sessions.publish(self.info)
         server = self.server
         server.handle("hello", self._hello)
@@ -164,7 +177,8 @@ class Session:
 
     def _hello(self, client: bytes, args: dict) -> dict:
         return {"session": self.info.session, "rank": self.rank, "world_size": self.world_size,
-                "pid": self.server.agent_pid or 0, "events": self.server.events}
+                "pid": self.server.agent_pid or 0, "events": self.server.events,
+                "remote_events": self.server.remote_events}
 
     def _status(self, client: bytes, args: dict) -> dict:
         extra = {"session": self.info.session, "pid": self.server.agent_pid or 0,
@@ -197,6 +211,10 @@ class Session:
                     return
                 if iteration in self._taken:  # the dump was quicker than this reply
                     self.server.reply(pending, self._taken[iteration])
+                elif sum(map(len, self._snapshot_waiters.values())) >= MAX_SNAPSHOT_WAITERS:
+                    self.server.fail(pending, Busy(
+                        f"{MAX_SNAPSHOT_WAITERS} requests wait for snapshots already: ask "
+                        "again once they are taken"))
                 else:
                     self._snapshot_waiters.setdefault(iteration, []).append(pending)
             self.server.ask_agent("snapshot", args, scheduled)
@@ -278,7 +296,7 @@ class Session:
         try:
             pid = snapshots.restore_process(
                 self.store, manifest, self.run_files, criu, bus=self.server.commands,
-                bus_curve=self.server.agent_curve, pause=True)
+                bus_curve=self.server.agent_curve, bus_secret=self.agent_secret, pause=True)
         except (PrismError, OSError) as exc:
             if old is not None and beside:
                 old.hold(False)
@@ -325,7 +343,7 @@ class Session:
             try:
                 self.server.ask_agent("detach", {"resume": self._detaching},
                                       lambda message: None)
-            except RankUnavailable:
+            except BusError:  # gone, or a table full: nothing to release then
                 pass
 
 
@@ -335,6 +353,7 @@ class NoSession:
 
     commands_endpoint = None
     agent_curve = None
+    agent_secret = None
     restoring = False
 
     def __init__(self, snapshotter_factory: Callable[[], Snapshotter],

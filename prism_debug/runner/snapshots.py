@@ -269,7 +269,8 @@ def restore_tools(manifest: Manifest) -> criu_api.Criu:
 def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
                     criu: criu_api.Criu, *, iterations: int | None = None,
                     record_ops: bool = False, bus: str | None = None,
-                    bus_curve: dict | None = None, pause: bool = False,
+                    bus_curve: dict | None = None, bus_secret: str | None = None,
+                    pause: bool = False,
                     faults: tuple[Fault, ...] = (), watch_nonfinite: bool = False,
                     message: Callable[[str], None] = lambda line: None) -> int:
     """Restore the rank of a (verified) snapshot as a child of this process,
@@ -287,7 +288,8 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
               "w") as f:
         f.write(json.dumps({
             "restored": True, "snapshot": manifest.id, "iterations": limit,
-            "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve, "pause": pause,
+            "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve,
+            "bus_secret": bus_secret, "pause": pause,
             "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
             "stop_at": manifest.iteration, "phase": "go"}))
     fds = {

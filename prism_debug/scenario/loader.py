@@ -47,15 +47,29 @@ class Problem:
         return f"{self.source}:{self.line}:{self.column}: {self.message}"
 
 
+# a scenario is a page of YAML; a file far larger is not one
+MAX_SCENARIO_BYTES = 1 << 20
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """The scenario in the YAML file at ``path``; :class:`ScenarioError` listing
     every problem in it otherwise."""
+    return parse_scenario(read_scenario_text(path), str(path))
+
+
+def read_scenario_text(path: str | Path) -> str:
+    """The text of the scenario file at ``path``: :class:`ScenarioError` when it
+    cannot be read, is not UTF-8, or is larger than a scenario could be."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(MAX_SCENARIO_BYTES + 1)
+        if len(data) > MAX_SCENARIO_BYTES:
+            raise ScenarioError([], f"cannot read scenario {path}: larger than "
+                                    f"{MAX_SCENARIO_BYTES >> 10} KiB, which no scenario is")
+        return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
         raise ScenarioError([], f"cannot read scenario {path}: {why}") from exc
-    return parse_scenario(text, str(path))
 
 
 def parse_scenario(text: str, source: str = "<string>") -> Scenario:

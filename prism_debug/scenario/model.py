@@ -72,13 +72,21 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Iterator, Sequence
 
 from prism_debug.checked import (
+    MAX_GPUS_PER_NODE,
+    MAX_ITERATIONS,
+    MAX_SEED,
+    MAX_TIMEOUT_S,
+    MAX_WORLD_SIZE,
     Checked,
     at_least,
+    at_most,
+    both,
     declare,
     non_negative,
     not_empty,
     one_of,
     positive,
+    safe_name,
 )
 from prism_debug.errors import ConfigError
 from prism_debug.example import Example
@@ -129,9 +137,10 @@ def hex_digest_problem(v: str) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class World(Checked):
-    size: int = declare("int", check=at_least(1))
+    size: int = declare("int", check=both(at_least(1), at_most(MAX_WORLD_SIZE)))
     rank: int = declare("int", check=at_least(0))  # the real rank
-    gpus_per_node: int = declare("int", default=8, check=at_least(1))
+    gpus_per_node: int = declare("int", default=8,
+                                 check=both(at_least(1), at_most(MAX_GPUS_PER_NODE)))
 
     @property
     def num_nodes(self) -> int:
@@ -150,9 +159,11 @@ class Run(Checked):
     example: Example | None = declare("object", of=Example, default=None)
     snapshot: str | None = declare("text", default=None, check=not_empty)
     graph: str | None = declare("text", default=None, check=not_empty)
-    iterations: int | None = declare("int", default=None, check=at_least(1))
+    iterations: int | None = declare("int", default=None,
+                                     check=both(at_least(1), at_most(MAX_ITERATIONS)))
     hardware: str | None = declare("text", default=None, check=not_empty)
-    timeout_s: float | None = declare("float", default=None, check=positive)
+    timeout_s: float | None = declare("float", default=None,
+                                      check=both(positive, at_most(MAX_TIMEOUT_S)))
     env: tuple[tuple[str, str], ...] = declare("env", default=())
 
     @property
@@ -319,11 +330,12 @@ EXPECTATION_TYPES: dict[str, type[Expectation]] = {cls.kind: cls for cls in (
 
 @dataclass(frozen=True, kw_only=True)
 class Scenario(Checked):
-    name: str = declare("text", check=not_empty)
+    # the name becomes part of the run folder's path: a safe pattern, no "../"
+    name: str = declare("text", check=both(not_empty, safe_name))
     description: str = declare("text", default="")
     world: World = declare("object", of=World)
     run: Run = declare("object", of=Run)
-    seed: int = declare("int", default=0, check=at_least(0))
+    seed: int = declare("int", default=0, check=both(at_least(0), at_most(MAX_SEED)))
     faults: tuple[Fault, ...] = declare("faults", default=())
     expect: tuple[Expectation, ...] = declare("expect", default=())
     source: str = field(default="<string>", compare=False)  # the file it came from

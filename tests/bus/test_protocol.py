@@ -240,7 +240,7 @@ def test_a_caller_may_pass_its_own_verb_table():
      "unknown argument 'when' for 'break' (it takes kind, iteration, op, family, seq and "
      "temporary)"),
     ("hello", {}, "missing required argument 'client' of 'hello'"),
-    ("agent.hello", {}, "missing required arguments 'rank', 'pid' of 'agent.hello'"),
+    ("agent.hello", {}, "missing required arguments 'rank', 'pid', 'secret' of 'agent.hello'"),
     ("restore", {"id": 3}, "argument 'id' of 'restore' must be a str, got int"),
     ("events", {"on": 1}, "argument 'on' of 'events' must be a bool, got int"),
     ("delete", {"id": True}, "argument 'id' of 'delete' must be an int, got bool"),

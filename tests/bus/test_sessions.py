@@ -53,7 +53,8 @@ def test_a_published_session_is_listed_and_withdrawn(directory):
     assert json.loads(path.read_text()) == {
         "session": "s1", "pid": os.getpid(), "commands": "tcp://127.0.0.1:40001",
         "events": "tcp://127.0.0.1:40002", "world_size": 8192, "ranks": [4097],
-        "started": "2026-11-22T08:00:00+00:00", "curve_public": None}
+        "started": "2026-11-22T08:00:00+00:00", "curve_public": None,
+        "remote_commands": None}
     assert os.listdir(directory) == ["s1.json"]  # the staging file was renamed away
     assert sessions.live_sessions() == [mine] and mine.ranks == (4097,)
     sessions.withdraw(mine)

@@ -1,7 +1,8 @@
 """The ``prism-debug`` command line.  Commands parse and call; nothing else.
 
 Every :class:`~prism_debug.errors.PrismError` becomes one line on stderr and
-the error's exit code here, in :class:`_Cli`, and nowhere else.
+the error's exit code in :class:`~prism_debug.cli.params.ErrorsAsLines`, and
+nowhere else.  The commands about costs and graphs live in :mod:`.models`.
 """
 
 from __future__ import annotations
@@ -10,30 +11,22 @@ import dataclasses
 import json
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 
 import click
 
-from prism_debug.cost import COLLECTIVES, DEFAULT_PROFILE, CostModel, Placement, load_profile
-from prism_debug.errors import ConfigError, ExitCode, PrismError
+from prism_debug.cli import models
+from prism_debug.cli.params import NUMBER, ErrorsAsLines
+from prism_debug.cost import DEFAULT_PROFILE, load_profile
+from prism_debug.errors import ConfigError, ExitCode
 from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.graph.selectors import number_list, rank_list
 from prism_debug.runner.options import python_command
 
 
-class _Cli(click.Group):
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except PrismError as exc:
-            click.echo(f"prism-debug: error: {exc}", err=True)
-            ctx.exit(int(exc.exit_code))
-
-
-@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ErrorsAsLines, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="prism-debug")
 @click.option("-v", "--verbose", count=True, help="More log output (-vv for debug).")
 def main(verbose: int) -> None:
@@ -43,13 +36,15 @@ def main(verbose: int) -> None:
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
-@click.option("--rank", default=4097, show_default=True, help="The rank to run for real.")
-@click.option("--world-size", default=8192, show_default=True, help="Ranks in the emulated job.")
-@click.option("--gpus-per-node", type=int, default=None,
+@click.option("--rank", type=NUMBER, default=4097, show_default=True,
+              help="The rank to run for real.")
+@click.option("--world-size", type=NUMBER, default=8192, show_default=True,
+              help="Ranks in the emulated job.")
+@click.option("--gpus-per-node", type=NUMBER, default=None,
               help="GPUs per node [default: the hardware profile's, 8 for H100].")
 @click.option("--hardware", default=DEFAULT_PROFILE, show_default=True,
               help="Hardware profile: a bundled name or a TOML file.")
-@click.option("--iterations", type=int, default=None,
+@click.option("--iterations", type=NUMBER, default=None,
               help="Stop cleanly after this many iterations.")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON report here.")
@@ -57,7 +52,7 @@ def main(verbose: int) -> None:
               help="Write a Chrome trace (open it in Perfetto) here.")
 @click.option("--trace-ranks", default="",
               help="Virtual ranks to show in the trace, e.g. 0,4096-4103 (not with --lockstep).")
-@click.option("--seed", default=0, show_default=True,
+@click.option("--seed", type=NUMBER, default=0, show_default=True,
               help="Seeds torch, random and numpy in the rank, and the seeded peer values.")
 @click.option("--values", type=click.Choice(["mirror", "zeros", "random"]), default="mirror",
               show_default=True, help="What virtual peers contribute to collectives.")
@@ -70,7 +65,7 @@ def main(verbose: int) -> None:
                    "without profiling the job (no pipeline bubbles, no stragglers).")
 @click.option("--snapshot-at", default="",
               help="Snapshot the rank (CRIU) after these iterations, e.g. 3,10.")
-@click.option("--snapshot-every", type=int, default=None,
+@click.option("--snapshot-every", type=NUMBER, default=None,
               help="Snapshot the rank after every K-th iteration.")
 @click.option("--incremental", is_flag=True,
               help="Snapshots after the first hold only the memory that changed since the last.")
@@ -82,14 +77,14 @@ def main(verbose: int) -> None:
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the run's log and events go [default: ~/.local/state/prism-debug/runs/…].")
 @click.option("--bind", default="127.0.0.1", show_default=True,
-              help="Address of the debugger bus (prism-debug attach); other than loopback "
-                   "it needs CURVE keys (prism-debug keys).")
+              help="Address of the debugger bus (prism-debug attach): loopback keeps it on "
+                   "private ipc sockets; any other adds TCP with CURVE (prism-debug keys).")
 @click.option("--no-bus", is_flag=True, help="No debugger bus: the run cannot be attached to.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--perturb", "perturbations", multiple=True,
               help="Perturb virtual peers (not with --lockstep), e.g. 'fail 4099 at 3', "
                    "'slow node:512 1.16', 'delay 4100 0.005 family dp'; repeatable.")
-@click.option("--collective-timeout", type=float, default=None,
+@click.option("--collective-timeout", type=NUMBER, default=None,
               help="Seconds before NCCL's watchdog gives up on a collective [default: the "
                    "script's process-group timeout].")
 @click.option("--paused", is_flag=True,
@@ -226,7 +221,7 @@ def snapshot_rm(snapshot_id, force, store) -> None:
 
 @snapshot.command("restore")
 @click.argument("snapshot_id")
-@click.option("--iterations", type=int, default=None,
+@click.option("--iterations", type=NUMBER, default=None,
               help="Stop after this many more iterations [default: run to the end].")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON report here.")
@@ -235,8 +230,8 @@ def snapshot_rm(snapshot_id, force, store) -> None:
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the restored run's log and events go.")
 @click.option("--bind", default="127.0.0.1", show_default=True,
-              help="Address of the debugger bus (prism-debug attach); other than loopback "
-                   "it needs CURVE keys (prism-debug keys).")
+              help="Address of the debugger bus (prism-debug attach): loopback keeps it on "
+                   "private ipc sockets; any other adds TCP with CURVE (prism-debug keys).")
 @click.option("--no-bus", is_flag=True, help="No debugger bus: the run cannot be attached to.")
 @_store_option
 def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, bind, no_bus,
@@ -254,11 +249,15 @@ def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, 
 @click.option("--rank", type=int, default=None, help="Attach to the session running this rank.")
 @click.option("--session", "session_id", default=None, help="… or to this session (prism-debug ps).")
 @click.option("--connect", default=None,
-              help="… or to the controller at this command endpoint (tcp://HOST:PORT).")
+              help="… or to the controller at this command endpoint (tcp://HOST:PORT, with "
+                   "CURVE and your keys).")
+@click.option("--server-key", default=None,
+              help="With --connect: the controller's CURVE public key (Z85, or a .key file); "
+                   "default: the server key in your keys directory.")
 @click.option("--command", "-c", "commands", default=None,
               help="Run these ;-separated console commands, then detach.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per reply.")
-def attach(rank, session_id, connect, commands, as_json) -> None:
+def attach(rank, session_id, connect, server_key, commands, as_json) -> None:
     """Attach a debugger console to a running rank.
 
     \b
@@ -271,12 +270,17 @@ def attach(rank, session_id, connect, commands, as_json) -> None:
     from prism_debug.console import Console
 
     if connect:
-        probe = BusClient(connect, connect)  # the events endpoint comes from hello
+        from prism_debug.bus.keys import connect_curve
+
+        curve = connect_curve(connect, server_key)
+        probe = BusClient(connect, connect, curve)  # the events endpoint comes from hello
         try:
+            probe.check_server()
             hello = probe.request("hello", client="attach")
         finally:
             probe.close()
-        client = BusClient(connect, hello["events"])
+        remote = connect.startswith("tcp://") and hello.get("remote_events")
+        client = BusClient(connect, remote or hello["events"], curve)
     else:
         client = BusClient.for_session(sessions.find(rank=rank, session=session_id))
     with client:
@@ -305,7 +309,7 @@ def ps(as_json) -> None:
     for s in live:
         ranks = ",".join(map(str, s.ranks))
         click.echo(f"{s.session:<24} {s.pid:>7} {s.world_size:>7}  {ranks:<12} {s.started:<25} "
-                   f"{s.commands}{'  (CURVE)' if s.curve_public else ''}")
+                   f"{s.remote_commands or s.commands}{'  (CURVE)' if s.curve_public else ''}")
 
 
 @main.command()
@@ -346,9 +350,10 @@ def _bundled_example_command(world_size: int, iterations: int | None = None) -> 
 
 
 @main.command(context_settings={"ignore_unknown_options": True})
-@click.option("--world-size", default=8192, show_default=True, help="Ranks in the emulated job.")
-@click.option("--gpus-per-node", default=8, show_default=True)
-@click.option("--iterations", default=4, show_default=True,
+@click.option("--world-size", type=NUMBER, default=8192, show_default=True,
+              help="Ranks in the emulated job.")
+@click.option("--gpus-per-node", type=NUMBER, default=8, show_default=True)
+@click.option("--iterations", type=NUMBER, default=4, show_default=True,
               help="Iterations per slice (a warm-up and at least two to compare).")
 @click.option("--slice-ranks", default="", help="Ranks to profile, one per class, e.g. 0,2048.")
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
@@ -374,154 +379,6 @@ def profile(world_size, gpus_per_node, iterations, slice_ranks, out, run_dir, co
 
 
 @main.group()
-def graph() -> None:
-    """Inspect execution graphs."""
-
-
-@graph.command("show")
-@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--hardware", default=DEFAULT_PROFILE, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def graph_show(path, hardware, as_json) -> None:
-    """Summarise a graph: layout, classes, bytes per family, one replayed iteration."""
-    from prism_debug.engine.analysis import critical_path, summarize
-    from prism_debug.engine.render import graph_summary, graph_summary_lines
-    from prism_debug.graph import ExecutionGraph
-
-    g = ExecutionGraph.load(path)
-    cost_fn = _cost_fn(hardware, g.gpus_per_node)
-    summaries = summarize(g, cost_fn)
-    path_segments = critical_path(g, cost_fn)
-    if as_json:
-        click.echo(json.dumps(graph_summary(g, summaries, path_segments)))
-        return
-    for line in graph_summary_lines(str(path), g, summaries, path_segments):
-        click.echo(line)
-
-
-@main.command()
-@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--iterations", default=3, show_default=True)
-@click.option("--hardware", default=DEFAULT_PROFILE, show_default=True)
-@click.option("--ranks", "ranks_text", default="", help="Ranks to report (default: one per class).")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def replay(path, iterations, hardware, ranks_text, as_json) -> None:
-    """Replay the whole world from a graph, with no real rank."""
-    from prism_debug.engine import ReplayEngine
-    from prism_debug.engine.render import iteration_table
-    from prism_debug.graph import ExecutionGraph
-    from prism_debug.graph.build import representatives
-
-    g = ExecutionGraph.load(path)
-    ranks = (rank_list(ranks_text, g.world_size, g.gpus_per_node, "--ranks")
-             or representatives(g.mesh, g.class_axis))
-    engine = ReplayEngine(g, _cost_fn(hardware, g.gpus_per_node))
-    engine.run(iterations)
-    times = {rank: engine.iteration_times(rank)[:iterations] for rank in ranks}
-    if as_json:
-        click.echo(json.dumps({"iterations": iterations, "times_s": times}))
-        return
-    for line in iteration_table(times, iterations):
-        click.echo(line)
-
-
-@main.command()
-@click.option("--nccl-tests", "nccl_tests", multiple=True,
-              help="An nccl-tests output file, as PATH or OP=PATH (repeatable).")
-@click.option("--local", is_flag=True, help="Measure gloo collectives between processes here.")
-@click.option("--processes", default=2, show_default=True, help="Processes for --local.")
-@click.option("--base", default=DEFAULT_PROFILE, show_default=True,
-              help="Profile whose form the nccl-tests fit keeps.")
-@click.option("--no-nvls", "no_nvls", is_flag=True,
-              help="The cluster has no NVLink SHARP (A100, PCIe GPUs): fit rings and trees only.")
-@click.option("--name", default=None, help="Name of the fitted profile [default: from --out].")
-@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Where to write the profile (TOML, usable as --hardware).")
-def calibrate(nccl_tests, local, processes, base, no_nvls, name, out) -> None:
-    """Fit a hardware profile from nccl-tests results or local gloo runs."""
-    from prism_debug.cost import calibrate as fitting
-
-    if bool(nccl_tests) == local:
-        raise ConfigError("give --nccl-tests FILE (repeatable) or --local, one of the two")
-    if not out.resolve().parent.is_dir():
-        raise ConfigError(f"--out {out}: directory {out.resolve().parent} does not exist")
-    name = name or out.stem
-    if local:
-        from prism_debug.runner.local_bench import measure
-
-        click.echo(f"calibrate: timing gloo all-reduce, send/recv, all-gather, reduce-scatter "
-                   f"and broadcast between {processes} processes …")
-        measurements = measure(processes)
-        profile = fitting.local_profile(measurements, name=name)
-    else:
-        measurements = []
-        for item in nccl_tests:
-            op, _, path = item.rpartition("=")
-            try:
-                text = Path(path).read_text()
-            except OSError as exc:
-                raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
-            measurements.append(fitting.parse_nccl_tests(
-                text, path, fitting.NCCL_TESTS_OPS.get(op.lower()) if op else None))
-        base_profile = load_profile(base)
-        if no_nvls:
-            base_profile = dataclasses.replace(base_profile, nvls_bw=0.0)
-        profile = fitting.fit(base_profile, measurements, name)
-    out.write_text(fitting.to_toml(profile))
-    for line in fitting.fit_table(CostModel(load_profile(str(out))), measurements):
-        click.echo(line)
-    click.echo(f"calibrate: wrote {out} (use it as --hardware {out})")
-
-
-def _cost_fn(hardware: str, gpus_per_node: int):
-    model = CostModel(dataclasses.replace(load_profile(hardware), gpus_per_node=gpus_per_node))
-    return model.op_time_s
-
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-
-
-def parse_bytes(text: str) -> int:
-    """``1G``, ``64MiB``, ``8k``, ``4096``: binary multiples, as nccl-tests' -b/-e."""
-    match = _SIZE.match(text)
-    if not match:
-        raise click.BadParameter(f"{text!r} is not a size such as 4096, 64K, 1M or 8GiB")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    return int(number * 1024 ** " kmgt".index(unit or " "))
-
-
-@main.command()
-@click.option("--hardware", default=DEFAULT_PROFILE, show_default=True,
-              help="Hardware profile: a bundled name or a TOML file.")
-@click.option("--op", type=click.Choice(COLLECTIVES), required=True, help="The collective.")
-@click.option("--bytes", "size", required=True,
-              help="Message size in nccl-tests' convention (e.g. 1G, 64MiB).")
-@click.option("--ranks", type=int, required=True, help="Ranks in the group (packed onto nodes).")
-@click.option("--gpus-per-node", type=int, default=None, help="[default: the profile's]")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def cost(hardware, op, size, ranks, gpus_per_node, as_json) -> None:
-    """Predict one collective's time and bus bandwidth."""
-    profile = load_profile(hardware)
-    if gpus_per_node is not None:
-        profile = dataclasses.replace(profile, gpus_per_node=gpus_per_node)
-    gpn = profile.gpus_per_node
-    if ranks < 1:
-        raise ConfigError(f"--ranks must be at least 1, got {ranks}")
-    nbytes = parse_bytes(size)
-    placement = Placement.of(range(ranks), gpn)
-    estimate = CostModel(profile).estimate(op, nbytes, placement)
-    if as_json:
-        click.echo(json.dumps({
-            "hardware": profile.name, "op": op, "bytes": nbytes, "ranks": ranks,
-            "nodes": placement.num_nodes, "gpus_per_node": gpn,
-            "time_us": estimate.time_s * 1e6, "busbw_gbs": estimate.busbw_gbs,
-            "algorithm": estimate.algorithm, "protocol": estimate.protocol,
-        }))
-        return
-    click.echo(estimate.describe(profile.name))
-
-
-@main.group()
 def scenario() -> None:
     """Check and run fault-injection scenarios (YAML files; see the README)."""
     _private()
@@ -532,16 +389,12 @@ def scenario() -> None:
                 type=click.Path(dir_okay=False, path_type=Path))
 def scenario_lint(files) -> None:
     """Report every error in FILES, each with its line and column."""
-    from prism_debug.scenario import ScenarioError, lint
+    from prism_debug.scenario import lint
+    from prism_debug.scenario.loader import read_scenario_text
 
     problems = 0
     for path in files:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            why = exc.strerror if isinstance(exc, OSError) else "it is not UTF-8 text"
-            raise ScenarioError([], f"cannot read scenario {path}: {why}") from exc
-        found = lint(text, str(path))
+        found = lint(read_scenario_text(path), str(path))
         for problem in found:
             click.echo(str(problem))
         problems += len(found)
@@ -589,5 +442,5 @@ def scenario_run(files, report_path, junit_path, run_dir, store) -> None:
     sys.exit(ExitCode.OK if all(r.passed for r in results) else ExitCode.FAILED)
 
 
-if __name__ == "__main__":
-    main()
+for _command in (models.graph, models.replay, models.calibrate, models.cost):
+    main.add_command(_command)

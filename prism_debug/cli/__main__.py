@@ -1,0 +1,5 @@
+"""``python -m prism_debug.cli``."""
+
+from prism_debug.cli import main
+
+main()

@@ -1,0 +1,149 @@
+"""The commands about costs and graphs: graph show, replay, calibrate, cost."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import click
+
+from prism_debug.cli.params import NUMBER, Number
+from prism_debug.cost import COLLECTIVES, DEFAULT_PROFILE, CostModel, Placement, load_profile
+from prism_debug.errors import ConfigError
+from prism_debug.graph.selectors import rank_list
+from prism_debug.runner.options import parse_bytes
+
+
+@click.group()
+def graph() -> None:
+    """Inspect execution graphs."""
+
+
+@graph.command("show")
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--hardware", default=DEFAULT_PROFILE, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def graph_show(path, hardware, as_json) -> None:
+    """Summarise a graph: layout, classes, bytes per family, one replayed iteration."""
+    from prism_debug.engine.analysis import critical_path, summarize
+    from prism_debug.engine.render import graph_summary, graph_summary_lines
+    from prism_debug.graph import ExecutionGraph
+
+    g = ExecutionGraph.load(path)
+    cost_fn = _cost_fn(hardware, g.gpus_per_node)
+    summaries = summarize(g, cost_fn)
+    path_segments = critical_path(g, cost_fn)
+    if as_json:
+        click.echo(json.dumps(graph_summary(g, summaries, path_segments)))
+        return
+    for line in graph_summary_lines(str(path), g, summaries, path_segments):
+        click.echo(line)
+
+
+@click.command()
+@click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--iterations", type=Number("replay --iterations"), default=3, show_default=True)
+@click.option("--hardware", default=DEFAULT_PROFILE, show_default=True)
+@click.option("--ranks", "ranks_text", default="", help="Ranks to report (default: one per class).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def replay(path, iterations, hardware, ranks_text, as_json) -> None:
+    """Replay the whole world from a graph, with no real rank."""
+    from prism_debug.engine import ReplayEngine
+    from prism_debug.engine.render import iteration_table
+    from prism_debug.graph import ExecutionGraph
+    from prism_debug.graph.build import representatives
+
+    g = ExecutionGraph.load(path)
+    ranks = (rank_list(ranks_text, g.world_size, g.gpus_per_node, "--ranks")
+             or representatives(g.mesh, g.class_axis))
+    engine = ReplayEngine(g, _cost_fn(hardware, g.gpus_per_node))
+    engine.run(iterations)
+    times = {rank: engine.iteration_times(rank)[:iterations] for rank in ranks}
+    if as_json:
+        click.echo(json.dumps({"iterations": iterations, "times_s": times}))
+        return
+    for line in iteration_table(times, iterations):
+        click.echo(line)
+
+
+@click.command()
+@click.option("--nccl-tests", "nccl_tests", multiple=True,
+              help="An nccl-tests output file, as PATH or OP=PATH (repeatable).")
+@click.option("--local", is_flag=True, help="Measure gloo collectives between processes here.")
+@click.option("--processes", type=NUMBER, default=2, show_default=True,
+              help="Processes for --local.")
+@click.option("--base", default=DEFAULT_PROFILE, show_default=True,
+              help="Profile whose form the nccl-tests fit keeps.")
+@click.option("--no-nvls", "no_nvls", is_flag=True,
+              help="The cluster has no NVLink SHARP (A100, PCIe GPUs): fit rings and trees only.")
+@click.option("--name", default=None, help="Name of the fitted profile [default: from --out].")
+@click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the profile (TOML, usable as --hardware).")
+def calibrate(nccl_tests, local, processes, base, no_nvls, name, out) -> None:
+    """Fit a hardware profile from nccl-tests results or local gloo runs."""
+    from prism_debug.cost import calibrate as fitting
+
+    if bool(nccl_tests) == local:
+        raise ConfigError("give --nccl-tests FILE (repeatable) or --local, one of the two")
+    if not out.resolve().parent.is_dir():
+        raise ConfigError(f"--out {out}: directory {out.resolve().parent} does not exist")
+    name = name or out.stem
+    if local:
+        from prism_debug.runner.local_bench import measure
+
+        click.echo(f"calibrate: timing gloo all-reduce, send/recv, all-gather, reduce-scatter "
+                   f"and broadcast between {processes} processes …")
+        measurements = measure(processes)
+        profile = fitting.local_profile(measurements, name=name)
+    else:
+        measurements = []
+        for item in nccl_tests:
+            op, _, path = item.rpartition("=")
+            measurements.append(fitting.read_nccl_tests(
+                Path(path), fitting.NCCL_TESTS_OPS.get(op.lower()) if op else None))
+        base_profile = load_profile(base)
+        if no_nvls:
+            base_profile = dataclasses.replace(base_profile, nvls_bw=0.0)
+        profile = fitting.fit(base_profile, measurements, name)
+    out.write_text(fitting.to_toml(profile))
+    for line in fitting.fit_table(CostModel(load_profile(str(out))), measurements):
+        click.echo(line)
+    click.echo(f"calibrate: wrote {out} (use it as --hardware {out})")
+
+
+def _cost_fn(hardware: str, gpus_per_node: int):
+    model = CostModel(dataclasses.replace(load_profile(hardware), gpus_per_node=gpus_per_node))
+    return model.op_time_s
+
+
+@click.command()
+@click.option("--hardware", default=DEFAULT_PROFILE, show_default=True,
+              help="Hardware profile: a bundled name or a TOML file.")
+@click.option("--op", type=click.Choice(COLLECTIVES), required=True, help="The collective.")
+@click.option("--bytes", "size", required=True,
+              help="Message size in nccl-tests' convention (e.g. 1G, 64MiB).")
+@click.option("--ranks", type=NUMBER, required=True,
+              help="Ranks in the group (packed onto nodes).")
+@click.option("--gpus-per-node", type=NUMBER, default=None, help="[default: the profile's]")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def cost(hardware, op, size, ranks, gpus_per_node, as_json) -> None:
+    """Predict one collective's time and bus bandwidth."""
+    profile = load_profile(hardware)
+    if gpus_per_node is not None:
+        profile = dataclasses.replace(profile, gpus_per_node=gpus_per_node)
+    gpn = profile.gpus_per_node
+    if ranks < 1:
+        raise ConfigError(f"--ranks must be at least 1, got {ranks}")
+    nbytes = parse_bytes(size)
+    placement = Placement.of(range(ranks), gpn)
+    estimate = CostModel(profile).estimate(op, nbytes, placement)
+    if as_json:
+        click.echo(json.dumps({
+            "hardware": profile.name, "op": op, "bytes": nbytes, "ranks": ranks,
+            "nodes": placement.num_nodes, "gpus_per_node": gpn,
+            "time_us": estimate.time_s * 1e6, "busbw_gbs": estimate.busbw_gbs,
+            "algorithm": estimate.algorithm, "protocol": estimate.protocol,
+        }))
+        return
+    click.echo(estimate.describe(profile.name))
