@@ -73,7 +73,11 @@ class PeerFaultsHook(Protocol):
 
     def apply(self, pg: Group, op: str, result: list, iteration: int, collective: int,
               source: int | None = None) -> bool:
-        """Change ``result`` as the faulty peers would; whether anything changed."""
+        """Change ``result`` as the faulty peers would; whether anything changed
+        (reductions excepted: their values take :meth:`reduction`)."""
+
+    def reduction(self, pg: Group, iteration: int, collective: int) -> tuple:
+        """The faulty peers of a reduction: (group rank, "nan" | "inf" | "corrupt", scale)."""
 
 
 class FlightHook(Protocol):

@@ -3,15 +3,17 @@
 A ``nan``, ``inf`` or ``corrupt`` perturbation acts on the real rank's
 collectives whose group holds one of its ranks, within its window (iteration
 and collective, counted as the real rank counts them) and, when it names one,
-on that family only.  The outputs change as the peer's contribution would
-change them, on NCCL's arithmetic:
+on that family only.  What the real rank receives changes as the peer's
+contribution would change it:
 
-* reductions (all-reduce, reduce, reduce-scatter): a NaN contribution makes
-  every element NaN (MAX and MIN included: NCCL's min/max propagate NaN), an
-  inf one makes a sum +inf; a contribution scaled by ``s`` adds ``(s-1)`` times
-  the peer's share, which under the values policy's assumption that peers hold
-  what the real rank holds (``mirror``) is ``out/n``: ``out *= 1 + k(s-1)/n``
-  for ``k`` faulty peers of ``n``;
+* reductions (all-reduce, the root's reduce, reduce-scatter): the backend's
+  values policy reduces the real rank's contribution with the peers', a
+  faulty peer's spoiled (NaN, +inf, or its policy contribution times the
+  scale), on NCCL's arithmetic (``Values.reduce_peers`` with
+  :meth:`PeerFaults.reduction`): a NaN spreads through SUM/AVG/PRODUCT but
+  loses to numbers under MIN/MAX (``fmaxf``), a scaled zero (``zeros``) is
+  zero; a ``reduce`` leaves a non-root rank's buffer as it was (NCCL writes
+  ``recvbuff`` on the root only);
 * gathers, all-to-all, broadcast from, receive from, scatter from a faulty
   peer: that peer's block is NaN, inf, or scaled.
 
@@ -59,17 +61,35 @@ class PeerFaults:
             pg._prism_faulty_members = (self._version, found)
         return found
 
+    def _acting(self, pg, iteration: int, collective: int):
+        for fault, members, spoil in self._in_group(pg):
+            if fault.family is not None and fault.family != pg.ref.family:
+                continue
+            if fault.covers(iteration, collective):
+                yield members, spoil
+
+    def reduction(self, pg, iteration: int, collective: int) -> tuple[tuple[int, str, float], ...]:
+        """The faulty peers of a reduction in ``pg`` now, for ``Values.reduce_peers``:
+        (group rank, "nan" | "inf" | "corrupt", scale), each peer once (the first
+        fault that hits it wins, as it would spoil the contribution first)."""
+        if not self.active:
+            return ()
+        found: dict[int, tuple[int, str, float]] = {}
+        for members, spoil in self._acting(pg, iteration, collective):
+            for member in members:
+                found.setdefault(member, (member, str(spoil.action), spoil.scale))
+        return tuple(found[m] for m in sorted(found))
+
     def apply(self, pg, op: str, result: list, iteration: int, collective: int,
               source: int | None = None) -> bool:
         """Change ``result`` (the op's outputs) as the faulty peers would; whether
         anything changed.  ``source`` is the group rank data came from (broadcast
-        root, receive peer, scatter root)."""
+        root, receive peer, scatter root).  Reductions take their faulty peers
+        in the reduction itself (:meth:`reduction`): here they are left alone."""
+        if op in _REDUCTIONS:
+            return False
         changed = False
-        for fault, members, spoil in self._in_group(pg):
-            if fault.family is not None and fault.family != pg.ref.family:
-                continue
-            if not fault.covers(iteration, collective):
-                continue
+        for members, spoil in self._acting(pg, iteration, collective):
             changed |= _corrupt(op, result, members, pg.size(), spoil, source)
         return changed
 
@@ -90,8 +110,6 @@ class _Spoil:
 
 def _corrupt(op: str, result: list, members: list[int], n: int, p: _Spoil,
              source: int | None) -> bool:
-    if op in _REDUCTIONS:
-        return _each(result, lambda t: _reduced(t, p, len(members), n))
     if source is not None:  # one sender: it is faulty or not
         return source in members and _each(result, lambda t: _block(t, p))
     if op in ("all_gather", "gather", "all_to_all"):
@@ -116,11 +134,6 @@ def _each(tensors, change) -> bool:
     for t in flat_tensors(tensors):
         changed |= change(t)
     return changed
-
-
-def _reduced(t: torch.Tensor, p: _Spoil, k: int, n: int) -> bool:
-    # k of the n contributions to a sum scaled by s: the sum scales by 1 + k(s-1)/n
-    return _spoil(t, p, 1 + k * (p.scale - 1) / n)
 
 
 def _block(t: torch.Tensor, p: _Spoil) -> bool:

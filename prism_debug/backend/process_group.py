@@ -125,6 +125,12 @@ class PrismProcessGroup(dist.ProcessGroup):
         tracker = self._rt.tracker
         return (tracker.iteration, tracker.num_collectives)
 
+    def _faulty(self) -> tuple:
+        """The faulty peers of the reduction about to be counted (its values take them)."""
+        tracker = self._rt.tracker
+        return self._rt.peer_faults.reduction(self, tracker.iteration,
+                                              tracker.num_collectives + 1)
+
     # -- reductions -------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None):
@@ -134,8 +140,9 @@ class PrismProcessGroup(dist.ProcessGroup):
         rt.inputs(tensors)
         tracker = rt.tracker
         reduce_peers, n = rt.values.reduce_peers, self._n
+        faulty = self._faulty() if rt.peer_faults.active else ()
         for i, tensor in enumerate(tensors):
-            reduce_peers(tensor, op, n, (tracker.iteration, tracker.num_collectives, i))
+            reduce_peers(tensor, op, n, (tracker.iteration, tracker.num_collectives, i), faulty)
         rt.digest(tensors)
         return self._complete("all_reduce", _nbytes(tensors), t0, arrival, tensors)
 
@@ -146,21 +153,22 @@ class PrismProcessGroup(dist.ProcessGroup):
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(tensors)
+        # NCCL writes the result on the root only: a non-root's buffer stays as it was
         if opts.rootRank == self._me:
-            key = self._key()
+            key, faulty = self._key(), self._faulty()
             for i, tensor in enumerate(tensors):
-                rt.values.reduce_peers(tensor, opts.reduceOp, self._n, (*key, i))
+                rt.values.reduce_peers(tensor, opts.reduceOp, self._n, (*key, i), faulty)
             rt.digest(tensors)
         return self._complete("reduce", _nbytes(tensors), t0, arrival, tensors)
 
     def reduce_scatter(self, output_tensors, input_lists, opts):
         t0, arrival = self._arrive()
         rt = self._rt
-        key = self._key()
+        key, faulty = self._key(), self._faulty()
         for i, (out, inputs) in enumerate(zip(output_tensors, input_lists)):
             rt.inputs(inputs)
             out.copy_(inputs[self._me])
-            rt.values.reduce_peers(out, opts.reduceOp, self._n, (*key, i))
+            rt.values.reduce_peers(out, opts.reduceOp, self._n, (*key, i), faulty)
         rt.digest(output_tensors)
         nbytes = sum(_nbytes(inputs) for inputs in input_lists)
         return self._complete("reduce_scatter", nbytes, t0, arrival, output_tensors,
@@ -173,10 +181,10 @@ class PrismProcessGroup(dist.ProcessGroup):
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(inputs)
-        key = self._key()
+        key, faulty = self._key(), self._faulty()
         for i, (out, inp) in enumerate(zip(outputs, inputs)):
             out.copy_(_chunk(inp, self._n, self._me).view_as(out))
-            rt.values.reduce_peers(out, opts.reduceOp, self._n, (*key, i))
+            rt.values.reduce_peers(out, opts.reduceOp, self._n, (*key, i), faulty)
         rt.digest(outputs)
         return self._complete("reduce_scatter", _nbytes(inputs), t0, arrival, outputs,
                               inputs=inputs)

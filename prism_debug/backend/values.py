@@ -10,6 +10,19 @@ Outputs always get the right shape and dtype and deterministic contents.
 * ``random``: peers contribute seeded N(0, 1) values; a SUM over n-1 of them
   is drawn from its exact distribution, N(0, n-1), in one draw.
 
+Reductions follow NCCL's arithmetic: MIN and MAX are ``fminf``/``fmaxf`` (a
+NaN loses to a number, ``src/device/reduce_kernel.h``), AVG is the sum over n.
+
+A faulty peer (``faulty``: NaN, inf or corrupt, from backend/peer_faults.py)
+contributes what the policy says a healthy one would, spoiled: NaN, +inf, or
+that contribution times the fault's scale (zero under ``zeros``, ``s·x`` under
+``mirror``, ``s·z`` for its own seeded draw ``z`` under ``random``); the
+result is the op over the real rank's, the healthy peers' and the faulty
+peers' contributions, as the real reduction of them would give.  Under
+``random`` each faulty peer's ``z`` is drawn with key ``(*key, "peer", r)`` (r
+its group rank) and the healthy peers enter as their one-draw aggregate.
+Integer tensors hold no NaN and are left to the healthy reduction.
+
 Data no rank of the real rank's kind could know — a tensor received from
 another pipeline stage, a scatter from another root — gets seeded values that
 depend only on (seed, iteration, op index): same seed, same run.
@@ -19,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -32,6 +46,12 @@ _SUM, _AVG, _PREMUL_SUM, _PRODUCT, _MIN, _MAX, _BAND, _BOR, _BXOR = (
     k.value for k in (_R.SUM, _R.AVG, _R.PREMUL_SUM, _R.PRODUCT, _R.MIN, _R.MAX,
                       _R.BAND, _R.BOR, _R.BXOR))
 POLICIES = ("mirror", "zeros", "random")
+#: the reductions whose ``random`` peers are seeded draws (the others mirror)
+_RANDOM_KINDS = frozenset({_SUM, _AVG, _PREMUL_SUM, _MIN, _MAX})
+_SUMS = frozenset({_SUM, _AVG, _PREMUL_SUM})
+
+#: A faulty peer of a reduction: (its group rank, "nan" | "inf" | "corrupt", scale).
+Faulty = tuple[int, str, float]
 
 
 class Values:
@@ -67,12 +87,15 @@ class Values:
 
     # -- collectives ----------------------------------------------------------
 
-    def reduce_peers(self, tensor: torch.Tensor, op, n: int, key: tuple) -> None:
+    def reduce_peers(self, tensor: torch.Tensor, op, n: int, key: tuple,
+                     faulty: Sequence[Faulty] = ()) -> None:
         """In place: ``tensor`` becomes the reduction of the real rank's
-        ``tensor`` with the n-1 peers' contributions."""
+        ``tensor`` with the n-1 peers' contributions, ``faulty`` ones spoiled."""
         kind = (op if isinstance(op, _R) else op.op).value
         factor = op.factor if kind == _PREMUL_SUM else None
-        if self.policy == "mirror":
+        if faulty and n > 1 and tensor.is_floating_point():
+            self._reduce_faulty(tensor, kind, n, factor, key, faulty)
+        elif self.policy == "mirror":
             _reduce_mirror(tensor, kind, n, factor)
         elif self.policy == "zeros":
             _reduce_zeros(tensor, kind, n, factor)
@@ -105,11 +128,76 @@ class Values:
             uniform = torch.rand(tensor.shape, generator=generator, dtype=torch.float64)
             extreme = torch.special.ndtri(uniform.pow_(1.0 / (n - 1))).to(tensor.dtype)
             if kind == _MAX:
-                torch.maximum(tensor, extreme, out=tensor)
+                torch.fmax(tensor, extreme, out=tensor)
             else:
-                torch.minimum(tensor, extreme.neg_(), out=tensor)
+                torch.fmin(tensor, extreme.neg_(), out=tensor)
         else:
             _reduce_mirror(tensor, kind, n, factor)
+
+    def _healthy_random(self, like: torch.Tensor, kind, h: int, key: tuple) -> torch.Tensor:
+        """The reduction of ``h`` healthy random peers' contributions, in one draw."""
+        generator = self.generator(key)
+        if kind in _SUMS:
+            return torch.randn(like.shape, generator=generator, dtype=like.dtype).mul_(
+                math.sqrt(h))
+        uniform = torch.rand(like.shape, generator=generator, dtype=torch.float64)
+        extreme = torch.special.ndtri(uniform.pow_(1.0 / h)).to(like.dtype)
+        return extreme if kind == _MAX else extreme.neg_()
+
+    def _reduce_faulty(self, tensor: torch.Tensor, kind, n: int, factor, key: tuple,
+                       faulty: Sequence[Faulty]) -> None:
+        """The op over the real rank's ``tensor``, the healthy peers' and the
+        faulty peers' spoiled contributions (the rare path: a fault is in force)."""
+        if kind not in _SUMS and kind not in (_PRODUCT, _MIN, _MAX):
+            raise ValueError(f"unsupported reduce op {_R(kind)} for a floating tensor")
+        mine = tensor.clone()
+        # random peers are draws only where the policy draws them; elsewhere mirrors
+        policy = self.policy if self.policy != "random" or kind in _RANDOM_KINDS else "mirror"
+        healthy = n - 1 - len(faulty)
+        if healthy > 0:
+            if policy == "random":
+                _fold(tensor, self._healthy_random(tensor, kind, healthy, key), 1, kind)
+            else:
+                _fold(tensor, mine if policy == "mirror" else 0.0, healthy, kind)
+        if policy == "random":
+            for rank, action, scale in faulty:
+                draw = torch.randn(tensor.shape, generator=self.generator((*key, "peer", rank)),
+                                   dtype=tensor.dtype)
+                _fold(tensor, _spoiled(draw, action, scale), 1, kind)
+        else:
+            # identical contributions fold together: k copies at once
+            counts: dict[tuple[str, float], int] = {}
+            for _, action, scale in faulty:
+                counts[(action, scale)] = counts.get((action, scale), 0) + 1
+            for (action, scale), k in counts.items():
+                base = mine.clone() if policy == "mirror" else torch.zeros_like(mine)
+                _fold(tensor, _spoiled(base, action, scale), k, kind)
+        if kind == _AVG:
+            tensor.div_(n)
+        elif kind == _PREMUL_SUM:
+            tensor.mul_(_premul_factor(factor))
+
+
+def _spoiled(contribution: torch.Tensor, action: str, scale: float) -> torch.Tensor:
+    """What a faulty peer contributes instead of ``contribution`` (in place)."""
+    if action == "nan":
+        return contribution.fill_(math.nan)
+    if action == "inf":
+        return contribution.fill_(math.inf)
+    if action == "corrupt":
+        return contribution.mul_(scale)
+    raise ValueError(f"unknown peer fault {action!r}")
+
+
+def _fold(acc: torch.Tensor, contribution, k: int, kind) -> None:
+    """In place: ``acc`` reduced with ``k`` equal contributions (NCCL's binary ops)."""
+    if kind in _SUMS:
+        acc.add_(contribution if k == 1 else contribution * k)
+    elif kind == _PRODUCT:
+        acc.mul_(contribution if k == 1 else contribution ** k)
+    else:
+        other = torch.as_tensor(contribution, dtype=acc.dtype)
+        (torch.fmax if kind == _MAX else torch.fmin)(acc, other, out=acc)
 
 
 def _premul_factor(factor) -> float:
@@ -145,6 +233,10 @@ def _reduce_zeros(tensor: torch.Tensor, kind, n: int, factor) -> None:
         tensor.div_(n)
     elif kind == _PREMUL_SUM:
         tensor.mul_(_premul_factor(factor))
+    elif kind in (_MAX, _MIN) and tensor.is_floating_point():
+        # fmaxf/fminf: a NaN the real rank holds loses to the peers' zeros
+        zero = torch.zeros((), dtype=tensor.dtype)
+        (torch.fmax if kind == _MAX else torch.fmin)(tensor, zero, out=tensor)
     elif kind == _MAX:
         tensor.clamp_(min=0)
     elif kind == _MIN:

@@ -208,19 +208,33 @@ def _observe(result: RunResult) -> plan.Observed:
         nonfinite_iteration=nonfinite, flight=flight)
 
 
-def _analyse_flight_record(dumped: dict) -> plan.FlightFindings:
-    """Torch's own analyzer on the dump: what it names is what the scenario judges."""
+def _analyse_flight_record(dumped: dict, timeout_s: float | None = None) -> plan.FlightFindings:
+    """Torch's own analyzer on the dump: what it prints is what the scenario
+    judges, nothing the harness knows besides; its crash, silence or timeout
+    is a failed verdict with its output."""
+    if timeout_s is None:
+        timeout_s = _FR_TRACE_TIMEOUT_S
     args = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", dumped["dir"],
             "--prefix", dumped["prefix"]]
     if dumped["absent"]:
+        # without it fr_trace stops at the missing dump instead of analysing
         args.append("--allow-incomplete-ranks")
     try:
-        out = subprocess.run(args, capture_output=True, text=True, timeout=_FR_TRACE_TIMEOUT_S,
+        out = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s,
                              stdin=subprocess.DEVNULL)
-        text = out.stdout + out.stderr
-    except subprocess.TimeoutExpired:
-        text = f"fr_trace did not finish in {_FR_TRACE_TIMEOUT_S} s"
-    return plan.flight_findings(text, dumped["absent"])
+    except subprocess.TimeoutExpired as exc:
+        text = "".join(_text(part) for part in (exc.stdout, exc.stderr))
+        return plan.flight_findings(text, None, f"fr_trace did not finish in {timeout_s:g} s")
+    except OSError as exc:
+        return plan.flight_findings("", None, f"fr_trace could not start: {exc}")
+    return plan.flight_findings(out.stdout + out.stderr, out.returncode)
+
+
+def _text(output: str | bytes | None) -> str:
+    # a timed-out run hands back what it had read, as bytes on some platforms
+    if isinstance(output, bytes):
+        return output.decode("utf-8", "replace")
+    return output or ""
 
 
 def _quiet(message: Message) -> Message:

@@ -35,7 +35,8 @@ a file with its line and column, like a compiler.  The schema::
       - iteration_time: {relative: 1.16, tolerance: 0.02}  # vs an unperturbed baseline run
       - iteration_time: {predicted: true, tolerance: 0.05}  # the ratio the engine predicts
         # (relative and predicted without iteration compare the medians after iteration 1)
-      - flight_record: {missing_ranks: [4], mismatch: size}  # either or both
+      - flight_record: {missing_ranks: [4], mismatch: size}  # either or both, as torch's
+        # fr_trace prints them: exactly these ranks; its crash or silence fails the verdict
       - nan_at: {iteration: 3}           # the first iteration whose values hold a NaN
       - digests: {4: 6d86199fb54262f3}   # iteration -> the report's digest (or a prefix)
 
@@ -283,6 +284,9 @@ class ExpectIterationTime(Expectation):
 
 @dataclass(frozen=True, kw_only=True)
 class ExpectFlightRecord(Expectation):
+    """What torch's fr_trace prints of the timed-out group's dumps: exactly these
+    missing ranks (when given) and a mismatch of this kind (when given)."""
+
     kind = "flight_record"
     missing_ranks: tuple[int, ...] = declare("ints", default=())
     mismatch: DesyncKind | None = declare("enum", of=DesyncKind, default=None)

@@ -42,11 +42,14 @@ MISMATCH_ERRORS = {
 
 @dataclasses.dataclass(frozen=True)
 class FlightFindings:
-    """What torch's analyzer said of the flight-record dump."""
+    """What torch's analyzer said of the flight-record dump, and only that."""
 
     missing_ranks: frozenset[int]
     mismatches: frozenset[str]  # DesyncKind values
     text: str  # the analyzer's output, for reports
+    # why the analyzer's word cannot be taken (it crashed, timed out, said
+    # nothing it could be judged by); None: it ran and reported
+    failure: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,18 +84,43 @@ def exception_from_output(lines: Iterable[str]) -> tuple[str, str] | None:
     return found
 
 
-def flight_findings(text: str, absent: Iterable[int] = ()) -> FlightFindings:
-    """Parse fr_trace's output.  Ranks it names missing from a collective, or
-    whose dumps were missing (``absent``: fail-stopped ranks write none), count
-    as missing; each error type it reports maps to a desync kind."""
-    missing = set(absent)
-    for match in re.finditer(r"missing ranks: \{([\d, ]*)\}", text):
-        missing.update(int(r) for r in match.group(1).split(",") if r.strip())
-    for match in re.finditer(r"missed FR dumps from ranks \(\{([\d, ]*)\}\)", text):
-        missing.update(int(r) for r in match.group(1).split(",") if r.strip())
-    mismatches = {str(MISMATCH_ERRORS[m.group(1)])
-                  for m in re.finditer(r"Error type: (\w+)", text) if m.group(1) in MISMATCH_ERRORS}
-    return FlightFindings(frozenset(missing), frozenset(mismatches), text)
+# fr_trace's lines that judge a collective (utils.py's error_analysis): a
+# missing rank, a dump it lacked, an error type, or nothing wrong found
+_MISSING = re.compile(r"^missing ranks: \{([\d, ]*)\}$", re.M)
+_NO_DUMP = re.compile(r"we missed FR dumps from ranks \(\{([\d, ]*)\}\)")
+_ERROR_TYPE = re.compile(r"Error type: (\w+)")
+_NO_ERRORS = "No errors found for this collective entry"
+
+
+def flight_findings(text: str, exit_code: int | None = 0,
+                    failure: str | None = None) -> FlightFindings:
+    """Parse fr_trace's output: what it names is all there is.  Ranks it
+    names missing from a collective, or whose dumps it lacked (a fail-stopped
+    rank writes none), are missing; each error type maps to a desync kind.
+    It failed (``failure``) when it did not exit 0 (``exit_code`` None: it never
+    finished) or said nothing a verdict can rest on."""
+    missing: set[int] = set()
+    for pattern in (_MISSING, _NO_DUMP):
+        for match in pattern.finditer(text):
+            missing.update(int(r) for r in match.group(1).split(",") if r.strip())
+    types = [m.group(1) for m in _ERROR_TYPE.finditer(text)]
+    mismatches = {str(MISMATCH_ERRORS[t]) for t in types if t in MISMATCH_ERRORS}
+    if failure is None:
+        if exit_code is None:
+            failure = "fr_trace did not finish"
+        elif exit_code != 0:
+            failure = f"fr_trace exited with code {exit_code}"
+        elif not (missing or types or _NO_ERRORS in text):
+            failure = ("fr_trace printed no finding" if text.strip()
+                       else "fr_trace printed nothing")
+    return FlightFindings(frozenset(missing), frozenset(mismatches), text, failure)
+
+
+def _trimmed(text: str, lines: int = 12, width: int = 1500) -> str:
+    """The analyzer's output for a verdict: its last lines (where a traceback ends)."""
+    kept = [line.rstrip() for line in text.strip().splitlines() if line.strip()][-lines:]
+    shown = " | ".join(kept)
+    return shown if len(shown) <= width else "…" + shown[-width:]
 
 
 # -- verdicts ---------------------------------------------------------------------------
@@ -187,7 +215,12 @@ def _flight_record(e: ExpectFlightRecord, seen: Observed, *_) -> tuple[bool, str
     flight = seen.flight
     if flight is None:
         return False, f"{want}: no flight record was dumped (no collective timed out)"
-    ok = set(e.missing_ranks) <= flight.missing_ranks
+    if flight.failure is not None:
+        output = _trimmed(flight.text)
+        return False, (f"{want}: torch's analyzer gave no verdict ({flight.failure}); its "
+                       f"output: {output or '(none)'}")
+    # exactly the ranks fr_trace names: one more or one fewer is another failure
+    ok = not e.missing_ranks or set(e.missing_ranks) == flight.missing_ranks
     if e.mismatch is not None:
         # a skipped collective shows as whichever difference the next one has
         ok &= (bool(flight.mismatches) if e.mismatch == DesyncKind.SKIP

@@ -90,13 +90,19 @@ def test_the_exception_is_the_last_traceback_or_the_watchdogs_terminate():
 
 
 def test_flight_findings_from_fr_trace_output():
+    # only what fr_trace printed: the harness's own list of ranks it did not dump is no finding
     found = flight_findings("Not all ranks joining collective, sequence number: 3\n"
                             "missing ranks: {13, 21}\n"
                             "error msg: Culprit rank 1; Error type: SIZE_OR_SYNTAX_MISMATCH, ..."
-                            "\nError type: COLLECTIVE_DTYPE_MISMATCH", absent=[40])
-    assert found.missing_ranks == {13, 21, 40}
+                            "\nError type: COLLECTIVE_DTYPE_MISMATCH")
+    assert found.missing_ranks == {13, 21} and found.failure is None
     assert found.mismatches == {"size", "dtype"}
     assert flight_findings("because we missed FR dumps from ranks ({13}) so").missing_ranks == {13}
+    assert flight_findings("No errors found for this collective entry, ...").failure is None
+    assert flight_findings("").failure == "fr_trace printed nothing"
+    assert flight_findings("loaded 4 files").failure == "fr_trace printed no finding"
+    assert flight_findings("missing ranks: {13}", 1).failure == "fr_trace exited with code 1"
+    assert flight_findings("missing ranks: {13}", None).failure == "fr_trace did not finish"
 
 
 EXPECTATIONS = ("expect:\n"
