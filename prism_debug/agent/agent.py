@@ -31,6 +31,7 @@ from torch.optim.optimizer import (
 
 from prism_debug.agent.config import ENV_VAR, OWNER_ENV_VAR, AgentConfig
 from prism_debug.agent.debugger import Debugger
+from prism_debug.agent.handshake import Handshake
 from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog
 from prism_debug.agent.program import MESSAGES_ENV, ProgramRecorder, slice_book
@@ -61,8 +62,7 @@ class Agent:
         self.config = config
         self.clock = EmulatedClock()
         self._events = open(config.events_path, "a", buffering=1, encoding="utf-8")
-        self._control = os.open(config.control_path, os.O_RDONLY) if config.control_path \
-            else None
+        self.handshake = Handshake(config.control_path)  # a snapshot's wait
         self._backend: str | None = None
         profile = HardwareProfile.from_dict(config.hardware)
         self.families = FamilyRecorder(config.world_size)
@@ -416,26 +416,22 @@ class Agent:
 
         At an iteration boundary nothing is in flight; the event log is
         flushed (and append-only, as CRIU needs files that grow after a dump).
-        The rank announces the snapshot and idles, reading its control file,
-        until told to go on: meanwhile the controller stops it (SIGSTOP, from
-        outside: a rank that is a pid namespace's init cannot stop itself),
-        dumps it with CRIU and continues it — the original, and every copy it
-        restores later.  The time spent here is the harness's (the caller
-        excludes it from the clock).
+        The rank announces the snapshot and idles while CRIU dumps it, until
+        the controller says go (``handshake`` has the rules) — the original,
+        and every copy restored from the images later.  The time spent here is
+        the harness's (the caller excludes it from the clock).
         """
         cuda = torch.cuda.is_initialized()
         if cuda:
             torch.cuda.synchronize()  # nothing in flight on the GPU either
         if self.link is not None:  # CRIU cannot dump half of a TCP connection
             self.link.stop()
-        self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid(),
-                    "cuda": cuda})
-        self._events.flush()
-        while True:
-            control = self._read_control()
-            if control.get("stop_at") == iteration and control.get("phase") == "go":
-                break
-            time.sleep(0.001)
+
+        def announce(fields: dict) -> None:
+            self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid(),
+                        "cuda": cuda, **fields})
+            self._events.flush()
+        control = self.handshake.wait(iteration, announce)
         if control.get("restored"):
             # a scenario that starts from this snapshot: its faults act from
             # here, beside any the snapshot's run had in force already
@@ -485,15 +481,6 @@ class Agent:
         self.link.curve = self.config.bus_curve
         self.link.secret = self.config.bus_secret  # the restoring controller's session
         self.link.start()
-
-    def _read_control(self) -> dict:
-        if self._control is None:
-            return {}
-        raw = os.pread(self._control, 1 << 16, 0)
-        try:
-            return json.loads(raw or b"{}")
-        except ValueError:
-            return {}
 
     def _graph_extras(self) -> dict:
         """Who the rank waited for longest this iteration, and the traced

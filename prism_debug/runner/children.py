@@ -6,10 +6,20 @@ The rank runs in its own session (CRIU needs that), with stdin from
 /dev/null and its output in an append-only file the controller relays, so a
 snapshot can be cut at any iteration boundary without changing how ranks
 are launched.
+
+The rank dies with its controller: it is started with the kernel's
+parent-death signal set to SIGKILL (``PR_SET_PDEATHSIG``), so a controller
+killed outright — even by SIGKILL, which no handler sees — takes its rank
+along instead of leaving it running orphaned (or idling at a snapshot
+nobody will finish).  The setting survives ``exec`` and CRIU keeps it in
+its images, so restored copies (children of the controller that restored
+them) die with that controller too.  Under ``--isolate`` the controller's
+child is ``unshare``, whose ``--kill-child`` passes the death on to the rank.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -52,6 +62,26 @@ def run_files(run_dir: Path) -> dict[str, Path]:
     return files
 
 
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def die_with_controller() -> Callable[[], None]:
+    """A ``preexec_fn`` for the rank's process: SIGKILL when the controller dies.
+
+    Bound to the calling thread (the kernel signals a child when the thread
+    that forked it exits): start ranks from the controller's main thread.
+    Made before the fork, so the child only makes a system call."""
+    controller = os.getpid()
+    prctl = _libc.prctl
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != controller:  # it died before the setting took hold
+            os.kill(os.getpid(), signal.SIGKILL)
+    return preexec
+
+
 class _RankProcess:
     """What every form of the rank does alike: signals go to its process group,
     and a kill is SIGKILL then a reap."""
@@ -70,6 +100,37 @@ class _RankProcess:
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
         self.wait()
+
+    def hold(self, held: bool) -> None:
+        """Freeze the rank's process group (SIGSTOP) or let it go on (SIGCONT):
+        while a copy is restored beside it, so that only one of them runs.
+        Sent directly: an isolated rank's :meth:`signal` would turn them into
+        SIGKILL.  A controller that dies meanwhile takes the frozen rank along
+        (its parent-death signal is SIGKILL, which ends a stopped process)."""
+        try:
+            os.killpg(self.pid, signal.SIGSTOP if held else signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+    def process_ids(self) -> set[int]:
+        """The pids and thread ids the rank's process tree holds now."""
+        found: set[int] = set()
+        todo = [self.pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+            except OSError:
+                continue
+            found.add(pid)
+            found.update(tids)
+            for tid in tids:
+                try:
+                    todo += [int(c) for c in
+                             Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
+                except OSError:
+                    pass
+        return found
 
 
 class Child(_RankProcess):
@@ -125,11 +186,18 @@ class IsolatedChild(_RankProcess):
 
 
 class RestoredChild(_RankProcess):
-    """A copy of the rank CRIU restored as this process's child (``rst_sibling``)."""
+    """A copy of the rank CRIU restored as this process's child (``rst_sibling``);
+    ``isolated``: the init of a pid namespace of its own, signalled as
+    :class:`IsolatedChild` is."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, isolated: bool = False) -> None:
         self.pid = pid
+        self.isolated = isolated
         self.returncode: int | None = None
+
+    def signal(self, signum: int) -> None:
+        super().signal(signum if signum == signal.SIGINT or not self.isolated
+                       else signal.SIGKILL)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -145,7 +213,9 @@ class RestoredChild(_RankProcess):
 
 
 def continue_rank(pid: int) -> None:
-    """SIGCONT: the rank goes on after it stopped for a snapshot."""
+    """SIGCONT: a restored copy of a rank dumped while stopped goes on (the
+    images of snapshots taken before CRIU froze ranks by itself hold a
+    stopped process); harmless to a running one."""
     try:
         os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:
@@ -169,6 +239,11 @@ class RunSession(Protocol):
 
     def take_snapshot(self, event: dict) -> None:
         """The rank idles at a boundary for a snapshot: dump it and let it go."""
+
+    @property
+    def restoring(self) -> bool:
+        """A restore is under way: the rank it will replace may end meanwhile
+        without ending the session."""
 
     def exited(self, exit_code: int) -> None:
         """The rank is gone."""
@@ -251,7 +326,7 @@ def supervise(session: RunSession, follower: Follower) -> int:
                 child = session.child
                 code = child.poll()
                 follower.poll()
-                if code is not None and child is session.child:
+                if code is not None and child is session.child and not session.restoring:
                     code = code if code >= 0 else 128 - code
                     session.exited(code)
                     return code

@@ -27,6 +27,7 @@ from prism_debug.runner.children import (
     Follower,
     IsolatedChild,
     RestoredChild,
+    die_with_controller,
     run_files,
     supervise,
 )
@@ -47,6 +48,7 @@ from prism_debug.runner.snapshots import (
     restore_tools,
     snapshot_tools,
 )
+from prism_debug.snapshot.criu import tree_pids
 
 Message = Callable[[str], None]
 
@@ -183,8 +185,10 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
         command = ["unshare", "--pid", "--fork", "--kill-child", "setsid", *command]
     with open(files["log"], "ab") as log:
         try:
+            # the rank dies with this process (children.py says how)
             popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                                     stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                     preexec_fn=die_with_controller())
         except OSError as exc:
             raise LaunchError(f"cannot start {command[0]}: {exc}") from exc
     session.child = IsolatedChild(popen) if options.isolate else Child(popen)
@@ -235,7 +239,8 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
                               bus=session.commands_endpoint, bus_curve=session.agent_curve,
                               bus_secret=session.agent_secret, faults=options.faults, watch_nonfinite=options.watch_nonfinite,
                               message=message)
-        session.child = RestoredChild(pid)
+        # needing no pids here, the copy is the init of a pid namespace of its own
+        session.child = RestoredChild(pid, isolated=not tree_pids(store.path(manifest.id)))
         follower = Follower(files["log"], files["events"], manifest.rank, message, session)
         exit_code = supervise(session, follower)
         events, report = finish(

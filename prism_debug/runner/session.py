@@ -6,12 +6,23 @@ left to say once the rank is gone.
 
 Everything here runs on the controller's main loop, between relaying the
 rank's output and reading its events: :meth:`Session.poll` stands in for the
-loop's sleep.
+loop's sleep.  One thing runs beside it: the checks before a restore (every
+image's checksum: seconds for a large rank), so the bus goes on answering —
+breakpoints, status, the rank's heartbeats — while they run.  The restore
+itself comes back to the loop (its thread is the copy's parent, and the
+copy dies with that thread).  A restore never loses the running rank to a
+failure: a copy that can run beside it (its pids are free: a rank isolated in
+its own pid namespace, or another process's snapshot) is restored while the
+rank is held still, and the rank ends only once the copy is up; a copy that
+needs the rank's own pids is checked as far as anything can be before the
+rank is given up.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -27,9 +38,10 @@ from prism_debug.errors import (
     SnapshotFailed,
 )
 from prism_debug.runner import snapshots
-from prism_debug.runner.children import RankProcess, RestoredChild, continue_rank
-from prism_debug.runner.snapshots import Snapshotter, write_control
-from prism_debug.snapshot.store import Store, now_text
+from prism_debug.runner.children import RankProcess, RestoredChild
+from prism_debug.runner.snapshots import Release, Snapshotter, release_rank
+from prism_debug.snapshot import criu as criu_api
+from prism_debug.snapshot.store import Manifest, Store, now_text
 
 MAX_SNAPSHOT_WAITERS = 64  # clients waiting for snapshots to be taken, all together
 
@@ -59,6 +71,8 @@ class Session:
         self.snapshotting = False
         # restores answered once the restored copy's agent is back on the bus
         self._restores: list[tuple[Pending, dict]] = []
+        # a restore whose checks run off the loop: who asked, and the checks
+        self._checking: tuple[Pending, concurrent.futures.Future] | None = None
         self.info = sessions.SessionInfo(
             session=sessions.new_session_id(), pid=os.getpid(),
             commands=self.server.commands, events=self.server.events,
@@ -82,6 +96,14 @@ class Session:
 
     def poll(self, timeout_s: float) -> None:
         self.server.poll(timeout_s)
+        if self._checking is not None and self._checking[1].done():
+            pending, checks = self._checking
+            self._checking = None
+            self._replace_rank(pending, checks)
+
+    @property
+    def restoring(self) -> bool:
+        return self._checking is not None
 
     def output(self, line: str) -> None:
         self.server.publish("output", {"line": line})
@@ -127,11 +149,12 @@ class Session:
             snapshotter = self.snapshotter
         except PrismError as exc:
             # no CRIU: the rank must still be let go
-            self._release_rank(iteration)
+            release_rank(self.child.pid, self.run_files["control"], Release.of(event),
+                         self._message)
             manifest, error = None, str(exc)
         else:
             manifest, error = snapshotter.take(self.child.pid, iteration,
-                                               bool(event.get("cuda")))
+                                               bool(event.get("cuda")), Release.of(event))
         finally:
             self.snapshotting = False
         # a request for an earlier iteration that the rank served late is served here
@@ -149,10 +172,6 @@ class Session:
         self.server.publish("snapshot", result)
         for pending in waiters:
             self.server.reply(pending, result)
-
-    def _release_rank(self, iteration: int) -> None:
-        write_control(self.run_files["control"], {"stop_at": iteration, "phase": "go"})
-        continue_rank(self.child.pid)
 
     # -- verbs ------------------------------------------------------------------------
 
@@ -210,10 +229,30 @@ class Session:
 
     def _restore(self, client: bytes, args: dict) -> dict:
         """Replace the rank by a copy restored from a snapshot, paused where
-        the snapshot was taken; the session follows the copy from then on."""
-        store = self.store
+        the snapshot was taken; the session follows the copy from then on.
+        Answered once the copy is back on the bus, or with why there is none
+        (the rank then runs on as it was)."""
+        if self._checking is not None:
+            raise InvalidState("a restore is under way: wait for its answer")
+        snapshot_id = args["id"]
+        checks: concurrent.futures.Future = concurrent.futures.Future()
+
+        def check() -> None:
+            try:
+                checks.set_result(self._restorable(snapshot_id))
+            except BaseException as exc:  # handed to the loop, which answers with it
+                checks.set_exception(exc)
+
+        def started(pending: Pending) -> None:
+            self._checking = (pending, checks)
+            threading.Thread(target=check, name="prism-restore-checks", daemon=True).start()
+        raise Deferred(started)
+
+    def _restorable(self, snapshot_id: str) -> tuple[Manifest, criu_api.Criu, set[int]]:
+        """Everything a restore needs, checked before anything is given up (off
+        the loop): the manifest, the CRIU to use, and the pids the copy takes."""
         try:
-            manifest = store.verify(args["id"])
+            manifest = self.store.verify(snapshot_id)
             snapshots.check_unchanged(manifest)
         except PrismError as exc:
             raise InvalidState(str(exc)) from None
@@ -221,30 +260,67 @@ class Session:
             raise InvalidState(f"snapshot {manifest.id} is of rank {manifest.rank} of "
                                f"{manifest.world_size}; this session runs rank {self.rank} of "
                                f"{self.world_size}")
-        try:  # checked before the running rank is given up
+        try:
             criu = snapshots.restore_tools(manifest)
+            needed = criu_api.tree_pids(self.store.path(manifest.id))
         except PrismError as exc:
             raise SnapshotFailed(str(exc)) from None
+        return manifest, criu, needed
+
+    def _replace_rank(self, pending: Pending, checks: concurrent.futures.Future) -> None:
+        """The checks passed (or not): restore the copy, then give up the rank."""
+        try:
+            manifest, criu, needed = checks.result()
+        except PrismError as exc:
+            self.server.fail(pending, exc)
+            return
+        except Exception as exc:  # a bug in the checks must not end the session
+            self.server.fail(pending, SnapshotFailed(f"the checks before the restore failed: "
+                                                     f"{exc}"))
+            return
+        old = self.child if self.child is not None and self.child.poll() is None else None
+        ours = old.process_ids() if old is not None else set()
+        taken = {pid for pid in needed if os.path.exists(f"/proc/{pid}")}
+        if taken - ours:
+            self.server.fail(pending, SnapshotFailed(
+                f"snapshot {manifest.id} needs pid(s) {_ids(taken - ours)}, which other "
+                "processes hold now (CRIU restores pids): end them, or take snapshots of a "
+                "run with --isolate, whose copies get pid namespaces of their own"))
+            return
+        beside = not taken  # else the copy needs the rank's own pids: it must end first
+        if old is not None:
+            if beside:
+                old.hold(True)  # no output or snapshot of its own while the copy starts
+            else:
+                old.kill()
+        try:
+            pid = snapshots.restore_process(
+                self.store, manifest, self.run_files, criu, bus=self.server.commands,
+                bus_curve=self.server.agent_curve, bus_secret=self.agent_secret, pause=True)
+        except (PrismError, OSError) as exc:
+            if old is not None and beside:
+                old.hold(False)
+                self.server.fail(pending, SnapshotFailed(f"{exc}; the rank runs on as it was"))
+            else:
+                self.server.fail(pending, SnapshotFailed(
+                    f"{exc}; the rank had to end first, as the copy needs its pids (a run "
+                    "with --isolate keeps it through a failed restore)"))
+            return
+        # the copy is up: now, and only now, the rank it replaces goes
         self.server.agent_gone()
         self._fail_snapshot_waiters("the rank was replaced by a restored copy")
         self._taken.clear()
-        try:
-            if self.child is not None and self.child.poll() is None:
-                self.child.kill()
-            pid = snapshots.restore_process(
-                store, manifest, self.run_files, criu, bus=self.server.commands,
-                bus_curve=self.server.agent_curve, bus_secret=self.agent_secret, pause=True)
-        except PrismError as exc:
-            raise SnapshotFailed(str(exc)) from None
+        if old is not None and beside:
+            old.kill()
         self.server.agent_away()  # the copy's agent connects as it resumes
-        self.child = RestoredChild(pid)
+        self.child = RestoredChild(pid, isolated=not needed)  # none: its own pid namespace
         self.exit_code = None
         result = {"id": manifest.id, "iteration": manifest.iteration, "pid": pid}
         self.server.publish("restored", result)
         self._message(f"prism-debug: restored snapshot {manifest.id} (after iteration "
                       f"{manifest.iteration}) as pid {pid}")
         # answered when the copy is back on the bus, so the next command reaches it
-        raise Deferred(lambda pending: self._restores.append((pending, result)))
+        self._restores.append((pending, result))
 
     def _agent_back(self, pid: int) -> None:
         for pending, result in self._restores:
@@ -278,6 +354,7 @@ class NoSession:
     commands_endpoint = None
     agent_curve = None
     agent_secret = None
+    restoring = False
 
     def __init__(self, snapshotter_factory: Callable[[], Snapshotter],
                  run_files: dict[str, Path]) -> None:
@@ -306,7 +383,12 @@ class NoSession:
         if self._snapshotter is None:
             self._snapshotter = self._snapshotter_factory()
             self._snapshotter.open_files = dict(self.run_files)
-        self._snapshotter.take(self.child.pid, event["iteration"], bool(event.get("cuda")))
+        self._snapshotter.take(self.child.pid, event["iteration"], bool(event.get("cuda")),
+                               Release.of(event))
+
+
+def _ids(pids: set[int]) -> str:
+    return ", ".join(map(str, sorted(pids)))
 
 
 def open_session(rank: int, world_size: int, bind: str | None, files: dict[str, Path],

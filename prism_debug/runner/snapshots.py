@@ -1,21 +1,41 @@
 """Snapshots from the controller's side (the CRIU mechanics): dump the rank
 at an iteration boundary, and restore a snapshot's rank as a child.
 
-The rank stops itself at a boundary (SIGSTOP) after flushing its event log;
-the controller dumps the stopped process tree with CRIU, leaving it running,
-records the snapshot, and continues it (SIGCONT).  A restore starts the
-process again from the images as the controller's child (``rst_sibling``),
-with its log, event log and control file replaced — through CRIU's inherited
-descriptors — by the new run's, and continues it the same way.
+The rank idles at a boundary after flushing its event log and announcing the
+snapshot (``agent/handshake.py``).  The controller dumps it with CRIU leaving
+it running, lets it go, and only then records the snapshot — three steps,
+each on its own, so that nothing that befalls one skips another:
+
+* **The dump.**  CRIU freezes the process tree itself (ptrace) for as long
+  as the dump takes and resumes it after, so the controller sends no
+  SIGSTOP: a controller killed mid-dump cannot leave the rank stopped
+  forever (ptrace's tracees are let go when the tracer dies, and the rank
+  dies with its controller anyway — its parent-death signal).  A guard
+  with a deadline was the other way; it needs a watcher outside the
+  stopped process, which the kernel already is here.
+* **Letting the rank go** comes straight after the dump, whatever its fate:
+  the control file is rewritten in place, never truncated first (it keeps
+  its blocks, so a full disk cannot fail the write), and where even that
+  fails the release signal the rank named ends its wait.
+* **Recording** (checksums, manifest, the move out of the staging folder)
+  comes last, while the rank already runs: a full disk there costs the
+  snapshot, never the run, and a controller killed there leaves only a
+  ``.tmp-`` staging folder, which no listing shows.
+
+A restore starts the process again from the images as the controller's child
+(``rst_sibling``), with its log, event log and control file replaced —
+through CRIU's inherited descriptors — by the new run's; the control file
+the copy reads is a fresh one, put in place only once the copy is up, so a
+rank still running beside a failed restore never reads its instructions.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import errno
 import json
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Callable
@@ -33,9 +53,6 @@ from prism_debug.snapshot.store import (
     now_text,
     sha256_file,
 )
-
-_STOP_TIMEOUT_S = 60.0
-
 
 def _environment_digest(options: RunOptions) -> str:
     """What else a restored run's behaviour rests on besides the script and graph."""
@@ -87,28 +104,30 @@ class Snapshotter:
             "environment_digest", "hardware")}
         return cls(store, criu_api.locate(), base, message)
 
-    def take(self, pid: int, iteration: int, cuda: bool = False) -> tuple[Manifest | None, str]:
-        """Dump the rank stopped at an iteration boundary, then continue it,
-        whatever the dump's fate.
+    def take(self, pid: int, iteration: int, cuda: bool = False,
+             release: "Release | None" = None) -> tuple[Manifest | None, str]:
+        """Dump the rank idling at an iteration boundary, let it go, then
+        record the snapshot; the rank goes on whatever the dump's fate.
 
-        The rank idles at the boundary, reading its control file.  A CUDA
-        rank's state is locked and checkpointed to host memory first, while it
-        runs (cuda-checkpoint hangs on a stopped process); then the rank is
-        stopped, dumped, told to go on and continued; after that its CUDA state
-        goes back to the GPU and is unlocked (CRIU's CUDA plugin's order).
-        Returns the snapshot's manifest, or None and why there is none.
+        A CUDA rank's state is locked and checkpointed to host memory first
+        (cuda-checkpoint hangs on a frozen process), then the process is
+        dumped, let go, and its CUDA state goes back to the GPU and is
+        unlocked (CRIU's CUDA plugin's order).  ``release``: how the rank asked
+        to be let go (its snapshot event).  Returns the snapshot's manifest,
+        or None and why there is none.
         """
+        release = release or Release(iteration)
         snapshot_id = new_id(self.base["rank"], iteration)
-        staging = None
+        staging = parent = None
+        dump_s = 0.0
         cuda_locked: Path | None = None
+        error = ""
         try:
             if cuda:
                 tool = criu_api.cuda_checkpoint()
                 criu_api.cuda_action(tool, "lock", pid)
                 cuda_locked = tool
                 criu_api.cuda_action(tool, "checkpoint", pid)
-            os.kill(pid, signal.SIGSTOP)
-            _wait_stopped(pid)
             staging = self.store.staging(snapshot_id)
             parent = self.taken[-1] if self.incremental and self.taken else None
             started = time.perf_counter()
@@ -120,35 +139,91 @@ class Snapshotter:
                 # the rank's emulated iterations must not lose.
                 incremental.link_to_parent(staging, self.store.path(parent))
             dump_s = time.perf_counter() - started
-            manifest = Manifest(
-                id=snapshot_id, parent=parent, iteration=iteration, **self.base,
-                open_files={role: str(path.resolve()) for role, path in self.open_files.items()},
-                image_bytes=0, dump_s=dump_s, created=now_text(), cuda=cuda)
-            path = self.store.commit(staging, manifest)
-            staging = None
-            self.taken.append(snapshot_id)
-            manifest = self.store.get(snapshot_id)
-            self.message(f"snapshot {snapshot_id}: iteration {iteration}, "
-                         f"{manifest.image_bytes / 2**20:.1f} MiB in {dump_s:.2f} s → {path}")
-            return manifest, ""
         except (criu_api.CriuError, SnapshotError, OSError) as exc:
-            # the run goes on: a failed snapshot costs the snapshot, not the run
-            self.message(f"prism-debug: warning: no snapshot at iteration {iteration}: {exc}")
-            return None, str(exc)
-        finally:
-            if staging is not None:
-                self.store.discard(staging)
-            write_control(self.open_files["control"], {"stop_at": iteration, "phase": "go"})
-            continue_rank(pid)
-            if cuda_locked is not None:
-                _resume_cuda(cuda_locked, pid, self.message)
+            error = str(exc)
+        release_rank(pid, self.open_files["control"], release, self.message)
+        if cuda_locked is not None:
+            _resume_cuda(cuda_locked, pid, self.message)
+        if not error:
+            try:
+                return self._record(staging, snapshot_id, parent, iteration, dump_s, cuda), ""
+            except (SnapshotError, OSError) as exc:
+                error = str(exc)
+        if staging is not None:
+            self.store.discard(staging)
+        # the run goes on: a failed snapshot costs the snapshot, not the run
+        self.message(f"prism-debug: warning: no snapshot at iteration {iteration}: {error}")
+        return None, error
+
+    def _record(self, staging: Path, snapshot_id: str, parent: str | None, iteration: int,
+                dump_s: float, cuda: bool) -> Manifest:
+        manifest = Manifest(
+            id=snapshot_id, parent=parent, iteration=iteration, **self.base,
+            open_files={role: str(path.resolve()) for role, path in self.open_files.items()},
+            image_bytes=0, dump_s=dump_s, created=now_text(), cuda=cuda)
+        path = self.store.commit(staging, manifest)
+        self.taken.append(snapshot_id)
+        manifest = self.store.get(snapshot_id)
+        self.message(f"snapshot {snapshot_id}: iteration {iteration}, "
+                     f"{manifest.image_bytes / 2**20:.1f} MiB in {dump_s:.2f} s → {path}")
+        return manifest
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    """How a rank idling for a snapshot asked to be let go (its snapshot
+    event): the iteration and ticket the control file must name, and the
+    signal that does it when the file cannot be written (None: an agent
+    that reads the file only)."""
+
+    iteration: int
+    ticket: str | None = None
+    signal: int | None = None
+
+    @classmethod
+    def of(cls, event: dict) -> "Release":
+        signum = event.get("release_signal")
+        return cls(event["iteration"], event.get("ticket"),
+                   signum if type(signum) is int and signum > 0 else None)
+
+
+def release_rank(pid: int, control: Path, release: Release,
+                 message: Callable[[str], None]) -> None:
+    """Let a rank idling for a snapshot go on, whatever else failed: the
+    control file says go and, where the rank named one, its release signal
+    ends the wait even if the file could not be written.  Each step on its
+    own."""
+    content = {"stop_at": release.iteration, "phase": "go"}
+    if release.ticket is not None:
+        content["ticket"] = release.ticket
+    try:
+        write_control(control, content)
+    except OSError as exc:
+        how = "its release signal" if release.signal else "nothing else: it may wait for ever"
+        message(f"prism-debug: warning: cannot write the rank's control file {control} "
+                f"({exc}); letting it go by {how}")
+    if release.signal is not None:
+        try:
+            os.kill(pid, release.signal)
+        except ProcessLookupError:
+            pass
+    continue_rank(pid)  # a copy of an older snapshot stops itself: harmless otherwise
 
 
 def write_control(path: Path, content: dict) -> None:
-    """Rewrite the control file in place (the rank holds it open)."""
-    with open(path, "r+") as f:
-        f.truncate(0)
-        f.write(json.dumps(content))
+    """Rewrite the control file in place (the rank holds it open): overwritten,
+    never truncated first, and padded with blanks (JSON ignores them) to its
+    old length, so the file keeps the blocks it has and a full disk cannot
+    fail the write.  A reader may see a half-written file: it parses as
+    nothing and is read again."""
+    data = json.dumps(content).encode()
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        data = data.ljust(os.fstat(fd).st_size)
+        if os.pwrite(fd, data, 0) != len(data):
+            raise OSError(errno.ENOSPC, "short write", str(path))
+    finally:
+        os.close(fd)
 
 
 def _resume_cuda(tool: Path, pid: int, message: Callable[[str], None]) -> None:
@@ -157,22 +232,6 @@ def _resume_cuda(tool: Path, pid: int, message: Callable[[str], None]) -> None:
             criu_api.cuda_action(tool, action, pid)
         except criu_api.CriuError as exc:
             message(f"prism-debug: warning: {exc}")
-
-
-def _wait_stopped(pid: int) -> None:
-    deadline = time.monotonic() + _STOP_TIMEOUT_S
-    while _state(pid) != "T":
-        if time.monotonic() > deadline:
-            raise SnapshotError(f"the rank (pid {pid}) did not stop for its snapshot")
-        time.sleep(0.002)
-
-
-def _state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0].decode()
-    except (OSError, IndexError):
-        return None
 
 
 # -- restore --------------------------------------------------------------------------
@@ -221,24 +280,34 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
     paused where the snapshot was taken; ``faults``: put in force as it
     resumes (a scenario that starts from a snapshot)."""
     limit = manifest.iteration + iterations if iterations else None
-    files["control"].write_text(json.dumps({
-        "restored": True, "snapshot": manifest.id, "iterations": limit,
-        "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve,
-        "bus_secret": bus_secret, "pause": pause,
-        "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
-        "stop_at": manifest.iteration, "phase": "go"}))
+    # the copy's own control file, in place of the run's once the copy is up:
+    # a rank still holding the run's (a failed restore beside it) never reads it
+    fresh = files["control"].with_name(files["control"].name + ".next")
+    fresh.unlink(missing_ok=True)  # left by a controller killed mid-restore
+    with open(os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600),
+              "w") as f:
+        f.write(json.dumps({
+            "restored": True, "snapshot": manifest.id, "iterations": limit,
+            "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve,
+            "bus_secret": bus_secret, "pause": pause,
+            "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
+            "stop_at": manifest.iteration, "phase": "go"}))
     fds = {
         "log": os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
         "events": os.open(files["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
-        "control": os.open(files["control"], os.O_RDONLY),
+        "control": os.open(fresh, os.O_RDONLY),
     }
     started = time.perf_counter()
     try:
         pid = criu_api.restore(criu, store.path(manifest.id), files["log"].parent, {
             manifest.open_files[role].lstrip("/"): fd for role, fd in fds.items()})
+    except BaseException:
+        fresh.unlink(missing_ok=True)
+        raise
     finally:
         for fd in fds.values():
             os.close(fd)
+    os.replace(fresh, files["control"])
     message(f"restored pid {pid} in {time.perf_counter() - started:.2f} s "
             f"({manifest.image_bytes / 2**20:.1f} MiB of images)")
     continue_rank(pid)

@@ -183,12 +183,34 @@ def restore(criu: Criu, images_dir: Path, work_dir: Path, inherit: dict[str, int
             os.close(fd)
 
 
+def tree_pids(images_dir: Path) -> set[int]:
+    """The pids and thread ids a restore of ``images_dir`` takes in this pid
+    namespace: none when the tree's root was a pid namespace's init (the
+    restore makes a namespace of its own)."""
+    images = pycriu().images
+    try:
+        with open(images_dir / "pstree.img", "rb") as f:
+            entries = images.load(f)["entries"]
+    except Exception as exc:  # pycriu raises its own classes for a damaged image
+        raise CriuError(f"cannot read {images_dir / 'pstree.img'}: {exc}") from None
+    if entries and entries[0]["pid"] == 1:
+        return set()
+    return {pid for entry in entries for pid in [entry["pid"], *entry.get("threads", ())]}
+
+
+_TASK_ERROR = re.compile(r"^\(\s*[\d.]+\)\s+\d+: Error \(")
+_ERROR_AT = re.compile(r"^.*?Error \([^)]*\):")
+
+
 def _log_error(log: Path, exc: Exception) -> str:
     """CRIU's first error line (its log says what pycriu's errno does not)."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         lines = []
-    errors = [line.split(":", 2)[-1].strip() for line in lines if "Error (" in line]
-    detail = errors[0] if errors else str(exc)
+    errors = [line for line in lines if "Error (" in line]
+    # a restored task's own error is the cause; CRIU's (a refused rlimit …)
+    # may come first and be survived
+    errors = [line for line in errors if _TASK_ERROR.match(line)] or errors
+    detail = _ERROR_AT.sub("", errors[0]).strip() if errors else str(exc)
     return f"{detail} (log: {log})"
