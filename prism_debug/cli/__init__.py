@@ -166,7 +166,7 @@ def _store(store: Path | None):
 
 def _private() -> None:
     """The controller's files are the user's alone: the store, run folders,
-    reports, what the rank writes (it inherits this)."""
+    reports (the rank gets the user's own umask back: runner/paths.py)."""
     from prism_debug.runner.paths import PRIVATE_UMASK
 
     os.umask(PRIVATE_UMASK)

@@ -35,6 +35,7 @@ from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, ch
 from prism_debug.runner.paths import (
     HOOKS_DIR,
     SOURCE_ROOT,
+    USER_UMASK,
     default_run_dir,
     make_run_dir,
     open_store,
@@ -188,7 +189,7 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
             # the rank dies with this process (children.py says how)
             popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                     preexec_fn=die_with_controller())
+                                     preexec_fn=die_with_controller(), umask=USER_UMASK)
         except OSError as exc:
             raise LaunchError(f"cannot start {command[0]}: {exc}") from exc
     session.child = IsolatedChild(popen) if options.isolate else Child(popen)

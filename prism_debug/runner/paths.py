@@ -26,6 +26,18 @@ HOOKS_DIR = SOURCE_ROOT / "hooks"
 DEFAULT_STORE = SOURCE_ROOT / "snapshots"
 PRIVATE_UMASK = 0o077
 
+
+def _umask_now() -> int:
+    mask = os.umask(PRIVATE_UMASK)
+    os.umask(mask)
+    return mask
+
+
+# the user's own, read before the controller narrows it: the rank's process
+# gets it back, so what the user's script writes is shared as it would be
+# without prism-debug
+USER_UMASK = _umask_now()
+
 _warned: set[Path] = set()
 
 
@@ -75,8 +87,8 @@ def make_run_dir(path: Path) -> Path:
 
 @contextlib.contextmanager
 def private_umask():
-    """Files and folders made meanwhile are the user's alone (the rank's
-    process, started meanwhile, inherits it too)."""
+    """Files and folders the controller makes meanwhile are the user's alone
+    (the rank's process is started with :data:`USER_UMASK`)."""
     previous = os.umask(PRIVATE_UMASK)
     try:
         yield

@@ -88,3 +88,18 @@ def test_nobody_else_reads_the_store_its_images_or_a_run_folder(public):
         proc = as_nobody(command, str(path))
         assert proc.returncode != 0 and "Permission denied" in proc.stderr, (command, path)
         assert proc.stdout == ""
+
+
+def test_the_rank_writes_with_the_users_own_umask(tmp_path):
+    """The controller narrows its umask to 077 for its own files; the script it
+    runs gets the user's back (a checkpoint others should read stays readable)."""
+    written = tmp_path / "checkpoint.txt"
+    proc = subprocess.run(
+        [sys.executable, "-m", "prism_debug.cli", "run", "--lockstep", "--no-bus",
+         "--world-size", "4", "--rank", "1", "--run-dir", str(tmp_path / "run"), "--",
+         sys.executable, str(SCRIPT.parent / "writes_a_file.py"), str(written)],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        preexec_fn=lambda: os.umask(0o022))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert mode(written) == 0o644
+    assert mode(tmp_path / "run") == 0o700 and mode(tmp_path / "run" / "agent.json") == 0o600
