@@ -21,8 +21,8 @@ from prism_debug.graph import GroupRef
 class Stream:
     """One communicator's in-order stream: when its last op completes."""
 
-    __slots__ = ("placement", "ref", "busy_until", "costs", "batches", "batch", "batch_start",
-                 "batch_end")
+    __slots__ = ("placement", "ref", "busy_until", "costs", "batches", "batch", "batch_free",
+                 "batch_times")
 
     def __init__(self, placement: Placement, ref: GroupRef, batches: "Stream | None" = None) -> None:
         self.placement = placement
@@ -33,9 +33,9 @@ class Stream:
         self.costs: dict[tuple[str, int], float] = {}
         # a peer pair's stream: its group's stream of batches (shared by its pairs)
         self.batches = batches
-        self.batch = 0  # the batch running on this stream: when it started and ends
-        self.batch_start = 0.0
-        self.batch_end = [0.0]
+        self.batch = 0  # the batch being issued on this stream
+        self.batch_free = 0.0  # when the stream is free for it
+        self.batch_times = [0.0, 0.0]  # its last op's issue, its longest op's cost
 
 
 class LockstepEngine:
@@ -58,9 +58,10 @@ class LockstepEngine:
                    batch: int = 0) -> float | Callable[[], float]:
         """Emulated completion time of ``op`` entered by the real rank at
         ``arrival``; ``batch``: the batch_isend_irecv call that issued it (0:
-        none).  A batch is one NCCL group on its group's communicator: its ops
-        start together once that stream is free, and all complete when the
-        last does (known once the batch is issued: the script waits after)."""
+        none).  A batch is one NCCL group on its group's communicator: NCCL
+        launches it when its last op is issued, its ops start together once
+        that stream is free, and all complete when the longest does (known
+        once the batch is issued: the script waits after)."""
         cost = stream.costs.get((op, nbytes))
         if cost is None:
             cost = stream.costs[op, nbytes] = self.cost.time_s(op, nbytes, stream.placement)
@@ -68,12 +69,14 @@ class LockstepEngine:
             batches = stream.batches
             if batches.batch != batch:
                 batches.batch = batch
-                batches.batch_start = max(arrival, batches.busy_until)
-                batches.batch_end = [batches.batch_start]
-            end = batches.batch_end
-            end[0] = max(end[0], batches.batch_start + cost)
-            batches.busy_until = end[0]
-            return lambda: end[0]
+                batches.batch_free = batches.busy_until
+                batches.batch_times = [arrival, cost]
+            times, free = batches.batch_times, batches.batch_free
+            # (a later op's issue moves the launch: no op may end before it began)
+            times[0] = max(times[0], arrival)
+            times[1] = max(times[1], cost)
+            batches.busy_until = max(times[0], free) + times[1]
+            return lambda: max(times[0], free) + times[1]
         start = arrival if arrival > stream.busy_until else stream.busy_until
         done = start + cost
         stream.busy_until = done

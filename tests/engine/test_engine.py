@@ -79,3 +79,18 @@ def test_a_batch_runs_its_ops_together_and_each_completes_with_the_batch(engine)
     assert later() == pytest.approx(1.0 + max(small, large) + small)
     # a lone op on a pair's stream does not wait for batches
     assert engine.collective(to_prev, "recv", 1 << 10, 1.0) == pytest.approx(1.0 + small)
+
+
+def test_a_batch_launches_when_its_last_op_is_issued(engine):
+    """NCCL launches a group at its end: an op issued after the first one's
+    cost has passed cannot have ended before it began (the replay engine's
+    rule too; a trace once showed a recv 15 µs long negative)."""
+    world = engine.group(range(16), GroupRef("world", 0))
+    to_next = engine.peer_stream(world, 0, 8)
+    small = engine.cost.time_s("send", 1 << 10, Placement.pair(0, 8, 8))
+    send = engine.collective(to_next, "send", 1 << 10, 1.0, batch=1)
+    recv = engine.collective(to_next, "recv", 1 << 10, 1.0 + 10 * small, batch=1)
+    assert send() == recv() == pytest.approx(1.0 + 11 * small)
+    # the next batch waits for this one's launched end
+    later = engine.collective(to_next, "send", 1 << 10, 1.0, batch=2)
+    assert later() == pytest.approx(1.0 + 12 * small)
