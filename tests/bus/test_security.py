@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -21,54 +20,12 @@ from pathlib import Path
 import pytest
 import zmq
 
-from prism_debug.bus import sessions
 from prism_debug.bus.client import BusClient
 from prism_debug.bus.protocol import encode_request
+from tests.live_session import finish, session_dir, start, wait_for_session  # noqa: F401 (a fixture)
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PYTHON = sys.executable
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def session_dir(tmp_path, monkeypatch):
-    directory = tmp_path / "sessions"
-    monkeypatch.setenv(sessions.ENV_VAR, str(directory))
-    # a short private directory for the sockets (tmp_path may pass a socket's length)
-    runtime = Path(tempfile.mkdtemp(prefix="pd-"))
-    monkeypatch.setenv("PRISM_DEBUG_RUNTIME", str(runtime / "bus"))
-    yield directory
-    shutil.rmtree(runtime, ignore_errors=True)
-
-
-def start(tmp_path: Path, *options: str, iterations: int = 3,
-          script: Path = SCRIPTS / "train_steps.py") -> subprocess.Popen:
-    command = [PYTHON, "-m", "prism_debug.cli", "run", "--lockstep", "--world-size", "64",
-               "--rank", "5", "--run-dir", str(tmp_path / "run"), "--store",
-               str(tmp_path / "store"), *options, "--", PYTHON, str(script)]
-    if script.name == "train_steps.py":
-        command += ["--iterations", str(iterations)]
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def wait_for_session(run: subprocess.Popen) -> sessions.SessionInfo:
-    deadline = time.monotonic() + 120
-    while not (live := sessions.live_sessions()):
-        assert run.poll() is None, run.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    with BusClient.for_session(live[0]) as client:
-        while client.request("status")["state"] == "starting":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    return live[0]
-
-
-def finish(run: subprocess.Popen) -> str:
-    out, err = run.communicate(timeout=300)
-    assert run.returncode == 0, err
-    return out
 
 
 # -- another user ------------------------------------------------------------------------

@@ -19,55 +19,14 @@ from prism_debug.bus import sessions
 from prism_debug.bus.client import BusClient
 from prism_debug.bus.protocol import MAX_FRAME_BYTES, encode_request
 from prism_debug.bus.server import CLIENT_CHECK_S
+from tests.live_session import SCRIPTS, finish, session_dir, start, wait_for_session  # noqa: F401 (a fixture)
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def session_dir(tmp_path, monkeypatch):
-    directory = tmp_path / "sessions"
-    monkeypatch.setenv(sessions.ENV_VAR, str(directory))
-    return directory
-
-
-def start(tmp_path: Path, *options: str, iterations: int = 8,
-          script: str = "train_steps.py") -> subprocess.Popen:
-    """``prism-debug run`` in the background, rank 5 of 64 (lockstep peers: these
-    tests are about the console, not timing)."""
-    command = [sys.executable, "-m", "prism_debug.cli", "run", "--lockstep", "--world-size",
-               "64", "--rank", "5", "--run-dir", str(tmp_path / "run"), "--store",
-               str(tmp_path / "store"), "--report", str(tmp_path / "report.json"), *options, "--",
-               sys.executable, str(SCRIPTS / script)]
-    if script == "train_steps.py":
-        command += ["--iterations", str(iterations)]
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
-def wait_for_session(run: subprocess.Popen) -> sessions.SessionInfo:
-    """The run's session, once its rank has reached the bus."""
-    deadline = time.monotonic() + 60
-    while not (live := sessions.live_sessions()):
-        assert run.poll() is None, run.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    with BusClient.for_session(live[0]) as client:
-        while client.request("status")["state"] == "starting":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    return live[0]
 
 
 def attach(*options: str, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "prism_debug.cli", "attach", "--rank", "5",
                            *options], input=stdin, capture_output=True, text=True, timeout=300)
-
-
-def finish(run: subprocess.Popen) -> tuple[str, str]:
-    out, err = run.communicate(timeout=300)
-    assert run.returncode == 0, err
-    return out, err
 
 
 def iterations(run_dir: Path) -> list[tuple[int, str]]:
@@ -211,7 +170,7 @@ def test_ps_lists_live_sessions_and_removes_stale_ones(tmp_path, session_dir):
 
 
 def test_the_rank_runs_on_when_its_controller_stops_answering(tmp_path, session_dir):
-    run = start(tmp_path, script="train_forever.py")
+    run = start(tmp_path, script=SCRIPTS / "train_forever.py")
     wait_for_session(run)
     log = tmp_path / "run" / "rank.log"
     try:
