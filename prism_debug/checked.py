@@ -24,8 +24,8 @@ from prism_debug.errors import key_path as dotted
 Check = Callable[[Any], "str | None"]
 __all__ = ["SAFE_NAME", "Checked", "InvalidFields", "Untrusted", "at_least", "at_most",
            "both", "declare", "declared_fields", "dotted", "field_errors", "from_mapping",
-           "non_negative", "not_empty", "one_of", "positive", "safe_name", "to_mapping",
-           "unit_interval"]
+           "member_of", "non_negative", "not_empty", "one_of", "positive", "safe_name",
+           "to_mapping", "unit_interval"]
 
 
 # -- limits: what prism-debug accepts anywhere a number comes in ---------------------
@@ -56,6 +56,11 @@ def at_least(low: int) -> Check:
 def at_most(high: float) -> Check:
     shown = high if isinstance(high, int) else f"{high:.10g}"
     return lambda v: None if v <= high else f"must be <= {shown}, got {v}"
+
+
+def member_of(choices) -> Check:
+    """A value that must be one of ``choices``."""
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
 
 
 def both(*checks: Check) -> Check:

@@ -34,7 +34,7 @@ import stat
 import zlib
 from pathlib import Path
 
-from prism_debug.checked import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, Untrusted
+from prism_debug.checked import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, Untrusted, member_of
 from prism_debug.cost.model import COLLECTIVES
 from prism_debug.errors import GraphError
 from prism_debug.graph.messages import KINDS as MESSAGE_KINDS
@@ -418,9 +418,7 @@ def _program(read: Untrusted, data: object, index: int, world: int,
         row = read.items(row, here, most=5)
         if len(row) < 3:
             read.fail(here, "must be [kind, family, nbytes, dtype, peer]")
-        kind = read.text(row[0], here + (0,), most=64)
-        if kind not in COLLECTIVES:
-            read.fail(here + (0,), f"must be one of {', '.join(COLLECTIVES)}, got {kind!r}")
+        kind = read.text(row[0], here + (0,), most=64, check=member_of(COLLECTIVES))
         ops.append(OpSpec(
             kind, read.text(row[1], here + (1,), most=256),
             read.int(row[2], here + (2,), 0, MAX_OP_BYTES),
@@ -439,9 +437,7 @@ def _program(read: Untrusted, data: object, index: int, world: int,
             row = read.items(row, here, most=4)
             if len(row) < 2:
                 read.fail(here, "must be [action, gap_s, op, batch]")
-            action = read.text(row[0], here + (0,), most=8)
-            if action not in ACTIONS:
-                read.fail(here + (0,), f"must be one of {', '.join(ACTIONS)}, got {action!r}")
+            action = read.text(row[0], here + (0,), most=8, check=member_of(ACTIONS))
             op = read.int(row[2], here + (2,), -1, MAX_EVENTS) if len(row) > 2 else -1
             if action != "end" and op >= len(ops) or action != "end" and op < 0:
                 read.fail(here + (2,), f"must name an op of class {index} (0-{len(ops) - 1}), "
@@ -466,8 +462,7 @@ def _message_row(read: Untrusted, row: object, at: tuple, world: int) -> None:
     row = read.items(row, at, most=7, length=7)
     read.int(row[0], at + (0,), 1, 1 << 20)
     read.int(row[1], at + (1,), -world, world)
-    if read.text(row[2], at + (2,), most=16) not in MESSAGE_KINDS:
-        read.fail(at + (2,), f"must be one of {', '.join(MESSAGE_KINDS)}, got {row[2]!r}")
+    read.text(row[2], at + (2,), most=16, check=member_of(MESSAGE_KINDS))
     read.int(row[3], at + (3,), 0, MAX_EVENTS)
     read.text(row[4], at + (4,), most=MAX_GRAPH_MB << 20)
     read.text(row[5], at + (5,), most=64)
