@@ -35,6 +35,18 @@ def main(verbose: int) -> None:
     logging.basicConfig(level=level, format="prism-debug: %(levelname)s %(name)s: %(message)s")
 
 
+# options run, snapshot restore and scenario share, defined once
+_store_option = click.option(
+    "--store", type=click.Path(file_okay=False, path_type=Path),
+    help="Snapshot store [default: snapshots/ in the prism-debug checkout].")
+_bind_option = click.option(
+    "--bind", default="127.0.0.1", show_default=True,
+    help="Address of the debugger bus (prism-debug attach): loopback keeps it on private ipc "
+         "sockets; any other adds TCP with CURVE (prism-debug keys).")
+_no_bus_option = click.option(
+    "--no-bus", is_flag=True, help="No debugger bus: the run cannot be attached to.")
+
+
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--rank", type=NUMBER, default=4097, show_default=True,
               help="The rank to run for real.")
@@ -72,14 +84,11 @@ def main(verbose: int) -> None:
 @click.option("--isolate", is_flag=True,
               help="Run the rank in its own pid namespace, so restored copies of its "
                    "snapshots can run beside it.")
-@click.option("--store", type=click.Path(file_okay=False, path_type=Path),
-              help="Snapshot store [default: snapshots/ in the prism-debug checkout].")
+@_store_option
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the run's log and events go [default: ~/.local/state/prism-debug/runs/…].")
-@click.option("--bind", default="127.0.0.1", show_default=True,
-              help="Address of the debugger bus (prism-debug attach): loopback keeps it on "
-                   "private ipc sockets; any other adds TCP with CURVE (prism-debug keys).")
-@click.option("--no-bus", is_flag=True, help="No debugger bus: the run cannot be attached to.")
+@_bind_option
+@_no_bus_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.option("--perturb", "perturbations", multiple=True,
               help="Perturb virtual peers (not with --lockstep), e.g. 'fail 4099 at 3', "
@@ -153,11 +162,6 @@ def snapshot() -> None:
     _private()
 
 
-_store_option = click.option(
-    "--store", type=click.Path(file_okay=False, path_type=Path),
-    help="Snapshot store [default: snapshots/ in the prism-debug checkout].")
-
-
 def _store(store: Path | None):
     from prism_debug.runner.paths import open_store
 
@@ -229,10 +233,8 @@ def snapshot_rm(snapshot_id, force, store) -> None:
               help="Write a Chrome trace here.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the restored run's log and events go.")
-@click.option("--bind", default="127.0.0.1", show_default=True,
-              help="Address of the debugger bus (prism-debug attach): loopback keeps it on "
-                   "private ipc sockets; any other adds TCP with CURVE (prism-debug keys).")
-@click.option("--no-bus", is_flag=True, help="No debugger bus: the run cannot be attached to.")
+@_bind_option
+@_no_bus_option
 @_store_option
 def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, bind, no_bus,
                      store) -> None:
