@@ -53,11 +53,11 @@ def open_store(path: Path | None, warn: Callable[[str], None] = _stderr) -> Stor
     store = Store(path or DEFAULT_STORE)
     if path is None:
         _tighten(DEFAULT_STORE)
-    _, warning = store.problems()
+    refusal, warning = store.problems()
     if warning is not None and store.root not in _warned:
         _warned.add(store.root)
         warn(f"prism-debug: warning: {warning}")
-    if store.problems()[0] is None:
+    if refusal is None:
         store.sweep()
     return store
 
