@@ -9,10 +9,26 @@ from pathlib import Path
 import click
 
 from prism_debug.cli.params import NUMBER, Number
-from prism_debug.cost import COLLECTIVES, DEFAULT_PROFILE, CostModel, Placement, load_profile
+from prism_debug.cost import (
+    COLLECTIVES,
+    DEFAULT_PROFILE,
+    CostModel,
+    Placement,
+    load_profile,
+    op_name,
+)
 from prism_debug.errors import ConfigError
 from prism_debug.graph.selectors import rank_list
 from prism_debug.runner.options import parse_bytes
+
+
+class OpName(click.ParamType):
+    """A collective in any of its spellings (cost/ops.py), as its canonical name."""
+
+    name = "op"
+
+    def convert(self, value, param, ctx):
+        return op_name(value, param.opts[0] if param is not None else "op")
 
 
 @click.group()
@@ -101,7 +117,7 @@ def calibrate(nccl_tests, local, processes, base, no_nvls, name, out) -> None:
         for item in nccl_tests:
             op, _, path = item.rpartition("=")
             measurements.append(fitting.read_nccl_tests(
-                Path(path), fitting.NCCL_TESTS_OPS.get(op.lower()) if op else None))
+                Path(path), op_name(op, f"--nccl-tests {item}") if op else None))
         base_profile = load_profile(base)
         if no_nvls:
             base_profile = dataclasses.replace(base_profile, nvls_bw=0.0)
@@ -120,7 +136,8 @@ def _cost_fn(hardware: str, gpus_per_node: int):
 @click.command()
 @click.option("--hardware", default=DEFAULT_PROFILE, show_default=True,
               help="Hardware profile: a bundled name or a TOML file.")
-@click.option("--op", type=click.Choice(COLLECTIVES), required=True, help="The collective.")
+@click.option("--op", type=OpName(), required=True,
+              help=f"The collective: {', '.join(COLLECTIVES)} (allreduce, all-reduce … too).")
 @click.option("--bytes", "size", required=True,
               help="Message size in nccl-tests' convention (e.g. 1G, 64MiB).")
 @click.option("--ranks", type=NUMBER, required=True,
