@@ -62,18 +62,46 @@ def graph_show(path, hardware, as_json) -> None:
 @click.option("--iterations", type=Number("replay --iterations"), default=3, show_default=True)
 @click.option("--hardware", default=DEFAULT_PROFILE, show_default=True)
 @click.option("--ranks", "ranks_text", default="", help="Ranks to report (default: one per class).")
+@click.option("--perturb", "perturbations", multiple=True,
+              help="Perturb the world as run --perturb does, e.g. 'hang 5 at 2 op 1 for 0.02', "
+                   "'fail 13 at 3'; repeatable.  Prints the perturbed times beside the "
+                   "unperturbed, and where ranks block.")
+@click.option("--seed", type=NUMBER, default=0, show_default=True,
+              help="The replay engine's seed, as run --seed gives it (stochastic compute "
+                   "models draw from it; the graph's own gaps draw nothing).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def replay(path, iterations, hardware, ranks_text, as_json) -> None:
-    """Replay the whole world from a graph, with no real rank."""
+def replay(path, iterations, hardware, ranks_text, perturbations, seed, as_json) -> None:
+    """Replay the whole world from a graph, with no real rank: what-if questions.
+
+    \b
+    prism-debug replay gpt.prism --ranks 4097 --perturb "hang 4105 at 2 op 1 for 0.02"
+    """
     from prism_debug.engine import ReplayEngine
     from prism_debug.engine.render import iteration_table
+    from prism_debug.faults import parse_fault, resolve
     from prism_debug.graph import ExecutionGraph
     from prism_debug.graph.build import representatives
 
     g = ExecutionGraph.load(path)
     ranks = (rank_list(ranks_text, g.world_size, g.gpus_per_node, "--ranks")
              or representatives(g.mesh, g.class_axis))
-    engine = ReplayEngine(g, _cost_fn(hardware, g.gpus_per_node))
+    cost_fn = _cost_fn(hardware, g.gpus_per_node)
+    if perturbations:
+        from prism_debug.engine.whatif import what_if, what_if_lines
+
+        # read and resolved as run --perturb reads them (a fault that hits
+        # nobody is refused here, naming it)
+        injections = [(text, resolve(parse_fault(text, g.world_size, g.gpus_per_node),
+                                     g.world_size, g.gpus_per_node, g))
+                      for text in perturbations]
+        result = what_if(g, cost_fn, injections, iterations, ranks, seed=seed)
+        if as_json:
+            click.echo(json.dumps(result.to_dict()))
+            return
+        for line in what_if_lines(result):
+            click.echo(line)
+        return
+    engine = ReplayEngine(g, cost_fn, seed=seed)
     engine.run(iterations)
     times = {rank: engine.iteration_times(rank)[:iterations] for rank in ranks}
     if as_json:
