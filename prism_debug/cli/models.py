@@ -66,11 +66,16 @@ def graph_show(path, hardware, as_json) -> None:
               help="Perturb the world as run --perturb does, e.g. 'hang 5 at 2 op 1 for 0.02', "
                    "'fail 13 at 3'; repeatable.  Prints the perturbed times beside the "
                    "unperturbed, and where ranks block.")
-@click.option("--seed", type=NUMBER, default=0, show_default=True,
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also put a scenario file's faults in force (its world must be the "
+                   "graph's); its rank is reported too.")
+@click.option("--seed", type=NUMBER, default=None,
               help="The replay engine's seed, as run --seed gives it (stochastic compute "
-                   "models draw from it; the graph's own gaps draw nothing).")
+                   "models draw from it; the graph's own gaps draw nothing) [default: the "
+                   "scenario's, else 0].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def replay(path, iterations, hardware, ranks_text, perturbations, seed, as_json) -> None:
+def replay(path, iterations, hardware, ranks_text, perturbations, scenario_path, seed,
+           as_json) -> None:
     """Replay the whole world from a graph, with no real rank: what-if questions.
 
     \b
@@ -78,7 +83,7 @@ def replay(path, iterations, hardware, ranks_text, perturbations, seed, as_json)
     """
     from prism_debug.engine import ReplayEngine
     from prism_debug.engine.render import iteration_table
-    from prism_debug.faults import parse_fault, resolve
+    from prism_debug.faults import fault_text, parse_fault, resolve
     from prism_debug.graph import ExecutionGraph
     from prism_debug.graph.build import representatives
 
@@ -86,14 +91,20 @@ def replay(path, iterations, hardware, ranks_text, perturbations, seed, as_json)
     ranks = (rank_list(ranks_text, g.world_size, g.gpus_per_node, "--ranks")
              or representatives(g.mesh, g.class_axis))
     cost_fn = _cost_fn(hardware, g.gpus_per_node)
-    if perturbations:
+    # read and resolved as run --perturb reads them (a fault that hits nobody
+    # is refused here, naming it)
+    faults = [(text, parse_fault(text, g.world_size, g.gpus_per_node)) for text in perturbations]
+    if scenario_path is not None:
+        scenario = _scenario_faults(scenario_path, g, path)
+        faults += [(fault_text(f), f) for f in scenario.seeded_faults()]
+        ranks = list(dict.fromkeys([*ranks, scenario.world.rank])) if not ranks_text else ranks
+        seed = scenario.seed if seed is None else seed
+    seed = seed or 0
+    if faults:
         from prism_debug.engine.whatif import what_if, what_if_lines
 
-        # read and resolved as run --perturb reads them (a fault that hits
-        # nobody is refused here, naming it)
-        injections = [(text, resolve(parse_fault(text, g.world_size, g.gpus_per_node),
-                                     g.world_size, g.gpus_per_node, g))
-                      for text in perturbations]
+        injections = [(text, resolve(fault, g.world_size, g.gpus_per_node, g))
+                      for text, fault in faults]
         result = what_if(g, cost_fn, injections, iterations, ranks, seed=seed)
         if as_json:
             click.echo(json.dumps(result.to_dict()))
@@ -109,6 +120,20 @@ def replay(path, iterations, hardware, ranks_text, perturbations, seed, as_json)
         return
     for line in iteration_table(times, iterations):
         click.echo(line)
+
+
+def _scenario_faults(scenario_path: Path, graph, graph_path: Path):
+    """The scenario at ``scenario_path``, checked to be of ``graph``'s world."""
+    from prism_debug.scenario import load_scenario
+
+    scenario = load_scenario(scenario_path)
+    world = scenario.world
+    if (world.size, world.gpus_per_node) != (graph.world_size, graph.gpus_per_node):
+        raise ConfigError(
+            f"the scenario {scenario_path} is of a world of {world.size} ranks, "
+            f"{world.gpus_per_node} per node; the graph {graph_path} of {graph.world_size}, "
+            f"{graph.gpus_per_node} per node: replay a graph profiled for that world")
+    return scenario
 
 
 @click.command()

@@ -130,3 +130,28 @@ def test_a_perturbation_is_read_and_refused_as_run_reads_it(graph, tmp_path):
     proc = cli("replay", str(graph), "--perturb", "stall 3")
     assert proc.returncode == 2 and proc.stderr.startswith(
         "prism-debug: error: unknown perturbation 'stall 3': use one of slow RANKS FACTOR")
+
+
+def test_a_scenario_s_faults_are_the_same_what_if_as_their_perturb_lines(graph, tmp_path):
+    scenario = tmp_path / "stall.yaml"
+    scenario.write_text(
+        "name: stall\nworld: {size: 4, rank: 1, gpus_per_node: 2}\n"
+        f"run: {{command: [python, {SCRIPT}], graph: {graph}}}\n"
+        "faults:\n  - action: hang\n    select: {ranks: '3'}\n"
+        "    at: {iteration: 3, collective: 1}\n    for: {time_s: 0.2}\n")
+    by_file = cli("replay", str(graph), "--iterations", "6", "--scenario", str(scenario),
+                  "--json")
+    by_line = cli("replay", str(graph), "--iterations", "6", "--ranks", "0,1", "--perturb",
+                  STALL, "--json")
+    assert by_file.returncode == 0, by_file.stderr
+    file_result, line_result = json.loads(by_file.stdout), json.loads(by_line.stdout)
+    assert file_result["perturbations"] == [{"text": "hang 3 from 3 op 1 for 0.2",
+                                             "ranks": [3]}]
+    # the graph's one class is reported by rank 0, and the scenario's rank 1 with it
+    assert file_result["times_s"] == line_result["times_s"]
+    other = tmp_path / "other.yaml"
+    other.write_text(scenario.read_text().replace("size: 4", "size: 8"))
+    proc = cli("replay", str(graph), "--scenario", str(other))
+    assert (proc.returncode, proc.stderr) == (2, (
+        f"prism-debug: error: the scenario {other} is of a world of 8 ranks, 2 per node; the "
+        f"graph {graph} of 4, 2 per node: replay a graph profiled for that world\n"))
