@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from prism_debug.engine.injection import apply_fault
 from prism_debug.engine.loop import CostFn, describe_op
 from prism_debug.engine.replay import ReplayEngine
-from prism_debug.faults import MISSING_ACTIONS, Action, Injection, rank_text
+from prism_debug.faults import MISSING_ACTIONS, VALUE_ACTIONS, Action, Injection, rank_text
 from prism_debug.graph.execution import ExecutionGraph, OpSpec
 
 _EPS = 1e-9  # seconds: less than this is no delay (float sums of the same gaps)
@@ -71,6 +71,7 @@ class WhatIf:
     late: dict[int, tuple[float, ...]]  # rank -> how much later each iteration ends
     world: tuple[IterationEffect, ...]
     blocked: dict[int, Blocked]  # reported ranks (and the ranks they wait for) that stop
+    value_only: tuple[str, ...] = ()  # faults (as written) that change values, not timing
 
     def to_dict(self) -> dict:
         def finite(values):
@@ -134,7 +135,8 @@ def what_if(graph: ExecutionGraph, cost: CostFn, injections: Sequence[tuple[str,
         base={r: times(base, r) for r in ranks},
         times={r: times(engine, r) for r in ranks},
         late={r: tuple(b - a for a, b in zip(ends_base[r], ends[r])) for r in ranks},
-        world=tuple(world), blocked=blocked)
+        world=tuple(world), blocked=blocked,
+        value_only=tuple(text for text, i in injections if i.action in VALUE_ACTIONS))
 
 
 def _blocked(engine: ReplayEngine, graph: ExecutionGraph, rank: int,
@@ -198,6 +200,8 @@ def what_if_lines(result: WhatIf) -> list[str]:
     """The perturbed iteration times with each one's change (Δ) under it,
     then what each iteration does to the world, then where ranks block."""
     lines = [f"what-if: {text} (hits {what} {_spans(targets)})"
+             + (": it changes values, not timing (run it to see them)"
+                if text in result.value_only else "")
              for text, what, targets in result.faults]
     lines.append(f"{'rank':>7} " + " ".join(f"{'iter ' + str(i + 1) + ' ms':>12}"
                                             for i in range(result.iterations)))

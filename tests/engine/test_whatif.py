@@ -144,3 +144,12 @@ def test_the_json_form_has_no_infinities():
                                     "waiting_for": [2]}
     assert data["perturbations"] == [{"text": "fail 2 at 2", "ranks": [2]}]
     assert COST == 0.1
+
+
+def test_a_value_fault_says_it_changes_no_timing():
+    result = whatif(one_group_graph(), ["nan 3 at 2", "hang 2 at 2 op 1 for 0.25"], 2, [0])
+    assert result.value_only == ("nan 3 at 2",)
+    assert what_if_lines(result)[:2] == [
+        "what-if: nan 3 at 2 (hits ranks 3): it changes values, not timing (run it to see them)",
+        "what-if: hang 2 at 2 op 1 for 0.25 (hits ranks 2)"]
+    assert result.times[0] == pytest.approx((1.3, 1.55))
