@@ -64,8 +64,8 @@ def graph_show(path, hardware, as_json) -> None:
 @click.option("--ranks", "ranks_text", default="", help="Ranks to report (default: one per class).")
 @click.option("--perturb", "perturbations", multiple=True,
               help="Perturb the world as run --perturb does, e.g. 'hang 5 at 2 op 1 for 0.02', "
-                   "'fail 13 at 3'; repeatable.  Prints the perturbed times beside the "
-                   "unperturbed, and where ranks block.")
+                   "'fail 13 at 3'; repeatable.  Prints each iteration's change (Δ), how "
+                   "many ranks end it later, and where ranks block.")
 @click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Also put a scenario file's faults in force (its world must be the "
                    "graph's); its rank is reported too.")
