@@ -329,12 +329,14 @@ def doctor() -> None:
     from prism_debug.snapshot import doctor as checks
 
     problems = 0
-    for check in checks.run_checks():
+    found = checks.run_checks()
+    for check in found:
         mark = "ok  " if check.ok else ("--  " if check.optional else "FAIL")
         click.echo(f"{mark} {check.name}: {check.detail}")
         if not check.ok and check.fix:
             click.echo(f"     fix: {check.fix}")
         problems += not check.ok and not check.optional
+    click.echo(checks.verdict(found))
     sys.exit(ExitCode.FAILED if problems else ExitCode.OK)
 
 

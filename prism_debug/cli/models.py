@@ -9,10 +9,26 @@ from pathlib import Path
 import click
 
 from prism_debug.cli.params import NUMBER, Number
-from prism_debug.cost import COLLECTIVES, DEFAULT_PROFILE, CostModel, Placement, load_profile
+from prism_debug.cost import (
+    COLLECTIVES,
+    DEFAULT_PROFILE,
+    CostModel,
+    Placement,
+    load_profile,
+    op_name,
+)
 from prism_debug.errors import ConfigError
 from prism_debug.graph.selectors import rank_list
 from prism_debug.runner.options import parse_bytes
+
+
+class OpName(click.ParamType):
+    """A collective in any of its spellings (cost/ops.py), as its canonical name."""
+
+    name = "op"
+
+    def convert(self, value, param, ctx):
+        return op_name(value, param.opts[0] if param is not None else "op")
 
 
 @click.group()
@@ -46,18 +62,57 @@ def graph_show(path, hardware, as_json) -> None:
 @click.option("--iterations", type=Number("replay --iterations"), default=3, show_default=True)
 @click.option("--hardware", default=DEFAULT_PROFILE, show_default=True)
 @click.option("--ranks", "ranks_text", default="", help="Ranks to report (default: one per class).")
+@click.option("--perturb", "perturbations", multiple=True,
+              help="Perturb the world as run --perturb does, e.g. 'hang 5 at 2 op 1 for 0.02', "
+                   "'fail 13 at 3'; repeatable.  Prints each iteration's change (Δ), how "
+                   "many ranks end it later, and where ranks block.")
+@click.option("--scenario", "scenario_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also put a scenario file's faults in force (its world must be the "
+                   "graph's); its rank is reported too.")
+@click.option("--seed", type=NUMBER, default=None,
+              help="The replay engine's seed, as run --seed gives it (stochastic compute "
+                   "models draw from it; the graph's own gaps draw nothing) [default: the "
+                   "scenario's, else 0].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def replay(path, iterations, hardware, ranks_text, as_json) -> None:
-    """Replay the whole world from a graph, with no real rank."""
+def replay(path, iterations, hardware, ranks_text, perturbations, scenario_path, seed,
+           as_json) -> None:
+    """Replay the whole world from a graph, with no real rank: what-if questions.
+
+    \b
+    prism-debug replay gpt.prism --ranks 4097 --perturb "hang 4105 at 2 op 1 for 0.02"
+    """
     from prism_debug.engine import ReplayEngine
     from prism_debug.engine.render import iteration_table
+    from prism_debug.faults import fault_text, parse_fault, resolve
     from prism_debug.graph import ExecutionGraph
     from prism_debug.graph.build import representatives
 
     g = ExecutionGraph.load(path)
     ranks = (rank_list(ranks_text, g.world_size, g.gpus_per_node, "--ranks")
              or representatives(g.mesh, g.class_axis))
-    engine = ReplayEngine(g, _cost_fn(hardware, g.gpus_per_node))
+    cost_fn = _cost_fn(hardware, g.gpus_per_node)
+    # read and resolved as run --perturb reads them (a fault that hits nobody
+    # is refused here, naming it)
+    faults = [(text, parse_fault(text, g.world_size, g.gpus_per_node)) for text in perturbations]
+    if scenario_path is not None:
+        scenario = _scenario_faults(scenario_path, g, path)
+        faults += [(fault_text(f), f) for f in scenario.seeded_faults()]
+        ranks = list(dict.fromkeys([*ranks, scenario.world.rank])) if not ranks_text else ranks
+        seed = scenario.seed if seed is None else seed
+    seed = seed or 0
+    if faults:
+        from prism_debug.engine.whatif import what_if, what_if_lines
+
+        injections = [(text, resolve(fault, g.world_size, g.gpus_per_node, g))
+                      for text, fault in faults]
+        result = what_if(g, cost_fn, injections, iterations, ranks, seed=seed)
+        if as_json:
+            click.echo(json.dumps(result.to_dict()))
+            return
+        for line in what_if_lines(result):
+            click.echo(line)
+        return
+    engine = ReplayEngine(g, cost_fn, seed=seed)
     engine.run(iterations)
     times = {rank: engine.iteration_times(rank)[:iterations] for rank in ranks}
     if as_json:
@@ -65,6 +120,20 @@ def replay(path, iterations, hardware, ranks_text, as_json) -> None:
         return
     for line in iteration_table(times, iterations):
         click.echo(line)
+
+
+def _scenario_faults(scenario_path: Path, graph, graph_path: Path):
+    """The scenario at ``scenario_path``, checked to be of ``graph``'s world."""
+    from prism_debug.scenario import load_scenario
+
+    scenario = load_scenario(scenario_path)
+    world = scenario.world
+    if (world.size, world.gpus_per_node) != (graph.world_size, graph.gpus_per_node):
+        raise ConfigError(
+            f"the scenario {scenario_path} is of a world of {world.size} ranks, "
+            f"{world.gpus_per_node} per node; the graph {graph_path} of {graph.world_size}, "
+            f"{graph.gpus_per_node} per node: replay a graph profiled for that world")
+    return scenario
 
 
 @click.command()
@@ -101,7 +170,7 @@ def calibrate(nccl_tests, local, processes, base, no_nvls, name, out) -> None:
         for item in nccl_tests:
             op, _, path = item.rpartition("=")
             measurements.append(fitting.read_nccl_tests(
-                Path(path), fitting.NCCL_TESTS_OPS.get(op.lower()) if op else None))
+                Path(path), op_name(op, f"--nccl-tests {item}") if op else None))
         base_profile = load_profile(base)
         if no_nvls:
             base_profile = dataclasses.replace(base_profile, nvls_bw=0.0)
@@ -120,7 +189,8 @@ def _cost_fn(hardware: str, gpus_per_node: int):
 @click.command()
 @click.option("--hardware", default=DEFAULT_PROFILE, show_default=True,
               help="Hardware profile: a bundled name or a TOML file.")
-@click.option("--op", type=click.Choice(COLLECTIVES), required=True, help="The collective.")
+@click.option("--op", type=OpName(), required=True,
+              help=f"The collective: {', '.join(COLLECTIVES)} (allreduce, all-reduce … too).")
 @click.option("--bytes", "size", required=True,
               help="Message size in nccl-tests' convention (e.g. 1G, 64MiB).")
 @click.option("--ranks", type=NUMBER, required=True,

@@ -217,6 +217,8 @@ class Console(Shell):
             return self._list_breaks()
         try:
             args = parse_break(arg)
+        except ConfigError as exc:  # an unknown collective: say which names there are
+            return self.error(str(exc))
         except ValueError:
             return self._usage(command)
         if self._require_live():

@@ -3,18 +3,22 @@ typed, and what ``break <TAB>`` offers next."""
 
 from __future__ import annotations
 
-#: Collective and p2p names offered by ``break coll <TAB>`` (torch.distributed's).
-COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "send", "recv",
-                  "barrier", "all_to_all", "reduce", "gather", "scatter")
+from prism_debug.cost.ops import COLLECTIVES, op_name
+
+#: Collective and p2p names offered by ``break coll <TAB>``: the canonical ones
+#: (any spelling cost/ops.py reads is accepted)
+COLLECTIVE_OPS = COLLECTIVES
 
 
 def parse_break(arg: str) -> dict:
-    """The ``break`` request's arguments for ``iter N`` or ``coll OP [FAMILY] [seq N]``."""
+    """The ``break`` request's arguments for ``iter N`` or ``coll OP [FAMILY] [seq N]``;
+    OP in any spelling, sent as its canonical name (an unknown one is a
+    :class:`ConfigError` naming them)."""
     words = arg.split()
     if len(words) == 2 and words[0] in ("iter", "iteration"):
         return {"kind": "iter", "iteration": int(words[1])}
     if len(words) >= 2 and words[0] in ("coll", "collective"):
-        op, rest = words[1], words[2:]
+        op, rest = op_name(words[1], "break coll"), words[2:]
         family: str | None = None
         seq: int | None = None
         while rest:

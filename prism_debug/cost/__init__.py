@@ -8,6 +8,7 @@ from prism_debug.cost.model import (
     PricedOp,
     bus_factor,
 )
+from prism_debug.cost.ops import ALIASES, known_op, op_name
 from prism_debug.cost.profile import (
     DEFAULT_PROFILE,
     HardwareProfile,
@@ -17,6 +18,7 @@ from prism_debug.cost.profile import (
 )
 
 __all__ = [
-    "COLLECTIVES", "CostModel", "DEFAULT_PROFILE", "Estimate", "HardwareProfile",
-    "OpFit", "Placement", "PricedOp", "bundled_profiles", "bus_factor", "load_profile",
+    "ALIASES", "COLLECTIVES", "CostModel", "DEFAULT_PROFILE", "Estimate", "HardwareProfile",
+    "OpFit", "Placement", "PricedOp", "bundled_profiles", "bus_factor", "known_op", "load_profile",
+    "op_name",
 ]

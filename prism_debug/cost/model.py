@@ -28,13 +28,10 @@ import dataclasses
 import math
 from typing import Protocol
 
+from prism_debug.cost.ops import COLLECTIVES, op_name
 from prism_debug.cost.profile import LL, LL128, SIMPLE, HardwareProfile, OpFit
 from prism_debug.errors import ConfigError
 
-COLLECTIVES = (
-    "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast",
-    "reduce", "gather", "scatter", "barrier", "send", "recv",
-)
 _PROTOCOLS = (LL, LL128, SIMPLE)
 _PROTOCOL_NAMES = ("LL", "LL128", "Simple")
 
@@ -127,7 +124,7 @@ class CostModel:
 
     def estimate(self, op: str, nbytes: int, placement: Placement) -> Estimate:
         if op not in COLLECTIVES:
-            raise ConfigError(f"unknown collective {op!r}; expected one of {', '.join(COLLECTIVES)}")
+            op = op_name(op)  # another spelling of one (allreduce), or one error naming them
         if nbytes < 0:
             raise ConfigError(f"nbytes must be >= 0, got {nbytes}")
         n = placement.num_ranks

@@ -35,7 +35,7 @@ import zlib
 from pathlib import Path
 
 from prism_debug.checked import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, Untrusted, member_of
-from prism_debug.cost.model import COLLECTIVES
+from prism_debug.cost.ops import known_op, op_problem
 from prism_debug.errors import GraphError
 from prism_debug.graph.messages import KINDS as MESSAGE_KINDS
 from prism_debug.graph.messages import PeerMessage, messages_from_json, messages_to_json
@@ -418,7 +418,8 @@ def _program(read: Untrusted, data: object, index: int, world: int,
         row = read.items(row, here, most=5)
         if len(row) < 3:
             read.fail(here, "must be [kind, family, nbytes, dtype, peer]")
-        kind = read.text(row[0], here + (0,), most=64, check=member_of(COLLECTIVES))
+        # any spelling of an op (cost/ops.py), kept as its canonical name
+        kind = known_op(read.text(row[0], here + (0,), most=64, check=op_problem))
         ops.append(OpSpec(
             kind, read.text(row[1], here + (1,), most=256),
             read.int(row[2], here + (2,), 0, MAX_OP_BYTES),
