@@ -20,6 +20,7 @@ import yaml
 from prism_debug.checked import InvalidFields, declared_fields, dotted
 from prism_debug.errors import ScenarioError
 from prism_debug.faults import FAULT_TYPES, Action, Fault
+from prism_debug.scenario.keys import accepted_keys
 from prism_debug.scenario.model import (
     EXPECTATION_TYPES,
     Scenario,
@@ -111,6 +112,9 @@ class _Reader:
         self.selects: list = []
         self.triggers: list = []
         self.expectations: list = []
+        self.actions: list = []  # each fault's action (None where it could not be read)
+        self.families: list = []  # each fault's family key (None: none, or unreadable)
+        self.action: Action | None = None  # the action of the fault being read
 
     def read(self, text: str) -> tuple[Scenario | None, list[Problem]]:
         try:
@@ -139,7 +143,9 @@ class _Reader:
             return None, self.problems
         self.nodes[()] = root
         scenario = self._scenario(root)
-        self.problems.sort(key=lambda p: (p.line, p.column))
+        # one rule may find a fault's problem twice: as the fault is built, and
+        # across the file (cross_rules sees what could be read of it)
+        self.problems = sorted(dict.fromkeys(self.problems), key=lambda p: (p.line, p.column))
         return (None if self.problems else scenario), self.problems
 
     def _scenario(self, root: yaml.Node) -> Scenario | None:
@@ -175,9 +181,12 @@ class _Reader:
 
     # -- structure --
 
-    def _mapping(self, node, path, allowed: Sequence[str] | None) -> dict | None:
-        """``{key: (key node, value node)}``; unknown keys reported unless
-        ``allowed`` is None."""
+    def _mapping(self, node, path, allowed: Sequence[str] | None,
+                 accepted: Sequence[str] | None = None) -> dict | None:
+        """``{key: (key node, value node)}``; keys not in ``allowed`` reported
+        (unless it is None), with suggestions only from ``accepted`` (the keys
+        taken here; default ``allowed``: see ``keys.py``)."""
+        accepted = allowed if accepted is None else accepted
         if not isinstance(node, yaml.MappingNode):
             self._report(path, f"expected a mapping, got {_describe(node)}", node)
             return None
@@ -191,9 +200,10 @@ class _Reader:
                 first = pairs[key.value][0].start_mark.line + 1
                 self._report(path, f"duplicate key {key.value!r} (first on line {first})", key)
             elif allowed is not None and key.value not in allowed:
-                close = difflib.get_close_matches(key.value, allowed, n=1, cutoff=0.75)
+                close = difflib.get_close_matches(key.value, accepted, n=1, cutoff=0.75)
                 hint = (f"did you mean {close[0]!r}?" if close
-                        else f"expected one of {', '.join(allowed)}")
+                        else f"expected one of {', '.join(accepted)}" if accepted
+                        else "nothing else goes here: remove it")
                 self._report(path, f"unknown key {key.value!r}: {hint}", key)
             else:
                 pairs[key.value] = (key, value)
@@ -203,7 +213,10 @@ class _Reader:
         """The values of ``cls``'s fields read from mapping ``node``; None when it
         is not a mapping; the key ``_INVALID`` when a field could not be read."""
         specs = dict(declared_fields(cls))
-        pairs = self._mapping(node, path, [*extra, *specs] if check_unknown else None)
+        present = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)] \
+            if isinstance(node, yaml.MappingNode) else []
+        accepted = [*extra, *accepted_keys(cls, present, self.action)]
+        pairs = self._mapping(node, path, [*extra, *specs] if check_unknown else None, accepted)
         if pairs is None:
             return None
         values: dict[Any, Any] = {}
@@ -357,12 +370,16 @@ class _Reader:
             self.nodes[path + ("action",)] = action_node
             action = self._read_enum(action_node, path + ("action",), Action)
             cls = Fault if action is _INVALID else FAULT_TYPES[action]
+            self.action = None if action is _INVALID else action
             values = self._fields(cls, node, path, extra=("action",),
                                   check_unknown=cls is not Fault)
+            self.action = None
         if values is None:
             values = {_INVALID: True}
         self.selects.append(values.get("select"))
         self.triggers.append(values.get("at"))
+        self.actions.append(None if action is _INVALID else action)
+        self.families.append(values.get("family"))
         if values.pop(_INVALID, False) or action is _INVALID:
             return _INVALID
         return self._build(cls, values, path, line=node.start_mark.line + 1)
