@@ -28,7 +28,7 @@ from prism_debug.runner.launch import restore, run
 from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, python_command
 from prism_debug.runner.paths import default_run_dir, make_run_dir, open_store
 from prism_debug.scenario import Scenario, plan
-from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt
+from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt, Run
 from prism_debug.snapshot.store import Manifest, sha256_file
 
 _FR_TRACE_TIMEOUT_S = 300
@@ -159,12 +159,18 @@ def _snapshot(scenario: Scenario, store: Path | None) -> Manifest:
 
 
 def _command(scenario: Scenario) -> list[str]:
-    spec = scenario.run
+    return scenario_command(scenario.run, scenario.source)
+
+
+def scenario_command(spec: Run, source: str) -> list[str]:
+    """The command a scenario's run starts (its file is ``source``): the
+    example's, or its own with a script found beside the file (what lint
+    checks, too)."""
     if spec.example is not None:
         return python_command(EXAMPLE_SCRIPT, spec.example.argv())
     command = list(spec.command)
     # a script named relative to the scenario file
-    base = Path(scenario.source).resolve().parent
+    base = Path(source).resolve().parent
     for i, word in enumerate(command):
         if word.endswith(".py") and not Path(word).is_absolute() and (base / word).is_file():
             command[i] = str(base / word)

@@ -20,6 +20,7 @@ import yaml
 from prism_debug.checked import InvalidFields, declared_fields, dotted
 from prism_debug.errors import ScenarioError
 from prism_debug.faults import FAULT_TYPES, Action, Fault
+from prism_debug.scenario import surroundings
 from prism_debug.scenario.keys import accepted_keys
 from prism_debug.scenario.model import (
     EXPECTATION_TYPES,
@@ -27,6 +28,7 @@ from prism_debug.scenario.model import (
     cross_rules,
     hex_digest_problem,
 )
+from prism_debug.scenario.surroundings import Machine
 
 _TAG = "tag:yaml.org,2002:"
 _NULL, _BOOL, _INT, _FLOAT, _STR = (_TAG + t for t in ("null", "bool", "int", "float", "str"))
@@ -52,10 +54,11 @@ class Problem:
 MAX_SCENARIO_BYTES = 1 << 20
 
 
-def load_scenario(path: str | Path) -> Scenario:
+def load_scenario(path: str | Path, machine: Machine | None = None) -> Scenario:
     """The scenario in the YAML file at ``path``; :class:`ScenarioError` listing
-    every problem in it otherwise."""
-    return parse_scenario(read_scenario_text(path), str(path))
+    every problem in it otherwise (with ``machine``, its surroundings' too:
+    ``surroundings.py``)."""
+    return parse_scenario(read_scenario_text(path), str(path), machine)
 
 
 def read_scenario_text(path: str | Path) -> str:
@@ -73,19 +76,23 @@ def read_scenario_text(path: str | Path) -> str:
         raise ScenarioError([], f"cannot read scenario {path}: {why}") from exc
 
 
-def parse_scenario(text: str, source: str = "<string>") -> Scenario:
+def parse_scenario(text: str, source: str = "<string>",
+                   machine: Machine | None = None) -> Scenario:
     """The scenario ``text`` describes; :class:`ScenarioError` listing every
     problem in it otherwise.  ``source`` names the file in messages."""
-    scenario, problems = _Reader(source).read(text)
+    scenario, problems = _Reader(source, machine).read(text)
     if problems:
         raise ScenarioError(problems)
     assert scenario is not None
     return scenario
 
 
-def lint(text: str, source: str = "<string>") -> list[Problem]:
-    """Every problem in scenario ``text``, in file order; never raises."""
-    return _Reader(source).read(text)[1]
+def lint(text: str, source: str = "<string>", machine: Machine | None = None) -> list[Problem]:
+    """Every problem in scenario ``text``, in file order; never raises.  With
+    ``machine``, also what the file's surroundings show: the script its command
+    runs, its graph file (or the graph cache's graph of its job) and what the
+    graph says of its faults — all read, nothing profiled."""
+    return _Reader(source, machine).read(text)[1]
 
 
 def _describe(node: yaml.Node) -> str:
@@ -102,8 +109,10 @@ def _describe(node: yaml.Node) -> str:
 class _Reader:
     """Walks the composed YAML node tree, reporting problems with positions."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, machine: Machine | None = None) -> None:
         self.source = source
+        self.machine = machine
+        self.world = self.run = None  # what could be read of them
         self.problems: list[Problem] = []
         self.nodes: dict[tuple, yaml.Node] = {}  # key path -> value node
         self.keys: dict[tuple, yaml.Node] = {}  # key path -> key node
@@ -143,6 +152,11 @@ class _Reader:
             return None, self.problems
         self.nodes[()] = root
         scenario = self._scenario(root)
+        if self.machine is not None:
+            read = surroundings.Read(self.world, self.run, self.selects, self.triggers,
+                                     self.actions, self.families)
+            for path, message in surroundings.problems(read, self.source, self.machine):
+                self._report(path, message)
         # one rule may find a fault's problem twice: as the fault is built, and
         # across the file (cross_rules sees what could be read of it)
         self.problems = sorted(dict.fromkeys(self.problems), key=lambda p: (p.line, p.column))
@@ -152,6 +166,7 @@ class _Reader:
         values = self._fields(Scenario, root, ())
         if values is None:
             return None
+        self.world, self.run = values.get("world"), values.get("run")
         if values.pop(_INVALID, False) or self.problems:
             for path, message in cross_rules(values.get("world"), values.get("run"),
                                              self.selects, self.triggers, self.expectations):
