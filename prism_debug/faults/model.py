@@ -130,7 +130,11 @@ class Selector(Checked):
         return None
 
     def _rules(self):
-        yield from one_of(self, self.KINDS, ", ".join(self.KINDS))
+        if all(getattr(self, attr) is None for attr in self.KINDS.values()):
+            # (a selector does not know its fault: say which kinds a link takes)
+            yield (), f"give one of {', '.join(self.KINDS)} (a link fault: node or nodes)"
+        else:
+            yield from one_of(self, self.KINDS, ", ".join(self.KINDS))
         if self.family is not None and self.group is None:
             yield (), "family needs group: the group's index in the family"
         if self.group is not None and self.family is None:
@@ -165,7 +169,7 @@ class Duration(Checked):
     def _rules(self):
         if self.iterations is None and self.time_s is None:
             # which one a fault takes depends on its action (a hang's is time_s)
-            yield (), ("give iterations: how many it lasts (a hang's for takes time_s, the "
+            yield (), ("give iterations (how many it lasts) or, for a hang, time_s (the "
                        "seconds it stalls)")
         else:
             yield from one_of(self, {"iterations": "iterations", "time_s": "time_s"},

@@ -44,7 +44,7 @@ def accepted_keys(cls, present: Collection[str] = (), action: Action | None = No
     elif cls is Duration:
         # a hang stalls for seconds; every other fault lasts whole iterations
         drop.add("iterations" if action == Action.HANG else "time_s")
-    elif isinstance(cls, type) and issubclass(cls, Fault):
+    elif issubclass(cls, Fault):
         if action == Action.FAIL:
             drop.add("for")  # a failed rank never comes back
     elif cls is Selector:

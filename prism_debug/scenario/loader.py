@@ -215,7 +215,10 @@ class _Reader:
                 first = pairs[key.value][0].start_mark.line + 1
                 self._report(path, f"duplicate key {key.value!r} (first on line {first})", key)
             elif allowed is not None and key.value not in allowed:
-                close = difflib.get_close_matches(key.value, accepted, n=1, cutoff=0.75)
+                # a key given already is no alternative (it would be a duplicate)
+                given = {k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+                close = difflib.get_close_matches(
+                    key.value, [k for k in accepted if k not in given], n=1, cutoff=0.75)
                 hint = (f"did you mean {close[0]!r}?" if close
                         else f"expected one of {', '.join(accepted)}" if accepted
                         else "nothing else goes here: remove it")

@@ -559,8 +559,8 @@ def test_every_error_in_a_file_is_reported_in_file_order():
         "s.yaml:9:13: faults[1].action: 'fial' is not one of delay, slow, link, fail, hang, "
         "nan, inf, corrupt, desync",
         "s.yaml:10:24: faults[1].select.fraction: must be in (0, 1], got 2.0",
-        "s.yaml:14:5: faults[2].for: give iterations: how many it lasts (a hang's for takes "
-        "time_s, the seconds it stalls)",
+        "s.yaml:14:5: faults[2].for: give iterations (how many it lasts) or, for a hang, "
+        "time_s (the seconds it stalls)",
         "s.yaml:14:11: faults[2].for: unknown key 'iteratons': did you mean 'iterations'?",
         "s.yaml:16:16: expect[0].exit_code: must be in -255..255, got 999",
         "s.yaml:17:33: expect[1].iteration_time.iteration: must be >= 1, got 0",
