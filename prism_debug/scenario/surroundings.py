@@ -125,10 +125,12 @@ def _against_graph(read: Read, world: World, graph: ExecutionGraph,
         if family is not None and family not in graph.families:
             yield ("faults", i, "family"), _no_family(family, graph, name)
         if trigger is not None and trigger.collective is not None \
-                and trigger.iteration is not None and targets is not None:
+                and trigger.iteration is not None and action != Action.LINK:
             # the selected ranks count their collectives; the real rank's
-            # data-parallel peers count the real rank's (faults/model.py)
-            classes = {graph.class_of(rank) for rank in [*targets, world.rank]}
+            # data-parallel peers count the real rank's (faults/model.py).
+            # Ranks not known (a selector at fault): the busiest class bounds it
+            classes = ({graph.class_of(rank) for rank in [*targets, world.rank]}
+                       if targets is not None else range(len(graph.programs)))
             count = max(_issued(graph, c, trigger.iteration) for c in classes)
             if trigger.collective > count:
                 yield ("faults", i, "at", "collective"), (

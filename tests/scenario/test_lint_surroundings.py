@@ -126,7 +126,7 @@ def test_faults_without_a_graph_are_refused_before_anything_runs(folder):
 FAULTS = """\
 run: {command: [python, train.py], graph: g.prism}
 faults:
-  - {action: hang, select: {family: tq, group: 0}}
+  - {action: hang, select: {family: tq, group: 0}, at: {iteration: 1, collective: 4}}
   - {action: hang, select: {family: tp, group: 2}}
   - {action: hang, select: {class: 2}}
   - {action: delay, seconds: 1, family: dpp, select: {ranks: '1'}}
@@ -142,6 +142,9 @@ def test_families_groups_classes_and_collectives_are_checked_against_the_graph(f
     assert lint_file(s, HEAD + FAULTS) == [
         f"{s}:5:37: faults[0].select.family: no family 'tq' in the graph g.prism: did you "
         "mean 'tp'? it has tp, pp",
+        # whom it selects is not known: the busiest class's count bounds it
+        f"{s}:5:83: faults[0].at.collective: collective 4 is beyond the 3 collectives of "
+        "iteration 1 in the graph g.prism: give 1-3",
         f"{s}:6:48: faults[1].select.group: family tp has groups 0-1 in the graph g.prism, "
         "not 2",
         f"{s}:7:36: faults[2].select.class: class 2 does not exist: the graph g.prism has "
@@ -174,7 +177,7 @@ def test_the_graph_cache_holds_the_graph_of_graph_profile_and_nothing_is_profile
         (cache_dir() / f"{key}.prism").unlink()
     assert found[0] == (f"{s}:5:37: faults[0].select.family: no family 'tq' in the cached "
                         "graph of this job: did you mean 'tp'? it has tp, pp")
-    assert len(found) == 6
+    assert len(found) == 7
 
 
 def test_the_pure_loader_checks_no_surroundings(folder):
