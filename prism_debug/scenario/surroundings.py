@@ -1,5 +1,5 @@
-"""What lint knows beyond a scenario's text: the script its command runs, the
-graph file it names (or the graph the graph cache already holds for its job),
+"""What lint knows beyond a scenario's text: the script its command runs, its
+hardware profile, the graph file it names (or the graph the graph cache already holds for its job),
 and what that graph says of its faults' families, groups, classes and
 collectives.
 
@@ -17,7 +17,8 @@ import difflib
 from pathlib import Path
 from typing import Iterator, Protocol, Sequence
 
-from prism_debug.errors import ConfigError, GraphError
+from prism_debug.cost import load_profile
+from prism_debug.errors import ConfigError, GraphError, PrismError
 from prism_debug.faults import Action, Selector, Trigger, select
 from prism_debug.graph import ExecutionGraph
 from prism_debug.scenario.model import Run, World
@@ -64,6 +65,11 @@ def problems(read: Read, source: str, machine: Machine) -> Iterator[tuple[tuple,
     if run.command is not None and (found := machine.command_problem(run, source)):
         index, message = found
         yield ("run", "command", index), message
+    if run.hardware is not None:
+        try:
+            load_profile(run.hardware)  # read as the run reads it
+        except PrismError as exc:
+            yield ("run", "hardware"), str(exc)
     graph, name = None, None
     if run.graph is not None and not run.profile_graph:
         path, name = graph_file(run.graph, source), f"the graph {run.graph}"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from prism_debug.cost import bundled_profiles
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, Mesh, OpSpec
 from prism_debug.runner.graph_cache import cache_dir, cache_key
 from prism_debug.runner.scenario_lint import ThisMachine
@@ -84,6 +85,15 @@ def test_a_missing_script_or_program_is_named_at_its_word(folder):
     assert lint_file(s, HEAD + "run:\n  command: pyhton train.py\n") == [
         f"{s}:4:12: run.command[0]: command not found: pyhton: give a program on PATH or "
         "the path to one"]
+
+
+def test_the_hardware_profile_must_exist_as_the_run_reads_it(folder):
+    s = folder / "s.yaml"
+    run = "run: {command: [python, train.py], hardware: %s}\n"
+    assert lint_file(s, HEAD + run % "h100-ib400") == []
+    assert lint_file(s, HEAD + run % "h100-ib40") == [
+        f"{s}:3:46: run.hardware: unknown hardware profile 'h100-ib40': give a TOML file or "
+        f"one of {', '.join(bundled_profiles())}"]
 
 
 # -- the graph file ------------------------------------------------------------------------
