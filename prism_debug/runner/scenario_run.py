@@ -79,8 +79,12 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
         raise ConfigError(f"{scenario.source}: faults act on virtual peers replayed from an "
                           "execution graph: give run.graph (a file, or profile)")
     faults = scenario.seeded_faults()
-    for fault in faults:
-        targets = resolve(fault, world.size, world.gpus_per_node, graph).targets
+    for i, fault in enumerate(faults):
+        try:
+            targets = resolve(fault, world.size, world.gpus_per_node, graph).targets
+        except ConfigError as exc:  # a graph profiled just now, which lint could not read
+            raise ConfigError(f"{scenario.source}:{fault.line}: faults[{i}].select: {exc}") \
+                from exc
         message(f"scenario: perturb {fault_text(fault)}" + (
             f"  ({rank_text(targets)})" if fault.select.kind in ("family", "class", "fraction")
             else ""))

@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from prism_debug.cost import bundled_profiles
+from prism_debug.errors import ConfigError
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, Mesh, OpSpec
 from prism_debug.runner.graph_cache import cache_dir, cache_key
 from prism_debug.runner.scenario_lint import ThisMachine
-from prism_debug.runner.scenario_run import scenario_command
+from prism_debug.runner.scenario_run import run_scenario, scenario_command
 from prism_debug.scenario import lint, load_scenario, parse_scenario
 
 
@@ -252,3 +253,17 @@ def test_the_bundled_examples_lint_clean_against_the_examples_graph(example_grap
     assert proc.stdout.splitlines() == [
         f"{broken}:14:22: faults[0].select.family: no family 'dq' in the cached graph of this "
         "job: did you mean 'dp'? it has world, tp, dp, pp"]
+
+
+def test_a_selector_a_just_profiled_graph_refuses_names_its_line_when_run(folder):
+    """What lint could not check (the graph is profiled by the run itself) is
+    still refused before the rank starts, at the fault's line."""
+    s = folder / "s.yaml"
+    s.write_text(HEAD + "run: {command: [python, train.py], graph: g.prism}\n"
+                        "faults:\n  - {action: hang, select: {family: dq, group: 0}}\n")
+    scenario = load_scenario(s)  # the text alone: as if the graph came later
+    with pytest.raises(ConfigError) as caught:
+        run_scenario(scenario, run_dir=folder / "runs")
+    assert str(caught.value) == (f"{s}:5: faults[0].select: family:dq:0: no family 'dq': the "
+                                 "graph has tp, pp")
+    assert not (folder / "runs" / "run").exists()
