@@ -28,7 +28,6 @@ from prism_debug.scenario.model import (
     cross_rules,
     hex_digest_problem,
 )
-from prism_debug.scenario.surroundings import Machine
 
 _TAG = "tag:yaml.org,2002:"
 _NULL, _BOOL, _INT, _FLOAT, _STR = (_TAG + t for t in ("null", "bool", "int", "float", "str"))
@@ -54,7 +53,7 @@ class Problem:
 MAX_SCENARIO_BYTES = 1 << 20
 
 
-def load_scenario(path: str | Path, machine: Machine | None = None) -> Scenario:
+def load_scenario(path: str | Path, machine: surroundings.Machine | None = None) -> Scenario:
     """The scenario in the YAML file at ``path``; :class:`ScenarioError` listing
     every problem in it otherwise (with ``machine``, its surroundings' too:
     ``surroundings.py``)."""
@@ -77,7 +76,7 @@ def read_scenario_text(path: str | Path) -> str:
 
 
 def parse_scenario(text: str, source: str = "<string>",
-                   machine: Machine | None = None) -> Scenario:
+                   machine: surroundings.Machine | None = None) -> Scenario:
     """The scenario ``text`` describes; :class:`ScenarioError` listing every
     problem in it otherwise.  ``source`` names the file in messages."""
     scenario, problems = _Reader(source, machine).read(text)
@@ -87,7 +86,8 @@ def parse_scenario(text: str, source: str = "<string>",
     return scenario
 
 
-def lint(text: str, source: str = "<string>", machine: Machine | None = None) -> list[Problem]:
+def lint(text: str, source: str = "<string>",
+         machine: surroundings.Machine | None = None) -> list[Problem]:
     """Every problem in scenario ``text``, in file order; never raises.  With
     ``machine``, also what the file's surroundings show: the script its command
     runs, its graph file (or the graph cache's graph of its job) and what the
@@ -109,7 +109,7 @@ def _describe(node: yaml.Node) -> str:
 class _Reader:
     """Walks the composed YAML node tree, reporting problems with positions."""
 
-    def __init__(self, source: str, machine: Machine | None = None) -> None:
+    def __init__(self, source: str, machine: surroundings.Machine | None = None) -> None:
         self.source = source
         self.machine = machine
         self.world = self.run = None  # what could be read of them
