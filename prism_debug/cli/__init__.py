@@ -393,12 +393,13 @@ def scenario() -> None:
                 type=click.Path(dir_okay=False, path_type=Path))
 def scenario_lint(files) -> None:
     """Report every error in FILES, each with its line and column."""
+    from prism_debug.runner.scenario_lint import ThisMachine
     from prism_debug.scenario import lint
     from prism_debug.scenario.loader import read_scenario_text
 
     problems = 0
     for path in files:
-        found = lint(read_scenario_text(path), str(path))
+        found = lint(read_scenario_text(path), str(path), ThisMachine())
         for problem in found:
             click.echo(str(problem))
         problems += len(found)
@@ -427,7 +428,11 @@ def scenario_run(files, report_path, junit_path, run_dir, store) -> None:
     from prism_debug.runner.scenario_run import junit_xml
 
     check_output_paths(("--report", report_path), ("--junit", junit_path))
-    scenarios = [api.load_scenario(path) for path in files]  # every file checked first
+    from prism_debug.runner.scenario_lint import ThisMachine
+
+    # every file checked first, as lint checks it (scripts, graphs): nothing starts
+    # when one is broken
+    scenarios = [api.load_scenario(path, ThisMachine()) for path in files]
     results = []
     for i, loaded in enumerate(scenarios):
         folder = run_dir / f"{i + 1}-{loaded.name}" if run_dir else None

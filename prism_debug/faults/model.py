@@ -59,6 +59,9 @@ class DesyncKind(enum.StrEnum):
 VALUE_ACTIONS = frozenset({Action.NAN, Action.INF, Action.CORRUPT})
 #: actions after which the peers never arrive (the flight record tells them apart)
 MISSING_ACTIONS = frozenset({Action.FAIL, Action.HANG, Action.DESYNC})
+#: why a fault's ``at`` refuses ``time_s`` (only a hang's stall is a time)
+TIME_TRIGGER_REFUSED = ("faults start at an iteration (and a collective in it); time_s "
+                        "triggers are not supported")
 #: actions whose window is whole iterations (the others may start at a collective):
 #: a compute factor and a link's state hold for an iteration in the engine
 WHOLE_ITERATION_ACTIONS = frozenset({Action.SLOW, Action.LINK})
@@ -127,7 +130,11 @@ class Selector(Checked):
         return None
 
     def _rules(self):
-        yield from one_of(self, self.KINDS, ", ".join(self.KINDS))
+        if all(getattr(self, attr) is None for attr in self.KINDS.values()):
+            # (a selector does not know its fault: say which kinds a link takes)
+            yield (), f"give one of {', '.join(self.KINDS)} (a link fault: node or nodes)"
+        else:
+            yield from one_of(self, self.KINDS, ", ".join(self.KINDS))
         if self.family is not None and self.group is None:
             yield (), "family needs group: the group's index in the family"
         if self.group is not None and self.family is None:
@@ -146,8 +153,10 @@ class Trigger(Checked):
     time_s: float | None = declare("float", default=None, check=non_negative)
 
     def _rules(self):
-        yield from one_of(self, {"iteration": "iteration", "time_s": "time_s"},
-                          "iteration, time_s")
+        # time_s is read so that writing it gets the fault's reason for
+        # refusing it (Fault._rules), but it is never what to give
+        if self.iteration is None and self.time_s is None:
+            yield (), "give iteration: the iteration it starts at, counting from 1"
         if self.collective is not None and self.iteration is None:
             yield ("collective",), "collective counts within an iteration: give iteration too"
 
@@ -158,8 +167,13 @@ class Duration(Checked):
     time_s: float | None = declare("float", default=None, check=positive)
 
     def _rules(self):
-        yield from one_of(self, {"iterations": "iterations", "time_s": "time_s"},
-                          "iterations, time_s")
+        if self.iterations is None and self.time_s is None:
+            # which one a fault takes depends on its action (a hang's is time_s)
+            yield (), ("give iterations (how many it lasts) or, for a hang, time_s (the "
+                       "seconds it stalls)")
+        else:
+            yield from one_of(self, {"iterations": "iterations", "time_s": "time_s"},
+                              "iterations, time_s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -231,8 +245,7 @@ class Fault(Checked):
         # The replay engine counts iterations and collectives, not seconds:
         # only a hang's stall is a time.
         if self.at.time_s is not None:
-            yield ("at", "time_s"), ("faults start at an iteration (and a collective in it); "
-                                     "time_s triggers are not supported")
+            yield ("at", "time_s"), TIME_TRIGGER_REFUSED
         if self.at.collective is not None and self.action in WHOLE_ITERATION_ACTIONS:
             yield ("at", "collective"), (f"a {self.action} fault acts on whole iterations: "
                                          "remove collective (the other actions may start at "

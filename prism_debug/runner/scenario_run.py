@@ -28,7 +28,7 @@ from prism_debug.runner.launch import restore, run
 from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, python_command
 from prism_debug.runner.paths import default_run_dir, make_run_dir, open_store
 from prism_debug.scenario import Scenario, plan
-from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt
+from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt, Run
 from prism_debug.snapshot.store import Manifest, sha256_file
 
 _FR_TRACE_TIMEOUT_S = 300
@@ -79,8 +79,12 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
         raise ConfigError(f"{scenario.source}: faults act on virtual peers replayed from an "
                           "execution graph: give run.graph (a file, or profile)")
     faults = scenario.seeded_faults()
-    for fault in faults:
-        targets = resolve(fault, world.size, world.gpus_per_node, graph).targets
+    for i, fault in enumerate(faults):
+        try:
+            targets = resolve(fault, world.size, world.gpus_per_node, graph).targets
+        except ConfigError as exc:  # a graph profiled just now, which lint could not read
+            raise ConfigError(f"{scenario.source}:{fault.line}: faults[{i}].select: {exc}") \
+                from exc
         message(f"scenario: perturb {fault_text(fault)}" + (
             f"  ({rank_text(targets)})" if fault.select.kind in ("family", "class", "fraction")
             else ""))
@@ -159,12 +163,18 @@ def _snapshot(scenario: Scenario, store: Path | None) -> Manifest:
 
 
 def _command(scenario: Scenario) -> list[str]:
-    spec = scenario.run
+    return scenario_command(scenario.run, scenario.source)
+
+
+def scenario_command(spec: Run, source: str) -> list[str]:
+    """The command a scenario's run starts (its file is ``source``): the
+    example's, or its own with a script found beside the file (what lint
+    checks, too)."""
     if spec.example is not None:
         return python_command(EXAMPLE_SCRIPT, spec.example.argv())
     command = list(spec.command)
     # a script named relative to the scenario file
-    base = Path(scenario.source).resolve().parent
+    base = Path(source).resolve().parent
     for i, word in enumerate(command):
         if word.endswith(".py") and not Path(word).is_absolute() and (base / word).is_file():
             command[i] = str(base / word)

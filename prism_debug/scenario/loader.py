@@ -20,6 +20,8 @@ import yaml
 from prism_debug.checked import InvalidFields, declared_fields, dotted
 from prism_debug.errors import ScenarioError
 from prism_debug.faults import FAULT_TYPES, Action, Fault
+from prism_debug.scenario import surroundings
+from prism_debug.scenario.keys import accepted_keys
 from prism_debug.scenario.model import (
     EXPECTATION_TYPES,
     Scenario,
@@ -51,10 +53,11 @@ class Problem:
 MAX_SCENARIO_BYTES = 1 << 20
 
 
-def load_scenario(path: str | Path) -> Scenario:
+def load_scenario(path: str | Path, machine: surroundings.Machine | None = None) -> Scenario:
     """The scenario in the YAML file at ``path``; :class:`ScenarioError` listing
-    every problem in it otherwise."""
-    return parse_scenario(read_scenario_text(path), str(path))
+    every problem in it otherwise (with ``machine``, its surroundings' too:
+    ``surroundings.py``)."""
+    return parse_scenario(read_scenario_text(path), str(path), machine)
 
 
 def read_scenario_text(path: str | Path) -> str:
@@ -72,19 +75,24 @@ def read_scenario_text(path: str | Path) -> str:
         raise ScenarioError([], f"cannot read scenario {path}: {why}") from exc
 
 
-def parse_scenario(text: str, source: str = "<string>") -> Scenario:
+def parse_scenario(text: str, source: str = "<string>",
+                   machine: surroundings.Machine | None = None) -> Scenario:
     """The scenario ``text`` describes; :class:`ScenarioError` listing every
     problem in it otherwise.  ``source`` names the file in messages."""
-    scenario, problems = _Reader(source).read(text)
+    scenario, problems = _Reader(source, machine).read(text)
     if problems:
         raise ScenarioError(problems)
     assert scenario is not None
     return scenario
 
 
-def lint(text: str, source: str = "<string>") -> list[Problem]:
-    """Every problem in scenario ``text``, in file order; never raises."""
-    return _Reader(source).read(text)[1]
+def lint(text: str, source: str = "<string>",
+         machine: surroundings.Machine | None = None) -> list[Problem]:
+    """Every problem in scenario ``text``, in file order; never raises.  With
+    ``machine``, also what the file's surroundings show: the script its command
+    runs, its graph file (or the graph cache's graph of its job) and what the
+    graph says of its faults — all read, nothing profiled."""
+    return _Reader(source, machine).read(text)[1]
 
 
 def _describe(node: yaml.Node) -> str:
@@ -101,8 +109,10 @@ def _describe(node: yaml.Node) -> str:
 class _Reader:
     """Walks the composed YAML node tree, reporting problems with positions."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, machine: surroundings.Machine | None = None) -> None:
         self.source = source
+        self.machine = machine
+        self.world = self.run = None  # what could be read of them
         self.problems: list[Problem] = []
         self.nodes: dict[tuple, yaml.Node] = {}  # key path -> value node
         self.keys: dict[tuple, yaml.Node] = {}  # key path -> key node
@@ -111,6 +121,9 @@ class _Reader:
         self.selects: list = []
         self.triggers: list = []
         self.expectations: list = []
+        self.actions: list = []  # each fault's action (None where it could not be read)
+        self.families: list = []  # each fault's family key (None: none, or unreadable)
+        self.action: Action | None = None  # the action of the fault being read
 
     def read(self, text: str) -> tuple[Scenario | None, list[Problem]]:
         try:
@@ -139,13 +152,21 @@ class _Reader:
             return None, self.problems
         self.nodes[()] = root
         scenario = self._scenario(root)
-        self.problems.sort(key=lambda p: (p.line, p.column))
+        if self.machine is not None:
+            read = surroundings.Read(self.world, self.run, self.selects, self.triggers,
+                                     self.actions, self.families)
+            for path, message in surroundings.problems(read, self.source, self.machine):
+                self._report(path, message)
+        # one rule may find a fault's problem twice: as the fault is built, and
+        # across the file (cross_rules sees what could be read of it)
+        self.problems = sorted(dict.fromkeys(self.problems), key=lambda p: (p.line, p.column))
         return (None if self.problems else scenario), self.problems
 
     def _scenario(self, root: yaml.Node) -> Scenario | None:
         values = self._fields(Scenario, root, ())
         if values is None:
             return None
+        self.world, self.run = values.get("world"), values.get("run")
         if values.pop(_INVALID, False) or self.problems:
             for path, message in cross_rules(values.get("world"), values.get("run"),
                                              self.selects, self.triggers, self.expectations):
@@ -175,9 +196,12 @@ class _Reader:
 
     # -- structure --
 
-    def _mapping(self, node, path, allowed: Sequence[str] | None) -> dict | None:
-        """``{key: (key node, value node)}``; unknown keys reported unless
-        ``allowed`` is None."""
+    def _mapping(self, node, path, allowed: Sequence[str] | None,
+                 accepted: Sequence[str] | None = None) -> dict | None:
+        """``{key: (key node, value node)}``; keys not in ``allowed`` reported
+        (unless it is None), with suggestions only from ``accepted`` (the keys
+        taken here; default ``allowed``: see ``keys.py``)."""
+        accepted = allowed if accepted is None else accepted
         if not isinstance(node, yaml.MappingNode):
             self._report(path, f"expected a mapping, got {_describe(node)}", node)
             return None
@@ -191,9 +215,13 @@ class _Reader:
                 first = pairs[key.value][0].start_mark.line + 1
                 self._report(path, f"duplicate key {key.value!r} (first on line {first})", key)
             elif allowed is not None and key.value not in allowed:
-                close = difflib.get_close_matches(key.value, allowed, n=1, cutoff=0.75)
+                # a key given already is no alternative (it would be a duplicate)
+                given = {k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)}
+                close = difflib.get_close_matches(
+                    key.value, [k for k in accepted if k not in given], n=1, cutoff=0.75)
                 hint = (f"did you mean {close[0]!r}?" if close
-                        else f"expected one of {', '.join(allowed)}")
+                        else f"expected one of {', '.join(accepted)}" if accepted
+                        else "nothing else goes here: remove it")
                 self._report(path, f"unknown key {key.value!r}: {hint}", key)
             else:
                 pairs[key.value] = (key, value)
@@ -203,7 +231,10 @@ class _Reader:
         """The values of ``cls``'s fields read from mapping ``node``; None when it
         is not a mapping; the key ``_INVALID`` when a field could not be read."""
         specs = dict(declared_fields(cls))
-        pairs = self._mapping(node, path, [*extra, *specs] if check_unknown else None)
+        present = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)] \
+            if isinstance(node, yaml.MappingNode) else []
+        accepted = [*extra, *accepted_keys(cls, present, self.action)]
+        pairs = self._mapping(node, path, [*extra, *specs] if check_unknown else None, accepted)
         if pairs is None:
             return None
         values: dict[Any, Any] = {}
@@ -357,12 +388,16 @@ class _Reader:
             self.nodes[path + ("action",)] = action_node
             action = self._read_enum(action_node, path + ("action",), Action)
             cls = Fault if action is _INVALID else FAULT_TYPES[action]
+            self.action = None if action is _INVALID else action
             values = self._fields(cls, node, path, extra=("action",),
                                   check_unknown=cls is not Fault)
+            self.action = None
         if values is None:
             values = {_INVALID: True}
         self.selects.append(values.get("select"))
         self.triggers.append(values.get("at"))
+        self.actions.append(None if action is _INVALID else action)
+        self.families.append(values.get("family"))
         if values.pop(_INVALID, False) or action is _INVALID:
             return _INVALID
         return self._build(cls, values, path, line=node.start_mark.line + 1)

@@ -91,6 +91,7 @@ from prism_debug.checked import (
 )
 from prism_debug.errors import ConfigError
 from prism_debug.example import Example
+from prism_debug.faults.model import TIME_TRIGGER_REFUSED
 from prism_debug.faults import (
     DesyncKind,
     Fault,
@@ -388,6 +389,11 @@ def cross_rules(world: World | None, run: Run | None, selects: Sequence[Selector
                     if rank >= world.size:
                         yield (("expect", i, "flight_record", "missing_ranks", j),
                                f"rank {rank} is outside the world of {world.size} ranks")
+    for i, trigger in enumerate(triggers):
+        # (a fault that reads cleanly refuses it too; here it is found beside
+        # other errors in the same fault)
+        if trigger is not None and trigger.time_s is not None:
+            yield ("faults", i, "at", "time_s"), TIME_TRIGGER_REFUSED
     last = run.last_iteration if run is not None else None
     if last is None:
         return

@@ -9,12 +9,15 @@ fail-stopped one brings NCCL's watchdog down on the restored rank.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+
+from prism_debug.graph import ExecutionGraph
 
 pytestmark = pytest.mark.slow
 
@@ -97,9 +100,13 @@ def test_a_snapshot_scenario_refuses_what_a_restore_cannot_change(snapshot, exam
     assert proc.stdout.splitlines() == [
         f"{path}:3:{column}: run.timeout_s: a restored snapshot keeps its process groups' "
         "timeouts: take the snapshot from a run with --collective-timeout"]
-    other = scenario(tmp, "other-graph", snapshot_id, tmp / "run" / "agent.json", "")
+    # a graph of the same job that is not the snapshot's (lint refuses one that
+    # is no graph at all before the snapshot is looked at)
+    graph = ExecutionGraph.load(example_graph)
+    dataclasses.replace(graph, command=("another", "job")).save(tmp / "other.prism")
+    other = scenario(tmp, "other-graph", snapshot_id, tmp / "other.prism", "")
     proc = cli("scenario", "run", str(other), "--store", str(store))
     assert proc.returncode == 2
-    assert proc.stderr == (f"prism-debug: error: {other}: run.graph {tmp / 'run' / 'agent.json'}"
+    assert proc.stderr == (f"prism-debug: error: {other}: run.graph {tmp / 'other.prism'}"
                            f" is not the graph snapshot {snapshot_id} was taken with: give that "
                            "graph\n")

@@ -408,16 +408,16 @@ def test_selector_trigger_duration_conflicts():
     assert problems(text) == [
         "s.yaml:6:30: faults[0].select.node: give one of ranks, node, nodes, family, class, "
         "fraction, not both ranks and node",
-        "s.yaml:7:32: faults[0].at.time_s: give one of iteration, time_s, not both iteration "
-        "and time_s",
+        "s.yaml:7:32: faults[0].at.time_s: faults start at an iteration (and a collective in "
+        "it); time_s triggers are not supported",
         "s.yaml:8:34: faults[0].for.time_s: give one of iterations, time_s, not both "
         "iterations and time_s",
         "s.yaml:10:5: faults[1].select: family needs group: the group's index in the family",
-        "s.yaml:11:5: faults[1].at: give one of iteration, time_s",
+        "s.yaml:11:5: faults[1].at: give iteration: the iteration it starts at, counting from 1",
         "s.yaml:11:22: faults[1].at.collective: collective counts within an iteration: give "
         "iteration too",
         "s.yaml:13:21: faults[2].select.group: group goes with family",
-        "s.yaml:14:5: faults[2].at: give one of iteration, time_s",
+        "s.yaml:14:5: faults[2].at: give iteration: the iteration it starts at, counting from 1",
     ]
     assert problems(HEAD + "faults:\n  - action: hang\n    select: {ranks: 4}\n"
                            "    at: {time_s: 1, collective: 3}\n") == [
@@ -559,7 +559,8 @@ def test_every_error_in_a_file_is_reported_in_file_order():
         "s.yaml:9:13: faults[1].action: 'fial' is not one of delay, slow, link, fail, hang, "
         "nan, inf, corrupt, desync",
         "s.yaml:10:24: faults[1].select.fraction: must be in (0, 1], got 2.0",
-        "s.yaml:14:5: faults[2].for: give one of iterations, time_s",
+        "s.yaml:14:5: faults[2].for: give iterations (how many it lasts) or, for a hang, "
+        "time_s (the seconds it stalls)",
         "s.yaml:14:11: faults[2].for: unknown key 'iteratons': did you mean 'iterations'?",
         "s.yaml:16:16: expect[0].exit_code: must be in -255..255, got 999",
         "s.yaml:17:33: expect[1].iteration_time.iteration: must be >= 1, got 0",

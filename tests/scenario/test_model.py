@@ -151,8 +151,8 @@ def test_dataclasses_validate_themselves():
     with pytest.raises(ConfigError, match=r"^World: size: must be >= 1, got 0; "
                                           r"gpus_per_node: must be >= 1, got 0$"):
         World(size=0, rank=0, gpus_per_node=0)
-    with pytest.raises(ConfigError, match="^Selector: give one of ranks, node, nodes, family, "
-                                          "class, fraction$"):
+    with pytest.raises(ConfigError, match=r"^Selector: give one of ranks, node, nodes, family, "
+                                          r"class, fraction \(a link fault: node or nodes\)$"):
         Selector()
     with pytest.raises(ConfigError, match=r"^Selector: fraction: must be in \(0, 1\], got 0$"):
         Selector(fraction=0)

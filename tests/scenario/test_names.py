@@ -54,8 +54,11 @@ def test_a_scenario_named_dot_dot_writes_nothing_outside_its_run_folder(tmp_path
                          capture_output=True, text=True, timeout=120)
     after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
     assert (out.returncode, out.stdout) == (2, "")
+    # (scenario run checks what lint checks, the command too)
     assert out.stderr == (f"prism-debug: error: {scenario}:1:7: name: must be a safe name, got "
-                          f"'../../../escaped': {PATTERN}\n")
+                          f"'../../../escaped': {PATTERN}\n"
+                          f"{scenario}:3:17: run.command[0]: command not found: "
+                          "no-such-program-here: give a program on PATH or the path to one\n")
     assert after == before  # nothing made: not runs/, not a/escaped
 
 
