@@ -74,7 +74,7 @@ class Commands:
         return {"id": bp.id, "description": bp.description}
 
     def do_breaks(self) -> dict:
-        return {"breakpoints": [{"id": bp.id, "description": bp.description,
+        return {"breakpoints": [{"id": bp.id, "kind": bp.kind, "description": bp.description,
                                  "temporary": bp.temporary, "hits": bp.hits}
                                 for bp in self._debugger.breakpoints()]}
 

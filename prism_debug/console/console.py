@@ -64,14 +64,14 @@ class Console(Shell):
         self.events_on = False
         self.exit_code: int | None = None  # set once the rank is known to have exited
         self.detached = False
-        # iterations whose scheduled snapshots are still to be announced
-        self._snapshots_due: set[int] = set()
+        # snapshots this console has shown as replies: their events are no news
+        self._snapshots_shown: set[str] = set()
         self._missed_seen = getattr(client, "missed", 0)
         # The agent's breaks listing has no kind; remember the ones made here.
         self._break_kinds: dict[int, str] = {}
 
     def postcmd(self, stop: bool, line: str) -> bool:
-        if not stop and (self.events_on or self._snapshots_due):
+        if not stop:  # (a snapshot taken meanwhile is news even with events off)
             self._take_events(show=self.events_on)
         return stop
 
@@ -318,9 +318,7 @@ class Console(Shell):
                 self._wait_for_stop(result.get("after", 0))
 
     def _wait_for_stop(self, after: int = 0) -> None:
-        kinds = set(EVENT_KINDS if self.events_on else STOP_KINDS)
-        if self._snapshots_due:
-            kinds.add("snapshot")
+        kinds = set(EVENT_KINDS if self.events_on else STOP_KINDS | {"snapshot"})
         interrupted = False
         while True:
             try:
@@ -346,7 +344,7 @@ class Console(Shell):
             # Not this run's stop: an event to print, or a restore's late pause to skip.
             if self.events_on:
                 self._show_event(event)
-            elif self._is_due_snapshot(event):
+            elif self._is_news(event):
                 self._show(event, format_event_text)
 
     # -- events -----------------------------------------------------------------
@@ -376,20 +374,16 @@ class Console(Shell):
             self._note_event(event)
             if show:
                 self._show_event(event)
-            elif self._is_due_snapshot(event):
+            elif self._is_news(event):
                 self._show(event, format_event_text)
         if show:
             self._note_missed()
 
-    def _is_due_snapshot(self, event: dict) -> bool:
-        """A snapshot this console scheduled, now taken (or failed): news even
-        with events off.  Forgotten once told."""
-        if event["kind"] != "snapshot" or not self._snapshots_due:
-            return False
-        iteration = event["data"].get("iteration")
-        due = {k for k in self._snapshots_due if iteration is not None and k <= iteration}
-        self._snapshots_due -= due
-        return bool(due)
+    def _is_news(self, event: dict) -> bool:
+        """A snapshot taken (or failed) that this console has not shown: news
+        even with events off, as a scheduled one is taken later (perhaps
+        asked by a console that has left since)."""
+        return event["kind"] == "snapshot" and event["data"].get("id") not in self._snapshots_shown
 
     def _show_event(self, event: dict) -> None:
         self._show(event, format_event_line)
@@ -416,14 +410,15 @@ class Console(Shell):
         iteration boundary: now, and the snapshot is shown when done.
         Otherwise it is scheduled for the end of the iteration in progress
         (a paused rank gets there once continued): the answer comes at once,
-        and the snapshot is announced when taken (snapshots lists it).
+        and the snapshot is announced when taken (snapshots lists it).  Every
+        console prints the snapshots taken while it is attached.
         """
         if self._require_live():
             args = {"name": arg.strip()} if arg.strip() else {}
             result = self._request("snapshot", timeout_s=SNAPSHOT_TIMEOUT_S, **args)
             if result is not None:
-                if result.get("when") == "scheduled":
-                    self._snapshots_due.add(result["iteration"])
+                if "id" in result:
+                    self._snapshots_shown.add(result["id"])
                 self._show(result, format_snapshot)
 
     def do_snapshots(self, arg: str) -> None:
