@@ -10,6 +10,7 @@ touches a socket.
 from __future__ import annotations
 
 import textwrap
+import time
 from typing import Any, Protocol, TextIO
 
 from prism_debug.bus.protocol import EVENT_KINDS
@@ -30,6 +31,10 @@ REQUEST_TIMEOUT_S = 10.0
 SNAPSHOT_TIMEOUT_S = 600.0
 #: continue/step/next wait for as long as the rank runs; Ctrl-C pauses it.
 STOP_TIMEOUT_S = 7 * 24 * 3600.0
+#: pause waits this long for the rank to get to where it can stop (a collective,
+#: an iteration boundary); a rank deep in its own code or a hung collective may
+#: take longer: the console is given back, and the pause announced when it comes.
+PAUSE_WAIT_S = 5.0
 
 STOP_KINDS = frozenset({"paused", "exited"})
 
@@ -66,6 +71,8 @@ class Console(Shell):
         self.detached = False
         # snapshots this console has shown as replies: their events are no news
         self._snapshots_shown: set[str] = set()
+        # the number of the pause before one that pause gave up waiting for
+        self._pause_after: int | None = None
         self._missed_seen = getattr(client, "missed", 0)
         # The agent's breaks listing has no kind; remember the ones made here.
         self._break_kinds: dict[int, str] = {}
@@ -293,6 +300,8 @@ class Console(Shell):
         """pause
 
         Pause the running rank at the next collective or iteration boundary.
+        Not there within 5 s (deep in its own code, or in a hung collective):
+        the console is given back and the pause announced when it comes.
         """
         self._resume("pause", arg)
 
@@ -315,14 +324,17 @@ class Console(Shell):
             if result is not None:
                 # pauses are numbered: one the rank announced before this
                 # request (perhaps still on its way) is not this run's stop
-                self._wait_for_stop(result.get("after", 0))
+                self._wait_for_stop(result.get("after", 0),
+                                    PAUSE_WAIT_S if verb == "pause" else STOP_TIMEOUT_S)
 
-    def _wait_for_stop(self, after: int = 0) -> None:
+    def _wait_for_stop(self, after: int = 0, timeout_s: float = STOP_TIMEOUT_S) -> None:
         kinds = set(EVENT_KINDS if self.events_on else STOP_KINDS | {"snapshot"})
+        deadline = time.monotonic() + timeout_s
         interrupted = False
         while True:
             try:
-                event = self.client.next_event(kinds, timeout_s=STOP_TIMEOUT_S)
+                event = self.client.next_event(
+                    kinds, timeout_s=max(0.0, deadline - time.monotonic()))
             except KeyboardInterrupt:
                 if interrupted:
                     return self.error("stopped waiting; the rank may still be running "
@@ -332,6 +344,13 @@ class Console(Shell):
                     self.message("--KeyboardInterrupt-- pausing the rank (Ctrl-C again to stop waiting)")
                 self._request("pause")
                 continue
+            if event is None and timeout_s < STOP_TIMEOUT_S:
+                self._pause_after = after  # its pause is news whenever it comes
+                return self._show(
+                    {"state": "pausing", "after": after},
+                    lambda _: f"rank {self.rank} is pausing: it stops at its next collective or "
+                              f"iteration boundary, not reached in {timeout_s:g} s (status shows "
+                              "where it is); the pause is announced when it comes")
             if event is None:
                 return self.error("the rank did not stop; status shows where it is, "
                                   "pause stops it", type="Timeout")
@@ -380,9 +399,14 @@ class Console(Shell):
             self._note_missed()
 
     def _is_news(self, event: dict) -> bool:
-        """A snapshot taken (or failed) that this console has not shown: news
-        even with events off, as a scheduled one is taken later (perhaps
-        asked by a console that has left since)."""
+        """A snapshot taken (or failed) that this console has not shown, or the
+        pause a pause command gave up waiting for: news even with events off
+        (a scheduled snapshot is taken later, perhaps asked by a console that
+        has left since)."""
+        if event["kind"] == "paused" and self._pause_after is not None:
+            if event["data"].get("number", self._pause_after + 1) > self._pause_after:
+                self._pause_after = None
+                return True
         return event["kind"] == "snapshot" and event["data"].get("id") not in self._snapshots_shown
 
     def _show_event(self, event: dict) -> None:

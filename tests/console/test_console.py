@@ -383,6 +383,38 @@ def test_a_snapshot_mid_iteration_is_scheduled_at_once_and_announced_when_taken(
         "no breakpoints"]
 
 
+def test_every_snapshot_taken_is_news_once():
+    now = {"id": "s2", "iteration": 3, "bytes": 1 << 20, "dump_s": 0.5, "path": "/snap/s2"}
+    client = FakeClient({"snapshot": now, "breaks": {"breakpoints": []}})
+    console = Console(client, RANK, stdin=io.StringIO(), stdout=io.StringIO(), interactive=False)
+    console.postcmd(console.onecmd("snapshot"), "snapshot")
+    # its own event (shown as the reply) and one another console scheduled
+    client.pending = [event(4, "snapshot", **now),
+                      event(5, "snapshot", id="s3", iteration=4, bytes=1 << 20, dump_s=0.5,
+                            path="/snap/s3")]
+    console.postcmd(console.onecmd("break"), "break")
+    assert console.stdout.getvalue().splitlines() == [
+        "snapshot s2: after iteration 3, 1.0 MiB in 0.50 s (/snap/s2)",
+        "no breakpoints",
+        "snapshot s3 taken after iteration 4 (1.0 MiB in 0.50 s)"]
+
+
+def test_a_pause_that_takes_long_gives_the_console_back_and_is_announced_later():
+    late = paused(30, 6, "pause", "all_reduce", "dp", 0, 2)
+    late["data"]["number"] = 3
+    client = FakeClient({"pause": {"state": "pausing", "after": 2, "paused_at": None},
+                         "breaks": {"breakpoints": []}})
+    console = Console(client, RANK, stdin=io.StringIO(), stdout=io.StringIO(), interactive=False)
+    console.onecmd("pause")  # the fake's stream is empty: no pause within the wait
+    client.pending = [late]
+    console.postcmd(console.onecmd("break"), "break")
+    assert console.stdout.getvalue().splitlines() == [
+        "rank 4097 is pausing: it stops at its next collective or iteration boundary, not "
+        "reached in 5 s (status shows where it is); the pause is announced when it comes",
+        "no breakpoints",
+        "paused before all_reduce on dp[0] (seq 2) in iteration 6 (pause)"]
+
+
 def test_pause_on_a_paused_rank_answers_at_once():
     where = paused(9, 3, "break 1")["data"]
     client = FakeClient({"pause": {"state": "paused", "after": 0, "paused_at": where}})
