@@ -72,10 +72,13 @@ def test_a_pause_outlives_the_console_that_made_it(tmp_path, session_dir):
 
         # a snapshot asked mid-iteration (paused before a collective) is
         # answered at once; the rank gets to the boundary once continued
+        # (pause on a paused rank is answered by the pause in progress, whose
+        # event this console never saw)
         started = time.monotonic()
-        console = attach("--command", "s; snapshot; where", timeout_s=60)
+        console = attach("--command", "pause; s; snapshot; where", timeout_s=60)
         took = time.monotonic() - started
         lines = console.stdout.splitlines()
+        assert lines.pop(0) == "paused at iteration 3 (break 1)"
         assert lines[:2] == [
             "paused before all_reduce on world[0] (seq 1) in iteration 3 (step)",
             "snapshot scheduled for the end of iteration 3: taken once continued (continue, "
