@@ -47,6 +47,7 @@ def held(info, iteration: int, reason: str, run) -> None:
 
 
 def test_a_pause_outlives_the_console_that_made_it(tmp_path, session_dir):
+    due = None
     run = start(tmp_path, "--paused", script=SCRIPTS / "train_forever.py")
     info = wait_for_session(run)
     try:
@@ -121,6 +122,25 @@ def test_a_pause_outlives_the_console_that_made_it(tmp_path, session_dir):
             while client.request("status")["iteration"] <= first + 1:
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
+            client.request("leave")
+
+        # a breakpoint a one-shot console leaves behind stops the rank later,
+        # with nobody attached (two seconds ahead: the console is long gone)
+        with BusClient.for_session(info) as client:
+            due = alone(client)["iteration"] + 10
+            client.request("leave")
+        console = attach("--command", f"break iter {due}")
+        assert console.stdout.splitlines() == [
+            f"breakpoint 2: iteration {due}",
+            f"left; rank 5 keeps running, and its 1 breakpoint stays armed — {RESUME} where "
+            "it pauses"]
+        with BusClient.for_session(info) as client:
+            deadline = time.monotonic() + 60
+            while client.request("status")["state"] != "paused":
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            client.request("leave")
+        held(info, due, "break 2", run)
     finally:
         run.send_signal(signal.SIGTERM)
         out, err = run.communicate(timeout=120)
@@ -130,3 +150,5 @@ def test_a_pause_outlives_the_console_that_made_it(tmp_path, session_dir):
             "prism-debug attach --rank 5, then continue") in said, out + err
     assert (f"prism-debug: no console is attached and rank 5 stays paused at iteration 3 "
             f"(break 1): {RESUME}") in said
+    assert (f"prism-debug: no console is attached and rank 5 stays paused at iteration {due} "
+            f"(break 2): {RESUME}") in said
