@@ -45,7 +45,9 @@ class Commands:
 
     def do_where(self) -> dict:
         """The main thread's stack, outermost first, down to where it entered
-        prism-debug (the frames of a paused rank's debugger are not the script's)."""
+        prism-debug (the frames of a paused rank's debugger are not the script's),
+        and whether the rank is paused: a running rank's stack is one instant of it."""
+        paused = self._debugger.paused_at
         frame = sys._current_frames().get(threading.main_thread().ident)
         stack = []
         while frame is not None:
@@ -59,7 +61,8 @@ class Commands:
             frames.append({"file": code.co_filename, "line": frame.f_lineno,
                            "function": code.co_name,
                            "code": linecache.getline(code.co_filename, frame.f_lineno).strip()})
-        return {"frames": frames}
+        return {"frames": frames, "state": "paused" if paused else "running",
+                "paused_at": paused}
 
     # -- breakpoints and stepping ----------------------------------------------------
 
@@ -71,7 +74,7 @@ class Commands:
         return {"id": bp.id, "description": bp.description}
 
     def do_breaks(self) -> dict:
-        return {"breakpoints": [{"id": bp.id, "description": bp.description,
+        return {"breakpoints": [{"id": bp.id, "kind": bp.kind, "description": bp.description,
                                  "temporary": bp.temporary, "hits": bp.hits}
                                 for bp in self._debugger.breakpoints()]}
 
@@ -94,21 +97,19 @@ class Commands:
 
     def do_pause(self) -> dict:
         after = self._debugger.pause()
-        return {"state": "paused" if self._debugger.paused_at else "pausing", "after": after}
+        paused = self._debugger.paused_at  # paused already: no new pause event will come
+        return {"state": "paused" if paused else "pausing", "after": after, "paused_at": paused}
 
     def do_events(self, on: bool) -> dict:
         self._debugger.set_events(on)
         return {"events": on}
 
-    def do_detach(self, resume: bool = True) -> dict:
-        """The last client left: nobody would continue from a breakpoint.  It
-        detached: the rank runs on.  It vanished: no new pause, but one in
-        progress stays until somebody attaches and continues."""
-        if resume:
-            self._debugger.release()
-        else:
-            self._debugger.disarm()
-        return {}
+    def do_detach(self) -> dict:
+        """A console detached: the rank runs free (every breakpoint deleted, a
+        pause resumed).  A console that only leaves never gets here: the rank
+        stays as it is, paused or not, its breakpoints kept."""
+        deleted, was_paused = self._debugger.release()
+        return {**self.do_status(), "deleted": deleted, "resumed": was_paused}
 
     # -- perturbations ------------------------------------------------------------------
 
@@ -165,8 +166,10 @@ class Commands:
 
     def do_snapshot(self, name: str | None = None) -> dict:
         """Paused where an iteration starts: the snapshot is taken there, now.
-        Otherwise at the end of the iteration in progress (snapshots are cut
-        at iteration boundaries, where nothing is in flight)."""
+        Otherwise it is scheduled for the end of the iteration in progress
+        (snapshots are cut at iteration boundaries, where nothing is in
+        flight), and the answer says so at once: a rank paused mid-iteration
+        gets there only once resumed."""
         agent, debugger = self._agent, self._debugger
         paused = debugger.paused_at
         if paused is not None and paused["at"] == "iteration":
@@ -175,7 +178,8 @@ class Commands:
             return {"iteration": iteration, "when": "now"}
         iteration = agent.tracker.iteration
         agent.ask_snapshot(iteration)
-        return {"iteration": iteration, "when": "at the end of the iteration"}
+        return {"iteration": iteration, "when": "scheduled",
+                "state": "paused" if paused else "running"}
 
     # -- what the rank saw ------------------------------------------------------------
 
@@ -185,6 +189,7 @@ class Commands:
         if last is None:
             raise InvalidState("no iteration has finished yet: next runs to the end of one")
         iteration, start, ops = last
+        paused = self._debugger.paused_at
         graph = agent.graph_engine
         rows = []
         for seq, record in enumerate(ops, 1):
@@ -200,7 +205,9 @@ class Commands:
                          "start_ms": (record.arrival - start) * 1e3,
                          "duration_ms": None if done is None else (done - record.arrival) * 1e3,
                          "wait_ms": record.waited_s * 1e3, "last_rank": last_rank})
-        return {"iteration": iteration, "ops": rows}
+        # the last finished iteration; a running rank is already past it
+        return {"iteration": iteration, "ops": rows, "state": "paused" if paused else "running",
+                "paused_at": paused}
 
     def do_peers(self, selector: str | None = None) -> dict:
         agent = self._agent

@@ -157,25 +157,21 @@ class Debugger:
             self.events_on = on
             self._update_watch()
 
-    def disarm(self) -> None:
-        """Drop every breakpoint and pending step; a pause in progress stays."""
+    def release(self) -> tuple[int, bool]:
+        """Let the rank run free (``detach``, a lost controller): drop every
+        breakpoint and pending step, resume a pause.  How many breakpoints went,
+        and whether a pause was resumed."""
         with self._cond:
+            deleted = len(self._breakpoints)
             self._breakpoints.clear()
             self._mode = None
             self.events_on = False
-            self._update_watch()
-
-    def release(self) -> None:
-        """Nobody is left to resume the rank (detach, a lost controller): drop
-        every breakpoint and let it run."""
-        with self._cond:
-            self._breakpoints.clear()
-            self._mode = None
-            self.events_on = False
-            if self.paused_at is not None:
+            was_paused = self.paused_at is not None
+            if was_paused:
                 self._resume = True
             self._update_watch()
             self._cond.notify_all()
+            return deleted, was_paused
 
     def _update_watch(self) -> None:
         self._on_watch(self.events_on or self._mode is not None or any(

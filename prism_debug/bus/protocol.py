@@ -99,7 +99,10 @@ VERBS: Mapping[str, ArgSchema] = types.MappingProxyType({
     "snapshot": {"name": ((str,), False)},
     "snapshots": _NO_ARGS,
     "restore": {"id": ((str,), True)},
-    "detach": {"resume": ((bool,), False)},
+    # detach releases the rank (every breakpoint deleted, a pause resumed) and leaves;
+    # leave only leaves: the rank stays as it is, paused or not
+    "detach": _NO_ARGS,
+    "leave": _NO_ARGS,
     "perturb": {"fault": ((dict,), True), "text": ((str,), False)},
     "faults": _NO_ARGS,
     "unperturb": {"index": ((int,), False)},

@@ -178,8 +178,11 @@ class BusServer:
         self._agent_seen = 0.0
         self._agent_lost_reported = False
         self.on_agent_hello: Callable[[int], None] = lambda pid: None
-        # every client went away (detached, or vanished): nobody can resume the rank
+        # every client went away (left, detached or vanished): the rank stays as it is
         self.on_last_client_gone: Callable[[], None] = lambda: None
+        # the rank paused (the event's data): the session tells its terminal when
+        # nobody is attached to see it
+        self.on_rank_paused: Callable[[dict], None] = lambda where: None
         self._clients_checked = time.monotonic()
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
@@ -412,6 +415,8 @@ class BusServer:
                 if (type(event) is list and len(event) == 2 and event[0] in AGENT_EVENT_KINDS
                         and type(event[1]) is dict):
                     self.publish(event[0], event[1])
+                    if event[0] == "paused":
+                        self.on_rank_paused(event[1])
                 else:
                     self.dropped_events += 1
                     if self.dropped_events == 1 or self.dropped_events % 1000 == 0:

@@ -257,7 +257,8 @@ def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, 
               help="With --connect: the controller's CURVE public key (Z85, or a .key file); "
                    "default: the server key in your keys directory.")
 @click.option("--command", "-c", "commands", default=None,
-              help="Run these ;-separated console commands, then detach.")
+              help="Run these ;-separated console commands, then leave (the rank stays as it is; "
+                   "a detach command releases it).")
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per reply.")
 def attach(rank, session_id, connect, server_key, commands, as_json) -> None:
     """Attach a debugger console to a running rank.

@@ -10,13 +10,14 @@ touches a socket.
 from __future__ import annotations
 
 import textwrap
+import time
 from typing import Any, Protocol, TextIO
 
 from prism_debug.bus.protocol import EVENT_KINDS
 from prism_debug.console.formatting import (
     format_breaks, format_deleted, format_event_line, format_event_text, format_new_break,
-    format_peers, format_perturb, format_restored, format_snapshot, format_snapshots,
-    format_status, format_timeline, format_where,
+    format_left, format_peers, format_perturb, format_restored, format_snapshot,
+    format_snapshots, format_status, format_timeline, format_where,
 )
 from prism_debug.console.parsing import break_choices, is_int, parse_break
 from prism_debug.console.shell import Shell
@@ -30,6 +31,10 @@ REQUEST_TIMEOUT_S = 10.0
 SNAPSHOT_TIMEOUT_S = 600.0
 #: continue/step/next wait for as long as the rank runs; Ctrl-C pauses it.
 STOP_TIMEOUT_S = 7 * 24 * 3600.0
+#: pause waits this long for the rank to get to where it can stop (a collective,
+#: an iteration boundary); a rank deep in its own code or a hung collective may
+#: take longer: the console is given back, and the pause announced when it comes.
+PAUSE_WAIT_S = 5.0
 
 STOP_KINDS = frozenset({"paused", "exited"})
 
@@ -64,17 +69,18 @@ class Console(Shell):
         self.events_on = False
         self.exit_code: int | None = None  # set once the rank is known to have exited
         self.detached = False
+        # snapshots this console has shown as replies: their events are no news
+        self._snapshots_shown: set[str] = set()
+        # the number of the pause before one that pause gave up waiting for
+        self._pause_after: int | None = None
         self._missed_seen = getattr(client, "missed", 0)
         # The agent's breaks listing has no kind; remember the ones made here.
         self._break_kinds: dict[int, str] = {}
 
     def postcmd(self, stop: bool, line: str) -> bool:
-        if not stop and self.events_on:
-            self._take_events(show=True)
+        if not stop:  # (a snapshot taken meanwhile is news even with events off)
+            self._take_events(show=self.events_on)
         return stop
-
-    def end_of_input(self) -> None:
-        self._detach(quiet=True)
 
     # -- where the rank is ------------------------------------------------------
 
@@ -92,22 +98,25 @@ class Console(Shell):
     def do_where(self, arg: str) -> None:
         """w(here)
 
-        Print the rank's Python stack, innermost frame last (marked >).
+        Print the rank's Python stack, innermost frame last (marked >).  A
+        running rank's stack is one instant of it, and the first line says
+        (running); pause holds the rank still.
         """
         if arg.strip():
             return self._usage("where")
         if self._require_live():
             result = self._request("where")
             if result is not None:
-                self._show(result, lambda r: format_where(r["frames"]))
+                self._show(result, format_where)
 
     do_w = do_bt = do_where
 
     def do_timeline(self, arg: str) -> None:
         """timeline
 
-        List the collectives of the current iteration so far: group, size,
+        List the collectives of the last finished iteration: group, size,
         start, duration, time spent waiting and the rank that arrived last.
+        A running rank is past it already: the first line says so.
         """
         if arg.strip():
             return self._usage("timeline")
@@ -293,6 +302,8 @@ class Console(Shell):
         """pause
 
         Pause the running rank at the next collective or iteration boundary.
+        Not there within 5 s (deep in its own code, or in a hung collective):
+        the console is given back and the pause announced when it comes.
         """
         self._resume("pause", arg)
 
@@ -308,17 +319,24 @@ class Console(Shell):
         self._take_events(show=self.events_on)
         if self._require_live():
             result = self._request(verb)
+            if result is not None and verb == "pause" and result.get("paused_at"):
+                # paused already: that pause is the answer (its event came before)
+                return self._show({"kind": "paused", "data": result["paused_at"]},
+                                  format_event_text)
             if result is not None:
                 # pauses are numbered: one the rank announced before this
                 # request (perhaps still on its way) is not this run's stop
-                self._wait_for_stop(result.get("after", 0))
+                self._wait_for_stop(result.get("after", 0),
+                                    PAUSE_WAIT_S if verb == "pause" else STOP_TIMEOUT_S)
 
-    def _wait_for_stop(self, after: int = 0) -> None:
-        kinds = set(EVENT_KINDS if self.events_on else STOP_KINDS)
+    def _wait_for_stop(self, after: int = 0, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        kinds = set(EVENT_KINDS if self.events_on else STOP_KINDS | {"snapshot"})
+        deadline = time.monotonic() + timeout_s
         interrupted = False
         while True:
             try:
-                event = self.client.next_event(kinds, timeout_s=STOP_TIMEOUT_S)
+                event = self.client.next_event(
+                    kinds, timeout_s=max(0.0, deadline - time.monotonic()))
             except KeyboardInterrupt:
                 if interrupted:
                     return self.error("stopped waiting; the rank may still be running "
@@ -328,6 +346,13 @@ class Console(Shell):
                     self.message("--KeyboardInterrupt-- pausing the rank (Ctrl-C again to stop waiting)")
                 self._request("pause")
                 continue
+            if event is None and timeout_s < STOP_TIMEOUT_S:
+                self._pause_after = after  # its pause is news whenever it comes
+                return self._show(
+                    {"state": "pausing", "after": after},
+                    lambda _: f"rank {self.rank} is pausing: it stops at its next collective or "
+                              f"iteration boundary, not reached in {timeout_s:g} s (status shows "
+                              "where it is); the pause is announced when it comes")
             if event is None:
                 return self.error("the rank did not stop; status shows where it is, "
                                   "pause stops it", type="Timeout")
@@ -340,6 +365,8 @@ class Console(Shell):
             # Not this run's stop: an event to print, or a restore's late pause to skip.
             if self.events_on:
                 self._show_event(event)
+            elif self._is_news(event):
+                self._show(event, format_event_text)
 
     # -- events -----------------------------------------------------------------
 
@@ -368,8 +395,21 @@ class Console(Shell):
             self._note_event(event)
             if show:
                 self._show_event(event)
+            elif self._is_news(event):
+                self._show(event, format_event_text)
         if show:
             self._note_missed()
+
+    def _is_news(self, event: dict) -> bool:
+        """A snapshot taken (or failed) that this console has not shown, or the
+        pause a pause command gave up waiting for: news even with events off
+        (a scheduled snapshot is taken later, perhaps asked by a console that
+        has left since)."""
+        if event["kind"] == "paused" and self._pause_after is not None:
+            if event["data"].get("number", self._pause_after + 1) > self._pause_after:
+                self._pause_after = None
+                return True
+        return event["kind"] == "snapshot" and event["data"].get("id") not in self._snapshots_shown
 
     def _show_event(self, event: dict) -> None:
         self._show(event, format_event_line)
@@ -392,13 +432,19 @@ class Console(Shell):
     def do_snapshot(self, arg: str) -> None:
         """snapshot [NAME]
 
-        Dump the rank with CRIU at the next iteration boundary (named NAME
-        if given) and wait until the dump is done.
+        Dump the rank with CRIU where an iteration ends.  Paused at an
+        iteration boundary: now, and the snapshot is shown when done.
+        Otherwise it is scheduled for the end of the iteration in progress
+        (a paused rank gets there once continued): the answer comes at once,
+        and the snapshot is announced when taken (snapshots lists it).  Every
+        console prints the snapshots taken while it is attached.
         """
         if self._require_live():
             args = {"name": arg.strip()} if arg.strip() else {}
             result = self._request("snapshot", timeout_s=SNAPSHOT_TIMEOUT_S, **args)
             if result is not None:
+                if "id" in result:
+                    self._snapshots_shown.add(result["id"])
                 self._show(result, format_snapshot)
 
     def do_snapshots(self, arg: str) -> None:
@@ -431,39 +477,60 @@ class Console(Shell):
     def do_detach(self, arg: str) -> bool:
         """detach
 
-        Leave the console; the rank keeps running (or stays paused).
+        Release the rank and leave: every breakpoint is deleted (other
+        consoles' too), a pause is resumed, and the rank runs on to its end.
+        To leave it as it is, paused or not, use quit.
         """
-        self._detach(quiet=False)
+        if arg.strip():
+            return self._usage("detach")
+        self._leave("detach", quiet=False)
         return True
 
     def do_quit(self, arg: str) -> bool:
         """q(uit)
 
-        Like detach: leave the console, the rank keeps running.
+        Leave the console; the rank stays as it is: a pause holds (a later
+        prism-debug attach continues it), breakpoints stay armed.  The end of
+        the input (Ctrl-D, a pipe, --command) leaves the same way.
         """
-        return self.do_detach(arg)
+        if arg.strip():
+            return self._usage("quit")
+        self._leave("leave", quiet=False)
+        return True
 
-    do_q = do_quit
+    do_q = do_exit = do_quit
 
     def do_EOF(self, arg: str) -> bool:
         """EOF
 
-        The end of the input detaches quietly, as detach does.
+        The end of the input leaves as quit does: the rank stays as it is.
         """
         if self.interactive and not self.json_mode:
             self.message("")  # the shell prompt starts on its own line
-        self._detach(quiet=True)
+        self._leave("leave", quiet=True)
         return True
 
-    def _detach(self, quiet: bool) -> None:
+    def end_of_input(self) -> None:
+        self._leave("leave", quiet=True)
+
+    def _leave(self, verb: str, quiet: bool) -> None:
+        """Tell the controller (``leave``, or ``detach`` to release the rank)
+        and say in one line what happens to the rank.  ``quiet``: the end of
+        the input, which prints that line but no JSON (only commands do)."""
         if self.detached:
             return
         self.detached = True
+        self._take_events(show=self.events_on)  # a stop or an exit that is news
         if self.exit_code is not None:  # the rank is gone, and its controller with it
             return
-        result = self._request("detach")
-        if result is not None and not quiet:
-            self._show(result, lambda _: f"detached; rank {self.rank} keeps running")
+        result = self._request(verb)
+        if result is None:
+            return
+        if self.json_mode:
+            if not quiet:
+                self._show(result, lambda r: "")
+        elif result.get("state"):  # (a reply without one tells nothing to repeat)
+            self.message(format_left(result, self.rank, released=verb == "detach"))
 
     # -- completion -------------------------------------------------------------
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime
 import json
 
+from prism_debug.bus.words import describe_collective, describe_pause, format_group, how_to_resume
+
 
 def format_status(status: dict) -> str:
     state = status["state"]
@@ -24,30 +26,6 @@ def format_status(status: dict) -> str:
         f"session: {status['session']}",
         f"clients: {status['clients']}",
     ])
-
-
-def describe_pause(data: dict) -> str:
-    """``paused at iteration 3 (break 1)``, ``paused before all_reduce on dp[3] (seq 12) ...``."""
-    if data.get("at") == "collective":
-        text = f"paused before {describe_collective(data)} in iteration {data['iteration']}"
-    else:
-        text = f"paused at iteration {data['iteration']}"
-    return f"{text} ({data['reason']})" if data.get("reason") else text
-
-
-def describe_collective(data: dict) -> str:
-    text = str(data.get("op"))
-    if data.get("family") is not None:
-        text += f" on {format_group(data['family'], data.get('index'))}"
-    if data.get("seq") is not None:
-        text += f" (seq {data['seq']})"
-    return text
-
-
-def format_group(family: str | None, index: int | None) -> str:
-    if family is None:
-        return "-"
-    return family if index is None else f"{family}[{index}]"
 
 
 def format_bytes(num_bytes: int) -> str:
@@ -89,6 +67,8 @@ def _describe_event(kind: str, data: dict) -> str:
                 f"{data['comm_wait_s'] * 1e3:.3f} ms, {data['num_collectives']} collectives)")
     if kind in ("coll.enter", "coll.exit"):
         return f"{'enter' if kind == 'coll.enter' else 'exit'} {describe_collective(data)}"
+    if kind == "snapshot" and data.get("error"):
+        return f"no snapshot after iteration {data['iteration']}: {data['error']}"
     if kind == "snapshot":
         return (f"snapshot {data['id']} taken after iteration {data['iteration']} "
                 f"({format_bytes(data['bytes'])} in {data['dump_s']:.2f} s)")
@@ -105,10 +85,12 @@ def _describe_event(kind: str, data: dict) -> str:
     return f"{kind} {json.dumps(data)}"
 
 
-def format_where(frames: list[dict]) -> str:
+def format_where(result: dict) -> str:
+    frames = result["frames"]
+    lines = [] if result.get("state", "paused") == "paused" else [
+        "(running: the stack at the instant asked; pause holds the rank still)"]
     if not frames:
-        return "no frames"
-    lines = []
+        lines.append("no frames")
     for number, frame in enumerate(frames, start=1):
         marker = ">" if number == len(frames) else " "
         lines.append(f'{marker} File "{frame["file"]}", line {frame["line"]}, in {frame["function"]}')
@@ -122,9 +104,12 @@ _TIMELINE_ROW = "{:>5}  {:<14} {:<10} {:>10} {:>10} {:>12} {:>9} {:>10}"
 
 def format_timeline(timeline: dict) -> str:
     ops = timeline["ops"]
+    # the last finished iteration; a running rank is already past it
+    running = (" (running: the last finished iteration; the rank is past it)"
+               if timeline.get("state", "paused") != "paused" else "")
     if not ops:
-        return f"iteration {timeline['iteration']}: no collectives yet"
-    lines = [f"iteration {timeline['iteration']}: {len(ops)} collectives",
+        return f"iteration {timeline['iteration']}: no collectives{running}"
+    lines = [f"iteration {timeline['iteration']}: {len(ops)} collectives{running}",
              _TIMELINE_ROW.format("seq", "op", "group", "bytes", "start ms", "duration ms",
                                   "wait ms", "last rank")]
     for op in ops:
@@ -196,8 +181,47 @@ def format_deleted(deleted: list[int]) -> str:
 
 
 def format_snapshot(snapshot: dict) -> str:
+    if snapshot.get("when") == "scheduled":
+        then = ("once continued (continue, next or step), as the rank is paused mid-iteration"
+                if snapshot.get("state") == "paused" else "as the rank gets there")
+        return (f"snapshot scheduled for the end of iteration {snapshot['iteration']}: taken "
+                f"{then}; announced when taken, and snapshots lists it")
     return (f"snapshot {snapshot['id']}: after iteration {snapshot['iteration']}, "
             f"{format_bytes(snapshot['bytes'])} in {snapshot['dump_s']:.2f} s ({snapshot['path']})")
+
+
+def format_left(result: dict, rank: int, released: bool) -> str:
+    """What leaving did to the rank, in one line (``result`` is its status)."""
+    state = result.get("state")
+    if released:
+        done = []
+        if result.get("resumed"):
+            done.append("resumed")
+        if result.get("deleted"):
+            noun = "breakpoint" if result["deleted"] == 1 else "breakpoints"
+            done.append(f"{result['deleted']} {noun} deleted")
+        detail = f" ({', '.join(done)})" if done else ""
+        if state in ("running", "paused"):  # paused: a pause was resumed just now
+            return f"detached; rank {rank} runs free to its end{detail}"
+        return f"detached; rank {rank} is {_off_bus(result)}; it runs free once back"
+    if state == "paused" and result.get("paused_at"):
+        return (f"left; rank {rank} stays {describe_pause(result['paused_at'])} — "
+                f"{how_to_resume(rank)}")
+    if state == "running":
+        armed = result.get("breakpoints") or 0
+        if armed:
+            noun = "breakpoint stays" if armed == 1 else "breakpoints stay"
+            return (f"left; rank {rank} keeps running, and its {armed} {noun} armed — "
+                    f"{how_to_resume(rank)} where it pauses")
+        return f"left; rank {rank} keeps running"
+    return f"left; rank {rank} is {_off_bus(result)}"
+
+
+def _off_bus(status: dict) -> str:
+    state = status.get("state")
+    if state == "exited":
+        return f"gone (exited with code {status.get('exit_code')})"
+    return {"starting": "still starting", "snapshotting": "being snapshotted"}.get(state, state)
 
 
 def format_snapshots(snapshots: list[dict]) -> str:

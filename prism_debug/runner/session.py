@@ -29,6 +29,7 @@ from typing import Callable
 
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
+from prism_debug.bus.words import describe_pause, how_to_resume
 from prism_debug.errors import (
     BusError,
     Busy,
@@ -87,10 +88,12 @@ class Session:
         server.handle("snapshots", self._snapshots)
         server.handle("restore", self._restore)
         server.handle("detach", self._detach)
+        server.handle("leave", self._leave)
         server.on_agent_hello = self._agent_back
         server.on_last_client_gone = self._nobody_left
+        server.on_rank_paused = self._paused
         self._taken: dict[int, dict] = {}  # iteration -> the snapshot taken there, this rank
-        self._detaching = False
+        self._told_pause = 0  # the last pause this terminal was told of (they are numbered)
 
     # -- the loop's side ------------------------------------------------------------
 
@@ -161,6 +164,8 @@ class Session:
         waiters = [pending for asked in sorted(self._snapshot_waiters) if asked <= iteration
                    for pending in self._snapshot_waiters.pop(asked)]
         if manifest is None:
+            # told to every console: one that scheduled it waits for this
+            self.server.publish("snapshot", {"iteration": iteration, "error": error})
             for pending in waiters:
                 self.server.fail(pending, SnapshotFailed(f"no snapshot at iteration "
                                                          f"{iteration}: {error}"))
@@ -181,22 +186,33 @@ class Session:
                 "remote_events": self.server.remote_events}
 
     def _status(self, client: bytes, args: dict) -> dict:
+        return self._ask_rank("status")
+
+    def _ask_rank(self, verb: str, then: Callable[[dict], None] = lambda result: None) -> dict:
+        """The rank's answer to ``verb`` with the session's fields (the answer
+        is deferred), or, while the rank is off the bus, what the controller
+        knows; ``then`` is told the answer once it is sent."""
         extra = {"session": self.info.session, "pid": self.server.agent_pid or 0,
                  "clients": len(self.server.clients)}
         if self.server.agent_connected:
             def answer(pending: Pending) -> None:
                 def reply(message: dict) -> None:
                     try:
-                        self.server.reply(pending, {**result_of(message), **extra})
+                        result = {**result_of(message), **extra}
                     except PrismError as exc:
                         self.server.fail(pending, exc)
-                self.server.ask_agent("status", {}, reply)
+                        return
+                    self.server.reply(pending, result)
+                    then(result)
+                self.server.ask_agent(verb, {}, reply)
             raise Deferred(answer)
         state = ("exited" if self.exit_code is not None else
                  "snapshotting" if self.snapshotting else "starting")
-        return {"state": state, "rank": self.rank, "world_size": self.world_size,
-                "iteration": None, "emulated_s": None, "paused_at": None, "breakpoints": 0,
-                "exit_code": self.exit_code, **extra}
+        result = {"state": state, "rank": self.rank, "world_size": self.world_size,
+                  "iteration": None, "emulated_s": None, "paused_at": None, "breakpoints": 0,
+                  "exit_code": self.exit_code, **extra}
+        then(result)
+        return result
 
     def _snapshot(self, client: bytes, args: dict) -> dict:
         if self.exit_code is not None:
@@ -205,11 +221,16 @@ class Session:
         def answer(pending: Pending) -> None:
             def scheduled(message: dict) -> None:
                 try:
-                    iteration = result_of(message)["iteration"]
+                    result = result_of(message)
                 except PrismError as exc:
                     self.server.fail(pending, exc)
                     return
-                if iteration in self._taken:  # the dump was quicker than this reply
+                iteration = result["iteration"]
+                if result.get("when") == "scheduled":
+                    # taken when the rank gets to that boundary, which a paused
+                    # rank does only once resumed: said now, announced as an event
+                    self.server.reply(pending, result)
+                elif iteration in self._taken:  # the dump was quicker than this reply
                     self.server.reply(pending, self._taken[iteration])
                 elif sum(map(len, self._snapshot_waiters.values())) >= MAX_SNAPSHOT_WAITERS:
                     self.server.fail(pending, Busy(
@@ -328,23 +349,60 @@ class Session:
         self._restores.clear()
 
     def _detach(self, client: bytes, args: dict) -> dict:
-        self._detaching = True
+        """The client releases the rank (every breakpoint deleted, a pause
+        resumed) and leaves.  A rank off the bus for a moment (a snapshot, its
+        start) is released when it is back."""
+        leave = lambda result: self.server.forget_client(client)  # noqa: E731
+        if self.server.agent_connected or self.exit_code is not None:
+            return self._ask_rank("detach", leave)
         try:
-            self.server.forget_client(client)
-        finally:
-            self._detaching = False
-        return {}
+            self.server.ask_agent("detach", {}, lambda message: None)
+        except BusError:  # gone meanwhile, or a table full: nothing to release
+            pass
+        return self._ask_rank("status", leave)
+
+    def _leave(self, client: bytes, args: dict) -> dict:
+        """The client leaves; the rank stays as it is (paused or running, its
+        breakpoints kept).  Answered with the rank's state, which the console
+        tells its user."""
+        return self._ask_rank("status", lambda result: self.server.forget_client(client))
 
     def _nobody_left(self) -> None:
-        """The last client left.  Detached: the rank runs on.  Vanished (killed,
-        or a one-off probe): no breakpoint will stop it again, but a pause in
-        progress holds until somebody attaches and continues."""
-        if self.exit_code is None:
-            try:
-                self.server.ask_agent("detach", {"resume": self._detaching},
-                                      lambda message: None)
-            except BusError:  # gone, or a table full: nothing to release then
-                pass
+        """The last client left (or vanished): nothing changes for the rank —
+        a pause holds until somebody attaches and continues, breakpoints stay
+        armed — but nobody watches its events any more, and the terminal is
+        told of a pause nobody is attached to."""
+        if self.exit_code is not None or not self.server.agent_connected:
+            return
+        try:
+            self.server.ask_agent("events", {"on": False}, lambda message: None)
+            self.server.ask_agent("status", {}, self._left_paused)
+        except BusError:  # gone, or a table full: nobody to tell then
+            pass
+
+    def _left_paused(self, message: dict) -> None:
+        try:
+            where = result_of(message).get("paused_at")
+        except PrismError:
+            return
+        if where is not None:
+            self._paused(where)
+
+    def _paused(self, where: dict) -> None:
+        """The rank paused, or is paused as the last client leaves: with nobody
+        attached, say so on the controller's terminal (once a pause), or the
+        run just looks stuck."""
+        number = where.get("number", 0)
+        if self.server.clients or number <= self._told_pause:
+            return
+        self._told_pause = number
+        if where.get("reason") == "start":
+            self._message(f"prism-debug: rank {self.rank} waits at init_process_group for a "
+                          f"console (--paused): prism-debug attach --rank {self.rank}, then "
+                          "continue")
+        else:
+            self._message(f"prism-debug: no console is attached and rank {self.rank} stays "
+                          f"{describe_pause(where)}: {how_to_resume(self.rank)}")
 
 
 class NoSession:

@@ -218,7 +218,7 @@ def test_an_unknown_verb_lists_the_known_ones():
     assert rejection(encode_request("stpe", id="q")) == (
         UnknownVerb, "q", "unknown verb 'stpe'; known verbs: agent.heartbeat, agent.hello, "
                           "break, breaks, continue, delete, detach, events, faults, hello, "
-                          "next, pause, peers, perturb, restore, snapshot, snapshots, status, "
+                          "leave, next, pause, peers, perturb, restore, snapshot, snapshots, status, "
                           "step, timeline, unperturb, where")
 
 
@@ -284,7 +284,7 @@ def test_arguments_that_do_not_fit_the_schema_are_bad_arguments(verb, args, mess
 def test_every_spec_verb_has_a_schema():
     assert set(VERBS) == {"hello", "status", "where", "break", "breaks", "delete", "continue",
                           "step", "next", "pause", "timeline", "peers", "events", "snapshot",
-                          "snapshots", "restore", "detach", "perturb", "faults",
+                          "snapshots", "restore", "detach", "leave", "perturb", "faults",
                           "unperturb", "agent.hello",
                           "agent.heartbeat"}
 

@@ -117,7 +117,7 @@ def test_break_info_breaks_and_delete():
     assert client.requests[:2] == [
         ("break", {"kind": "iter", "iteration": 3, "temporary": False}),
         ("break", {"kind": "coll", "op": "all_reduce", "family": "dp", "seq": 12, "temporary": True})]
-    assert client.requests[3:] == [("delete", {"id": 1}), ("delete", {}), ("detach", {})]
+    assert client.requests[3:] == [("delete", {"id": 1}), ("delete", {}), ("leave", {})]
 
 
 def test_break_without_argument_lists_and_bad_breaks_print_usage():
@@ -125,7 +125,7 @@ def test_break_without_argument_lists_and_bad_breaks_print_usage():
     console, out = run(client, "b\nbreak iter x\nbreak coll\nbreak coll all_reduce seq\n")
     usage = "*** usage: b(reak) iter N | coll OP [FAMILY] [seq N]\n"
     assert out == "no breakpoints\n" + usage * 3
-    assert [verb for verb, _ in client.requests] == ["breaks", "detach"]
+    assert [verb for verb, _ in client.requests] == ["breaks", "leave"]
     assert console.exit_status == 1
 
 
@@ -134,7 +134,7 @@ def test_continue_stops_at_a_breakpoint():
                         stream=[event(5, "iteration.start", iteration=2), paused(6, 3, "break 1")])
     _, out = run(client, "c\n")
     assert out == "paused at iteration 3 (break 1)\n"
-    assert client.requests == [("continue", {}), ("detach", {})]
+    assert client.requests == [("continue", {}), ("leave", {})]
 
 
 def test_step_and_next_print_where_they_stopped():
@@ -155,7 +155,7 @@ def test_exit_ends_rank_commands_until_a_restore():
     gone = "*** the rank exited with code 0; restore a snapshot (snapshots, restore ID) or quit\n"
     assert out == ("the rank exited with code 0\n" + gone + gone
                    + "restored snapshot s1: paused after iteration 2 (pid 5151)\n" + "no frames\n")
-    assert [verb for verb, _ in client.requests] == ["continue", "restore", "where", "detach"]
+    assert [verb for verb, _ in client.requests] == ["continue", "restore", "where", "leave"]
 
 
 def test_a_late_restore_pause_is_not_the_stop_of_a_run():
@@ -265,7 +265,7 @@ def test_errors_print_stars_and_never_end_the_console():
         "*** usage: restore ID"]
     assert out.splitlines()[3] == "rank: 4097 of 8192"
     assert console.exit_status == 1
-    assert client.requests[-1] == ("detach", {})
+    assert client.requests[-1] == ("leave", {})
 
 
 def test_blank_line_repeats_the_last_command():
@@ -273,7 +273,7 @@ def test_blank_line_repeats_the_last_command():
                         stream=[paused(1, 1, "next"), paused(2, 2, "next")])
     _, out = run(client, "n\n\n")
     assert out == "paused at iteration 1 (next)\npaused at iteration 2 (next)\n"
-    assert [verb for verb, _ in client.requests] == ["next", "next", "detach"]
+    assert [verb for verb, _ in client.requests] == ["next", "next", "leave"]
 
 
 def test_semicolons_separate_commands():
@@ -283,7 +283,7 @@ def test_semicolons_separate_commands():
     _, out = run(client, "break iter 3; c; status\n")
     assert out.splitlines()[:3] == ["breakpoint 1: iteration 3", "paused at iteration 3 (break 1)",
                                     "rank: 4097 of 8192"]
-    assert [verb for verb, _ in client.requests] == ["break", "continue", "status", "detach"]
+    assert [verb for verb, _ in client.requests] == ["break", "continue", "status", "leave"]
 
 
 def test_json_mode_prints_one_json_line_per_command():
@@ -308,21 +308,118 @@ def test_run_commands_returns_the_exit_status_and_detaches():
     client = FakeClient({"status": STATUS, "where": FakeBusError("Timeout", "no reply in 10 s")})
     console = Console(client, RANK, stdout=io.StringIO(), interactive=False)
     assert console.run_commands("status; status") == 0
-    assert client.requests[-1] == ("detach", {})
+    assert client.requests[-1] == ("leave", {})
     client = FakeClient({"status": STATUS, "where": FakeBusError("Timeout", "no reply in 10 s")})
     console = Console(client, RANK, stdout=io.StringIO(), interactive=False)
     assert console.run_commands("where; status") == 1
-    assert [verb for verb, _ in client.requests] == ["where", "status", "detach"]
+    assert [verb for verb, _ in client.requests] == ["where", "status", "leave"]
 
 
-def test_end_of_input_detaches_quietly_and_quit_says_so():
-    client = FakeClient()
+LEFT_PAUSED = {**STATUS, "clients": 0}
+RUNNING = {**STATUS, "state": "running", "paused_at": None, "breakpoints": 0}
+
+
+def test_leaving_says_what_happens_to_the_rank():
+    # end of input and quit leave the rank as it is, and say how it is
+    client = FakeClient({"leave": LEFT_PAUSED})
     console, out = run(client, "")
-    assert (out, client.requests, console.detached) == ("", [("detach", {})], True)
-    client = FakeClient()
+    assert out == ("left; rank 4097 stays paused at iteration 3 (break 1) — `prism-debug attach "
+                   "--rank 4097` to resume it (continue) or release it (detach)\n")
+    assert (client.requests, console.detached) == ([("leave", {})], True)
+    client = FakeClient({"leave": RUNNING})
     _, out = run(client, "q\nstatus\n")
-    assert out == "detached; rank 4097 keeps running\n"
+    assert out == "left; rank 4097 keeps running\n"
+    assert client.requests == [("leave", {})]
+    _, out = run(FakeClient({"leave": {**RUNNING, "breakpoints": 2}}), "quit\n")
+    assert out == ("left; rank 4097 keeps running, and its 2 breakpoints stay armed — "
+                   "`prism-debug attach --rank 4097` to resume it (continue) or release it "
+                   "(detach) where it pauses\n")
+
+
+def test_detach_releases_the_rank():
+    client = FakeClient({"detach": {**STATUS, "deleted": 1, "resumed": True}})
+    console, out = run(client, "detach\nstatus\n")
+    assert out == "detached; rank 4097 runs free to its end (resumed, 1 breakpoint deleted)\n"
     assert client.requests == [("detach", {})]
+    _, out = run(FakeClient({"detach": {**RUNNING, "deleted": 0, "resumed": False}}), "detach\n")
+    assert out == "detached; rank 4097 runs free to its end\n"
+
+
+def test_where_and_timeline_say_when_the_rank_runs():
+    frames = [{"file": "train.py", "line": 12, "function": "train", "code": "loss.backward()"}]
+    client = FakeClient({"where": {"frames": frames, "state": "running", "paused_at": None},
+                         "timeline": {**TIMELINE, "state": "running", "paused_at": None}})
+    _, out = run(client, "where\ntimeline\n")
+    assert out.splitlines()[:4] == [
+        "(running: the stack at the instant asked; pause holds the rank still)",
+        '> File "train.py", line 12, in train',
+        "    loss.backward()",
+        "iteration 3: 2 collectives (running: the last finished iteration; the rank is past it)"]
+
+
+def test_a_snapshot_mid_iteration_is_scheduled_at_once_and_announced_when_taken():
+    taken = event(12, "snapshot", id="r5-it3-aa", iteration=3, bytes=3 << 20, dump_s=0.25,
+                  path="/snap/r5-it3-aa")
+    next_stop = paused(13, 4, "next")
+    next_stop["data"]["number"] = 5  # after the pause (number 4) the snapshot was asked in
+    client = FakeClient({"snapshot": {"iteration": 3, "when": "scheduled", "state": "paused"},
+                         "next": {"state": "running", "after": 4}},
+                        stream=[event(11, "resumed", iteration=3), taken, next_stop])
+    _, out = run(client, "snapshot\nn\n")
+    assert out.splitlines() == [
+        "snapshot scheduled for the end of iteration 3: taken once continued (continue, next or "
+        "step), as the rank is paused mid-iteration; announced when taken, and snapshots lists it",
+        "snapshot r5-it3-aa taken after iteration 3 (3.0 MiB in 0.25 s)",
+        "paused at iteration 4 (next)"]
+    # announced between commands too, and a failed one as well
+    client = FakeClient({"snapshot": {"iteration": 7, "when": "scheduled", "state": "running"},
+                         "breaks": {"breakpoints": []}},
+                        pending=[event(20, "snapshot", iteration=7, error="CRIU is missing")])
+    _, out = run(client, "snapshot\nbreak\n")
+    assert out.splitlines() == [
+        "snapshot scheduled for the end of iteration 7: taken as the rank gets there; announced "
+        "when taken, and snapshots lists it",
+        "no snapshot after iteration 7: CRIU is missing",
+        "no breakpoints"]
+
+
+def test_every_snapshot_taken_is_news_once():
+    now = {"id": "s2", "iteration": 3, "bytes": 1 << 20, "dump_s": 0.5, "path": "/snap/s2"}
+    client = FakeClient({"snapshot": now, "breaks": {"breakpoints": []}})
+    console = Console(client, RANK, stdin=io.StringIO(), stdout=io.StringIO(), interactive=False)
+    console.postcmd(console.onecmd("snapshot"), "snapshot")
+    # its own event (shown as the reply) and one another console scheduled
+    client.pending = [event(4, "snapshot", **now),
+                      event(5, "snapshot", id="s3", iteration=4, bytes=1 << 20, dump_s=0.5,
+                            path="/snap/s3")]
+    console.postcmd(console.onecmd("break"), "break")
+    assert console.stdout.getvalue().splitlines() == [
+        "snapshot s2: after iteration 3, 1.0 MiB in 0.50 s (/snap/s2)",
+        "no breakpoints",
+        "snapshot s3 taken after iteration 4 (1.0 MiB in 0.50 s)"]
+
+
+def test_a_pause_that_takes_long_gives_the_console_back_and_is_announced_later():
+    late = paused(30, 6, "pause", "all_reduce", "dp", 0, 2)
+    late["data"]["number"] = 3
+    client = FakeClient({"pause": {"state": "pausing", "after": 2, "paused_at": None},
+                         "breaks": {"breakpoints": []}})
+    console = Console(client, RANK, stdin=io.StringIO(), stdout=io.StringIO(), interactive=False)
+    console.onecmd("pause")  # the fake's stream is empty: no pause within the wait
+    client.pending = [late]
+    console.postcmd(console.onecmd("break"), "break")
+    assert console.stdout.getvalue().splitlines() == [
+        "rank 4097 is pausing: it stops at its next collective or iteration boundary, not "
+        "reached in 5 s (status shows where it is); the pause is announced when it comes",
+        "no breakpoints",
+        "paused before all_reduce on dp[0] (seq 2) in iteration 6 (pause)"]
+
+
+def test_pause_on_a_paused_rank_answers_at_once():
+    where = paused(9, 3, "break 1")["data"]
+    client = FakeClient({"pause": {"state": "paused", "after": 0, "paused_at": where}})
+    _, out = run(client, "pause\n")
+    assert out == "paused at iteration 3 (break 1)\n"
 
 
 def test_tab_completion():
@@ -352,4 +449,4 @@ def test_ctrl_c_while_running_pauses_the_rank():
     _, out = run(client, "c\n")
     assert out == ("--KeyboardInterrupt-- pausing the rank (Ctrl-C again to stop waiting)\n"
                    "paused before all_gather on tp[0] (seq 3) in iteration 5 (pause)\n")
-    assert [verb for verb, _ in client.requests] == ["continue", "pause", "detach"]
+    assert [verb for verb, _ in client.requests] == ["continue", "pause", "leave"]

@@ -24,9 +24,11 @@ from tests.live_session import SCRIPTS, finish, session_dir, start, wait_for_ses
 pytestmark = pytest.mark.slow
 
 
-def attach(*options: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+def attach(*options: str, stdin: str | None = None,
+           timeout_s: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "prism_debug.cli", "attach", "--rank", "5",
-                           *options], input=stdin, capture_output=True, text=True, timeout=300)
+                           *options], input=stdin, capture_output=True, text=True,
+                          timeout=timeout_s)
 
 
 def iterations(run_dir: Path) -> list[tuple[int, str]]:
@@ -41,8 +43,7 @@ def iterations(run_dir: Path) -> list[tuple[int, str]]:
 def test_a_scripted_console_session_steps_snapshots_and_restores(tmp_path, session_dir):
     run = start(tmp_path, "--paused")
     info = wait_for_session(run)
-    # an observer stays attached throughout: the rank is not released when the
-    # first console leaves, and it sees what the console does
+    # an observer stays attached throughout and sees what the consoles do
     with BusClient.for_session(info) as observer:
         observer.request("hello", client="observer")
         console = attach(stdin="break iter 3; c; s; s; timeline\n"
@@ -61,7 +62,10 @@ def test_a_scripted_console_session_steps_snapshots_and_restores(tmp_path, sessi
         assert lines[9] == "paused at iteration 4 (next)"
         assert lines[10].startswith("snapshot r5-it3-") and "after iteration 3" in lines[10]
         snapshot_id = lines[10].split()[1].rstrip(":")
-        assert lines[11:] == ["breakpoint 2: iteration 6", "paused at iteration 6 (break 2)"]
+        assert lines[11:] == [
+            "breakpoint 2: iteration 6", "paused at iteration 6 (break 2)",
+            "left; rank 5 stays paused at iteration 6 (break 2) — `prism-debug attach --rank 5` "
+            "to resume it (continue) or release it (detach)"]
         kinds = [e["kind"] for e in observer.events(timeout_s=1.0)]
         assert "snapshot" in kinds and kinds.count("paused") >= 5
         # a second console restores the snapshot and runs the copy to the end
@@ -227,7 +231,9 @@ def test_a_bus_beyond_loopback_needs_curve_keys(tmp_path, session_dir, monkeypat
     finish(run)
 
 
-def test_a_console_that_vanishes_leaves_no_breakpoint_behind(tmp_path, session_dir):
+def test_a_console_that_vanishes_leaves_the_rank_as_it_was(tmp_path, session_dir):
+    # before issue 15 its breakpoints were dropped: a console that leaves in
+    # any way (quit, the end of its input, killed) changes nothing for the rank
     run = start(tmp_path, "--paused", iterations=4)
     info = wait_for_session(run)
     gone = BusClient.for_session(info)
@@ -236,8 +242,12 @@ def test_a_console_that_vanishes_leaves_no_breakpoint_behind(tmp_path, session_d
     gone.close()  # killed, never detached
     time.sleep(3 * CLIENT_CHECK_S)  # the controller notices within a check or two
     with BusClient.for_session(info) as client:
-        assert client.request("breaks")["breakpoints"] == []
+        assert [bp["description"] for bp in client.request("breaks")["breakpoints"]] == \
+            ["iteration 3"]
         assert client.request("status")["state"] == "paused"  # the pause it held stays
+        client.request("continue")
+        stop = client.next_event({"paused", "exited"}, timeout_s=120)
+        assert (stop["kind"], stop["data"]["iteration"]) == ("paused", 3)
         client.request("continue")
         stop = client.next_event({"paused", "exited"}, timeout_s=120)
         assert (stop["kind"], stop["data"]) == ("exited", {"exit_code": 0})
