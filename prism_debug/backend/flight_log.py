@@ -130,17 +130,18 @@ class FlightLog:
         own = recorder.entries()
         by_rank: dict[int, list[dict]] = {}
         absent: list[int] = []
-        for member in members:
+        for group_rank, member in enumerate(members):
             if member == self.rank:
                 by_rank[member] = own
                 continue
             fault = _fault_of(member, faults)
+            mine = _mirrored(own, group_rank)
             if fault is None:
-                by_rank[member] = own
+                by_rank[member] = mine
             elif fault.action == Action.FAIL:
                 absent.append(member)
             else:
-                by_rank[member] = _as_peer(own, stuck_at, fault)
+                by_rank[member] = _as_peer(mine, stuck_at, fault)
         paths = write_group_dumps(self.prefix, by_rank, pg_config=recorder.pg_config(),
                                   pg_name=name, lead_rank=self.rank)
         return paths[self.rank], absent
@@ -153,6 +154,27 @@ def _fault_of(rank: int, faults: Iterable[Injection]) -> Fault | None:
         if fault.action in MISSING_ACTIONS and fault.stall_s is None and injection.hits(rank):
             return fault
     return None
+
+
+def _mirrored(entries: list[dict], group_rank: int) -> list[dict]:
+    """The real rank's record as the peer at ``group_rank`` holds it: where the
+    real rank sent to that peer, the peer received ("nccl:send 0->1" is
+    "nccl:recv 1<-0" in rank 1's record), and the other way round.
+
+    (A peer's point-to-point ops with third ranks are not in the real rank's
+    record; there the copy stands, and fr_trace, which matches a send of
+    rank 0 against every member's op of the same sequence number, flags it
+    in a group of more than two, as it would flag the real job's.)"""
+    mirrored = []
+    for entry in entries:
+        if entry["is_p2p"]:
+            kind, _, ends = entry["profiling_name"].partition(" ")
+            me, peer = (ends.split("->") if "->" in ends else ends.split("<-"))
+            if int(peer) == group_rank:
+                other = "recv {}<-{}" if kind == "nccl:send" else "send {}->{}"
+                entry = dict(entry, profiling_name="nccl:" + other.format(peer, me))
+        mirrored.append(entry)
+    return mirrored
 
 
 def _as_peer(entries: list[dict], stuck_at: int, fault: Fault) -> list[dict]:
