@@ -16,7 +16,11 @@ would have written it:
 * a hung peer never issued the timed-out collective: its record ends before;
 * a desynchronised peer issued another one: a different size, dtype or
   collective, or the one after it (skip);
-* every other peer issued what the real rank did.
+* every other peer issued what the real rank did (where the real rank sent
+  to it, it received, and the other way round).
+
+Each op is recorded as ProcessGroupNCCL records it (backend/nccl_record.py):
+a list-form all-gather's outputs stacked into one tensor, and so on.
 
 So ``python -m torch.distributed.flight_recorder.fr_trace DIR`` names the
 missing ranks or the mismatch, as it would for the full-size job.

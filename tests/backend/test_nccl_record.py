@@ -16,6 +16,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.nccl_record import NcclCall, nccl_call, nccl_call_of
@@ -33,6 +35,23 @@ def test_a_one_element_list_all_gather_over_8_ranks_is_recorded_stacked():
     call = nccl_call_of("all_gather", [outputs], [torch.ones(1)], group_size=8, group_rank=3)
     assert call == NcclCall("nccl:all_gather", "ALLGATHER", ((1,),), (F,), ((8, 1),), (F,),
                             numel_in=1, numel_out=8)
+
+
+@given(n=st.integers(1, 64), shape=st.lists(st.integers(0, 5), min_size=0, max_size=3),
+       group_rank=st.integers(0, 63))
+def test_list_forms_pass_fr_traces_size_checks_and_numels_follow_sizes(n, shape, group_rank):
+    """fr_trace's checks (types.py Op.match): all-gather output numel = input
+    numel x group size, reduce-scatter input numel = output numel x group size;
+    WorkNCCL's numels are the recorded sizes' (collective() sums them)."""
+    one = (tuple(shape), F)
+    gather = nccl_call("all_gather", [one], [one] * n, group_size=n, group_rank=group_rank % n)
+    scatter = nccl_call("reduce_scatter", [one] * n, [one], group_size=n,
+                        group_rank=group_rank % n)
+    assert math.prod(gather.output_sizes[0]) == math.prod(gather.input_sizes[0]) * n
+    assert math.prod(scatter.input_sizes[0]) == math.prod(scatter.output_sizes[0]) * n
+    for call in (gather, scatter):
+        assert call.numel_in == sum(math.prod(s) for s in call.input_sizes)
+        assert call.numel_out == sum(math.prod(s) for s in call.output_sizes)
 
 
 # ProcessGroupNCCL.cpp (2.10-2.13): collective(input, output) per op, its numels
