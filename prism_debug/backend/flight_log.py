@@ -16,7 +16,11 @@ would have written it:
 * a hung peer never issued the timed-out collective: its record ends before;
 * a desynchronised peer issued another one: a different size, dtype or
   collective, or the one after it (skip);
-* every other peer issued what the real rank did.
+* every other peer issued what the real rank did (where the real rank sent
+  to it, it received, and the other way round).
+
+Each op is recorded as ProcessGroupNCCL records it (backend/nccl_record.py):
+a list-form all-gather's outputs stacked into one tensor, and so on.
 
 So ``python -m torch.distributed.flight_recorder.fr_trace DIR`` names the
 missing ranks or the mismatch, as it would for the full-size job.
@@ -36,15 +40,13 @@ from typing import Iterable
 
 from prism_debug.backend.flight_recorder import (
     BUFFER_SIZE_ENV, FlightRecorder, buffer_size_from_env, dump_prefix_from_env, python_frames,
-    scalar_type_name, write_group_dumps,
+    write_group_dumps,
 )
-from prism_debug.backend.work import flat_tensors
-from prism_debug.errors import ConfigError
+from prism_debug.backend.nccl_record import nccl_call_of
 from prism_debug.faults import MISSING_ACTIONS, Action, Fault, Injection
 
 log = logging.getLogger(__name__)
 
-_PROFILING = {"barrier": "all_reduce"}  # NCCL's barrier is a one-element all-reduce
 _OTHER_DTYPE = {"Float": "BFloat16", "BFloat16": "Float", "Half": "Float", "Double": "Float"}
 _OTHER_OP = {"all_reduce": "all_gather", "all_gather": "all_reduce",
              "reduce_scatter": "all_reduce", "broadcast": "all_reduce"}
@@ -69,10 +71,12 @@ class FlightLog:
 
     # -- the hot path -------------------------------------------------------------
 
-    def note(self, pg, op: str, outputs: list, inputs: list | None, peer: int | None,
+    def note(self, pg, call: str, outputs: list, inputs: list | None, peer: int | None,
              done, iteration: int) -> None:
-        """One op issued; ``done`` is its completion (a float, or a callable
-        that resolves it, inf while not known)."""
+        """One op issued: ``call`` names it as :mod:`~prism_debug.backend.nccl_record`
+        does ("all_gather", "_all_gather_base", ...), ``outputs`` and ``inputs``
+        are the tensors the group was handed; ``done`` is its completion (a
+        float, or a callable that resolves it, inf while not known)."""
         pg_id = pg.pg_id
         counters = self._counters.get(pg_id)
         if counters is None:
@@ -82,11 +86,11 @@ class FlightLog:
         is_p2p = peer is not None
         counters[1 if is_p2p else 0] += 1
         counters[2] += 1
-        out_sizes, dtype = _sizes(outputs)
-        in_sizes = out_sizes if inputs is None else _sizes(inputs)[0]
-        self._ring.append((pg_id, op, counters[0], counters[1], counters[2], in_sizes,
-                           out_sizes, dtype, time.time_ns(), round(pg.timeout_s * 1000),
-                           peer, pg.rank(), done, iteration))
+        # what NCCL records: list forms flattened, as it flattens them
+        record = nccl_call_of(call, outputs, inputs, group_size=len(pg.global_ranks),
+                              group_rank=pg.rank(), peer=peer)
+        self._ring.append((pg_id, record, counters[0], counters[1], counters[2],
+                           time.time_ns(), round(pg.timeout_s * 1000), peer, done, iteration))
 
     # -- the dump -------------------------------------------------------------------
 
@@ -100,11 +104,11 @@ class FlightLog:
         name, desc, members = self._groups[pg_id]
         recorder = FlightRecorder(self.rank, len(self._ring) or 1)
         now_ns = time.time_ns()
-        current = max((r[13] for r in self._ring), default=1)
+        current = max((r[-1] for r in self._ring), default=1)
         stuck_at = None  # the timed-out op's collective sequence number
         frames = _main_thread_frames()
-        for (ring_pg, op, coll, p2p, op_id, in_sizes, out_sizes, dtype, created, timeout_ms,
-             peer, me, done, iteration) in self._ring:
+        for (ring_pg, record, coll, p2p, op_id, created, timeout_ms, peer, done,
+             iteration) in self._ring:
             if ring_pg != pg_id:
                 continue
             if callable(done):
@@ -115,13 +119,12 @@ class FlightLog:
             timed_out = op_id == seq
             if timed_out:
                 stuck_at = coll
-            profiling = "nccl:" + _PROFILING.get(op, op) + (
-                f" {me}->{peer}" if op == "send" else f" {peer}->{me}" if op == "recv" else "")
             entry = recorder.record(
                 pg_id=pg_id, pg_name=name, pg_desc=desc, ranks=members, collective_seq_id=coll,
-                p2p_seq_id=p2p, op_id=op_id, profiling_name=profiling, input_sizes=in_sizes,
-                input_dtypes=[dtype] * len(in_sizes), output_sizes=out_sizes,
-                output_dtypes=[dtype] * len(out_sizes), timeout_ms=timeout_ms,
+                p2p_seq_id=p2p, op_id=op_id, profiling_name=record.profiling_name,
+                input_sizes=record.input_sizes, input_dtypes=record.input_dtypes,
+                output_sizes=record.output_sizes, output_dtypes=record.output_dtypes,
+                timeout_ms=timeout_ms,
                 is_p2p=peer is not None, time_created_ns=created,
                 frames=frames if timed_out else ())
             if finished and not timed_out:
@@ -131,17 +134,18 @@ class FlightLog:
         own = recorder.entries()
         by_rank: dict[int, list[dict]] = {}
         absent: list[int] = []
-        for member in members:
+        for group_rank, member in enumerate(members):
             if member == self.rank:
                 by_rank[member] = own
                 continue
             fault = _fault_of(member, faults)
+            mine = _mirrored(own, group_rank)
             if fault is None:
-                by_rank[member] = own
+                by_rank[member] = mine
             elif fault.action == Action.FAIL:
                 absent.append(member)
             else:
-                by_rank[member] = _as_peer(own, stuck_at, fault)
+                by_rank[member] = _as_peer(mine, stuck_at, fault)
         paths = write_group_dumps(self.prefix, by_rank, pg_config=recorder.pg_config(),
                                   pg_name=name, lead_rank=self.rank)
         return paths[self.rank], absent
@@ -154,6 +158,27 @@ def _fault_of(rank: int, faults: Iterable[Injection]) -> Fault | None:
         if fault.action in MISSING_ACTIONS and fault.stall_s is None and injection.hits(rank):
             return fault
     return None
+
+
+def _mirrored(entries: list[dict], group_rank: int) -> list[dict]:
+    """The real rank's record as the peer at ``group_rank`` holds it: where the
+    real rank sent to that peer, the peer received ("nccl:send 0->1" is
+    "nccl:recv 1<-0" in rank 1's record), and the other way round.
+
+    (A peer's point-to-point ops with third ranks are not in the real rank's
+    record; there the copy stands, and fr_trace, which matches a send of
+    rank 0 against every member's op of the same sequence number, flags it
+    in a group of more than two, as it would flag the real job's.)"""
+    mirrored = []
+    for entry in entries:
+        if entry["is_p2p"]:
+            kind, _, ends = entry["profiling_name"].partition(" ")
+            me, peer = (ends.split("->") if "->" in ends else ends.split("<-"))
+            if int(peer) == group_rank:
+                other = "recv {}<-{}" if kind == "nccl:send" else "send {}->{}"
+                entry = dict(entry, profiling_name="nccl:" + other.format(peer, me))
+        mirrored.append(entry)
+    return mirrored
 
 
 def _as_peer(entries: list[dict], stuck_at: int, fault: Fault) -> list[dict]:
@@ -181,16 +206,6 @@ def _as_peer(entries: list[dict], stuck_at: int, fault: Fault) -> list[dict]:
         mine = dict(later[1], collective_seq_id=stuck_at, state=later[0]["state"],
                     time_discovered_completed_ns=None, retired=False)
     return before + [mine]
-
-
-def _sizes(tensors) -> tuple[list[list[int]], str]:
-    """Shapes, and the first tensor's dtype as torch names it."""
-    flat = flat_tensors(tensors)
-    try:
-        name = scalar_type_name(flat[0].dtype) if flat else "Float"
-    except ConfigError:  # a dtype torch's recorder has no name for here
-        name = "Float"
-    return [list(t.shape) for t in flat], name
 
 
 def _main_thread_frames(limit: int = 32) -> list[dict]:

@@ -83,9 +83,10 @@ class PeerFaultsHook(Protocol):
 class FlightHook(Protocol):
     """The flight recorder's ring of issued ops and its dump (backend/flight_log.py's FlightLog)."""
 
-    def note(self, pg: Group, op: str, outputs: list, inputs: list | None, peer: int | None,
+    def note(self, pg: Group, call: str, outputs: list, inputs: list | None, peer: int | None,
              done: Completion, iteration: int) -> None:
-        """One op issued (its sizes, never its tensors)."""
+        """One op issued, ``call`` as backend/nccl_record.py names it (its sizes,
+        never its tensors)."""
 
     def dump(self, pg_id: int, seq: int,
              faults: Iterable[Injection]) -> tuple[Path, list[int]] | None:

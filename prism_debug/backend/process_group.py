@@ -87,10 +87,12 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     def _complete(self, op: str, nbytes: int, t0: float | None, arrival: float, result: list,
                   stream=None, peer: int | None = None, inputs: list | None = None,
-                  source: int | None = None) -> PrismWork:
+                  source: int | None = None, call: str | None = None) -> PrismWork:
         """``inputs``: the op's inputs where they are not ``result`` (gathers,
         reduce-scatter); ``source``: the group rank the data came from (a
-        broadcast's root, a receive's peer)."""
+        broadcast's root, a receive's peer); ``call``: the op as NCCL tells
+        its variants apart ("_all_gather_base", "allreduce_coalesced", ...;
+        backend/nccl_record.py), where that is not ``op``."""
         rt = self._rt
         tracker = rt.tracker
         if rt.peer_faults.active and op != "send" and rt.peer_faults.apply(
@@ -104,8 +106,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         if rt.completer.unknown:  # the engine advanced: it may answer what it could not
             rt.completer.engine_advanced()
         self.num_issued += 1
-        work = PrismWork(rt, done, result, group=self, seq=self.num_issued, op=op,
-                         arrival=arrival)
+        work = PrismWork(rt, done, result, group=self, seq=self.num_issued, op=call or op,
+                         arrival=arrival, inputs=inputs, peer=peer)
         if self._coalesced is not None:
             self._coalesced.append(work)
         work.record = tracker.collective(op, self.ref, nbytes, arrival, done)
@@ -113,7 +115,7 @@ class PrismProcessGroup(dist.ProcessGroup):
             watch.exit(op, self.ref, tracker.num_collectives, done)
         rt.mark_activity(arrival)
         if rt.flight is not None:
-            rt.flight.note(self, op, result, inputs, peer, done, rt.tracker.iteration)
+            rt.flight.note(self, call or op, result, inputs, peer, done, rt.tracker.iteration)
         if rt.recorder is not None:
             delta = 0 if peer is None else self.global_ranks[peer] - rt.rank
             work.recorded = rt.recorder.issue(arrival, op, self.ref.family, nbytes,
@@ -133,7 +135,7 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     # -- reductions -------------------------------------------------------------
 
-    def allreduce(self, tensors, opts=None):
+    def allreduce(self, tensors, opts=None, call: str = "all_reduce"):
         rt = self._rt
         t0, arrival = rt.clock.arrive()  # _arrive, inlined on the commonest op
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -144,10 +146,10 @@ class PrismProcessGroup(dist.ProcessGroup):
         for i, tensor in enumerate(tensors):
             reduce_peers(tensor, op, n, (tracker.iteration, tracker.num_collectives, i), faulty)
         rt.digest(tensors)
-        return self._complete("all_reduce", _nbytes(tensors), t0, arrival, tensors)
+        return self._complete("all_reduce", _nbytes(tensors), t0, arrival, tensors, call=call)
 
     def allreduce_coalesced(self, tensors, opts=None):
-        return self.allreduce(tensors, opts)
+        return self.allreduce(tensors, opts, "allreduce_coalesced")
 
     def reduce(self, tensors, opts):
         t0, arrival = self._arrive()
@@ -175,9 +177,13 @@ class PrismProcessGroup(dist.ProcessGroup):
                               inputs=input_lists)
 
     def reduce_scatter_single(self, output, input, opts):
-        return self.reduce_scatter_single_coalesced([output], [input], opts)
+        return self._reduce_scatter_tensors([output], [input], opts, "_reduce_scatter_base")
 
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+        return self._reduce_scatter_tensors(outputs, inputs, opts,
+                                            "reduce_scatter_tensor_coalesced")
+
+    def _reduce_scatter_tensors(self, outputs, inputs, opts, call: str):
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(inputs)
@@ -187,7 +193,7 @@ class PrismProcessGroup(dist.ProcessGroup):
             rt.values.reduce_peers(out, opts.reduceOp, self._n, (*key, i), faulty)
         rt.digest(outputs)
         return self._complete("reduce_scatter", _nbytes(inputs), t0, arrival, outputs,
-                              inputs=inputs)
+                              inputs=inputs, call=call)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -211,9 +217,12 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self.allgather(by_input, input_list, opts)
 
     def all_gather_single(self, output, input, opts=None):
-        return self.all_gather_single_coalesced([output], [input], opts)
+        return self._all_gather_tensors([output], [input], "_all_gather_base")
 
     def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self._all_gather_tensors(outputs, inputs, "all_gather_into_tensor_coalesced")
+
+    def _all_gather_tensors(self, outputs, inputs, call: str):
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(inputs)
@@ -228,7 +237,7 @@ class PrismProcessGroup(dist.ProcessGroup):
                 chunks[self._me].copy_(mine[0])
         rt.digest(outputs)
         return self._complete("all_gather", _nbytes(outputs), t0, arrival, outputs,
-                              inputs=inputs)
+                              inputs=inputs, call=call)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -250,7 +259,8 @@ class PrismProcessGroup(dist.ProcessGroup):
             for i, (outs, inp) in enumerate(zip(output_lists, input_tensors)):
                 self._gather_into(outs, inp, (*key, i))
         nbytes = _nbytes(input_tensors) * self._n
-        return self._complete("gather", nbytes, t0, arrival, output_lists)
+        return self._complete("gather", nbytes, t0, arrival, output_lists,
+                              inputs=input_tensors)
 
     def scatter(self, output_tensors, input_lists, opts):
         t0, arrival = self._arrive()
@@ -266,7 +276,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         rt.digest(output_tensors)
         nbytes = _nbytes(output_tensors) * self._n
         return self._complete("scatter", nbytes, t0, arrival, output_tensors,
-                              source=opts.rootRank)
+                              source=opts.rootRank,
+                              inputs=input_lists if opts.rootRank == self._me else [])
 
     def broadcast(self, tensors, opts):
         t0, arrival = self._arrive()
@@ -291,7 +302,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         for peer, out in enumerate(output_tensors):
             self._from_peer(out, mine, peer, (*key, peer))
         rt.digest(output_tensors)
-        return self._complete("all_to_all", _nbytes(input_tensors), t0, arrival, output_tensors)
+        return self._complete("all_to_all", _nbytes(input_tensors), t0, arrival, output_tensors,
+                              inputs=input_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         t0, arrival = self._arrive()
@@ -303,7 +315,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         for peer, out in enumerate(outs):
             self._from_peer(out, ins[self._me], peer, (*key, peer))
         rt.digest([output])
-        return self._complete("all_to_all", input.nbytes, t0, arrival, [output])
+        return self._complete("all_to_all", input.nbytes, t0, arrival, [output],
+                              inputs=[input], call="all_to_all_single")
 
     def _from_peer(self, out: torch.Tensor, mine: torch.Tensor, peer: int, key: tuple) -> None:
         # Peer j sends the real rank its chunk for the real rank; mirrored, that

@@ -56,17 +56,19 @@ class TimedOutOp:
     group_rank: int
     pg_id: int
     seq: int  # the group's collective sequence number
-    op: str
-    numel_in: int
+    op: str  # the prism group's name for it ("all_gather", "_all_gather_base", ...)
+    numel_in: int  # as WorkNCCL counts them (backend/nccl_record.py)
     numel_out: int
     timeout_ms: int
     ran_for_ms: int
     last_enqueued: int
     last_completed: int
+    op_type: str = ""  # WorkNCCL's OpType; empty: the usual one for ``op``
 
     @property
     def work(self) -> str:
-        return (f"WorkNCCL(SeqNum={self.seq}, OpType={OP_TYPES.get(self.op, self.op.upper())}, "
+        op_type = self.op_type or OP_TYPES.get(self.op, self.op.upper())
+        return (f"WorkNCCL(SeqNum={self.seq}, OpType={op_type}, "
                 f"NumelIn={self.numel_in}, NumelOut={self.numel_out}, "
                 f"Timeout(ms)={self.timeout_ms})")
 

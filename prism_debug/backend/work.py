@@ -12,6 +12,7 @@ import time
 import torch.distributed as dist
 from torch.futures import Future
 
+from prism_debug.backend.nccl_record import nccl_call_of
 from prism_debug.backend.tracker import OpRecord
 from prism_debug.backend.watchdog import TimedOutOp
 
@@ -23,17 +24,21 @@ class PrismWork(dist._Work):
     ``done``.  ``wait()`` blocks the calling thread until then."""
 
     def __init__(self, runtime, done, result: list, *, group=None, seq: int = 0,
-                 op: str = "", arrival: float = 0.0, numel: int | None = None) -> None:
+                 op: str = "", arrival: float = 0.0, inputs: list | None = None,
+                 peer: int | None = None) -> None:
         super().__init__()
         self._runtime = runtime
         # what the watchdog needs to know: the group that issued it (None: no
-        # watchdog), the op's number in that group, its name, when the rank
-        # issued it, and its size when that is not its result's (a batch)
+        # watchdog), the op's number in that group, its name as NCCL tells
+        # its variants apart (backend/nccl_record.py), when the rank issued
+        # it, and its inputs where they are not its result, for the sizes
+        # NCCL prints (its peer: a send's or receive's)
         self.group = group
         self.seq = seq
         self.op = op
         self.arrival = arrival
-        self._numel = numel
+        self._inputs = inputs
+        self._peer = peer
         # a float, or a callable the graph engine answers once the peers' side
         # is known (asked again whenever the engine advances)
         self._deferred = done if callable(done) else None
@@ -111,12 +116,12 @@ class PrismWork(dist._Work):
     def timed_out(self) -> TimedOutOp:
         """The op as the watchdog reports it, at its deadline."""
         group = self.group
-        numel = self._numel
-        if numel is None:
-            numel = sum(t.numel() for t in flat_tensors(self._result))
+        call = nccl_call_of(self.op, self._result, self._inputs, group_size=group.size(),
+                            group_rank=group.rank(), peer=self._peer)
         return TimedOutOp(
             global_rank=self._runtime.rank, group_rank=group.rank(), pg_id=group.pg_id,
-            seq=self.seq, op=self.op, numel_in=numel, numel_out=numel,
+            seq=self.seq, op=self.op, op_type=call.op_type, numel_in=call.numel_in,
+            numel_out=call.numel_out,
             timeout_ms=round(group.timeout_s * 1000),
             # the watchdog fires at the deadline on the emulated clock; the
             # thread that reports it may wake a little after it
@@ -170,9 +175,9 @@ def coalesced_work(runtime, group, works: list[PrismWork]) -> PrismWork:
     known = [work.known for work in works]
     # a float when every op's completion is known, else asked at the first wait
     done = max(known) if None not in known else (lambda: max(work.done for work in works))
-    numel = sum(t.numel() for work in works for t in flat_tensors(work.result()))
+    # (NCCL's endCoalescing makes its Work with no tensors: NumelIn=0, NumelOut=0)
     return PrismWork(runtime, done, [], group=group, seq=works[-1].seq, op="coalesced",
-                     arrival=first.arrival, numel=numel)
+                     arrival=first.arrival)
 
 
 class _Pending:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import click
@@ -175,9 +176,13 @@ def calibrate(nccl_tests, local, processes, base, no_nvls, name, out) -> None:
         if no_nvls:
             base_profile = dataclasses.replace(base_profile, nvls_bw=0.0)
         profile = fitting.fit(base_profile, measurements, name)
-    out.write_text(fitting.to_toml(profile))
+    quality = fitting.fit_quality(CostModel(profile), measurements)
+    out.write_text(fitting.to_toml(profile, quality))
     for line in fitting.fit_table(CostModel(load_profile(str(out))), measurements):
         click.echo(line)
+    for line in fitting.fit_warnings(quality, local=local, cpus=os.cpu_count() or 1,
+                                     load=os.getloadavg()[0]):
+        click.echo(line, err=True)
     click.echo(f"calibrate: wrote {out} (use it as --hardware {out})")
 
 

@@ -367,8 +367,10 @@ def local_profile(measurements: list[Measurements], name: str) -> HardwareProfil
         op_fits=tuple(fits.values()))
 
 
-def to_toml(profile: HardwareProfile) -> str:
-    """The profile as a TOML file ``load_profile`` reads back."""
+def to_toml(profile: HardwareProfile, quality: tuple["FitQuality", ...] = ()) -> str:
+    """The profile as a TOML file ``load_profile`` reads back; ``quality``
+    (:func:`fit_quality`) is written beside each fit: how far the profile
+    misses what it was fitted to."""
     def micros(values) -> str:
         return "[" + ", ".join(f"{v * 1e6:.9g}" for v in values) + "]"
 
@@ -411,15 +413,28 @@ simple = {profile.protocol_efficiency[2]}
 [scale]
 net_loss_per_doubling = {profile.net_scale_loss:.9g}
 """
+    judged = {(q.op, q.num_ranks): q for q in quality}
     for fit in profile.op_fits:
         text += (f"\n[fit.{fit.op}]  # least squares over every measured size\n"
                  f"ranks = {fit.ranks}\nlatency_us = {fit.latency * 1e6:.9g}\n"
                  f"busbw_gbs = {gbs(fit.busbw)}\n")
+        q = judged.pop((fit.op, fit.ranks), None)
+        if q is not None:
+            text += (f"# the profile against its own measurements (not used to price ops)\n"
+                     f"median_error_pct = {100 * q.median_error:.3g}\n"
+                     f"worst_error_pct = {100 * q.worst_error:.3g}\n"
+                     f"worst_error_bytes = {q.worst_bytes}\n")
         if fit.knee_bytes:
             text += f"knee_bytes = {fit.knee_bytes}\nlarge_busbw_gbs = {gbs(fit.large_busbw)}\n"
         if fit.small_bytes:
             text += (f"small_bytes = {fit.small_bytes}\n"
                      f"small_latency_us = {fit.small_latency * 1e6:.9g}\n")
+    if judged:  # fitted into the base profile's form (nccl-tests): no [fit.OP] table
+        text += "\n# fit quality: median and worst error against the measurements\n"
+        for q in judged.values():
+            text += (f"# {q.op} on {q.num_ranks} ranks, {q.num_nodes} node(s): median "
+                     f"{100 * q.median_error:.1f} %, worst {100 * q.worst_error:+.1f} % at "
+                     f"{_size(q.worst_bytes)}\n")
     return text
 
 
@@ -438,3 +453,64 @@ def fit_table(model: CostModel, measurements: list[Measurements]) -> list[str]:
                          f"{100 * (predicted - seconds) / seconds:>+6.1f}% "
                          + (f"{100 * noise:>5.1f}%" if noise is not None else f"{'-':>6}"))
     return lines
+
+
+#: a fit that misses a measured size by more than this (either way) draws a warning
+FIT_ERROR_WARN = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class FitQuality:
+    """How well a profile reproduces one op's measurements (``prism-debug calibrate``)."""
+    op: str
+    num_ranks: int
+    num_nodes: int
+    median_error: float  # of |predicted - measured| / measured, over the sizes
+    worst_error: float  # signed: +1.5 is a prediction 150 % above the measurement
+    worst_bytes: int
+    # the sizes missed by more than FIT_ERROR_WARN, and their errors
+    missed: tuple[tuple[int, float], ...]
+
+
+def fit_quality(model: CostModel, measurements: list[Measurements]) -> tuple[FitQuality, ...]:
+    """Per measured op, the relative errors of ``model`` at its sizes."""
+    judged = []
+    for m in measurements:
+        errors = [(nbytes, (model.estimate(m.op, nbytes, m.placement).time_s - seconds) / seconds)
+                  for nbytes, seconds in m.samples]
+        worst = max(errors, key=lambda e: abs(e[1]))
+        judged.append(FitQuality(
+            m.op, m.num_ranks, m.num_nodes, float(np.median([abs(e) for _, e in errors])),
+            worst[1], worst[0], tuple(e for e in errors if abs(e[1]) > FIT_ERROR_WARN)))
+    return tuple(judged)
+
+
+def fit_warnings(quality: tuple[FitQuality, ...], *, local: bool, cpus: int,
+                 load: float) -> list[str]:
+    """One line per op whose fit misses some size by more than
+    :data:`FIT_ERROR_WARN`: which sizes, by how much, and what to do."""
+    lines = []
+    for q in quality:
+        if not q.missed:
+            continue
+        sizes = sorted(nbytes for nbytes, _ in q.missed)
+        span = _size(sizes[0]) if len(sizes) == 1 else f"{_size(sizes[0])}-{_size(sizes[-1])}"
+        what = (f"calibrate: warning: the {q.op} fit misses {len(sizes)} of its sizes "
+                f"({span}) by more than {100 * FIT_ERROR_WARN:.0f} %, worst "
+                f"{100 * q.worst_error:+.0f} % at {_size(q.worst_bytes)}: ")
+        if local:
+            what += (f"gloo over this host's loopback ({cpus} cores, load {load:.1f}) does not "
+                     f"follow a latency and a bandwidth there; run calibrate --local again "
+                     f"on an idle machine, or fit real cluster runs with --nccl-tests")
+        else:
+            what += ("the profile's form cannot follow these runs; check the nccl-tests "
+                     "files are from one cluster and one node count each")
+        lines.append(what)
+    return lines
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"

@@ -282,4 +282,7 @@ def _op_fit(read: Untrusted, op: str, table: object) -> OpFit:
 
 # a [fit.OP] table's keys: None for the optional ones
 _FIT_KEYS = {"ranks": "", "latency_us": "", "busbw_gbs": "", "knee_bytes": None,
-             "large_busbw_gbs": None, "small_bytes": None, "small_latency_us": None}
+             "large_busbw_gbs": None, "small_bytes": None, "small_latency_us": None,
+             # how well the fit met its measurements (calibrate writes them for the
+             # reader; nothing is priced from them)
+             "median_error_pct": None, "worst_error_pct": None, "worst_error_bytes": None}

@@ -17,14 +17,23 @@ from prism_debug.graph import ExecutionGraph, GraphError, GroupRef, OpSpec
 class DeferredCompletion:
     """A completion time the replay engine gives once it can."""
 
-    __slots__ = ("replay", "handle")
+    __slots__ = ("replay", "handle", "last")
 
     def __init__(self, replay: ReplayEngine, handle: tuple[int, int]) -> None:
         self.replay = replay
         self.handle = handle
+        # who arrived last, kept at its iteration's end (GraphEngine.keep_last_arrivals)
+        self.last: tuple[int, float] | None | _Unknown = _UNKNOWN
 
     def __call__(self) -> float:
         return self.replay.real_completion(self.handle)
+
+
+class _Unknown:
+    """Not kept (yet): ask the replay engine."""
+
+
+_UNKNOWN = _Unknown()
 
 
 class GraphStream:
@@ -46,6 +55,11 @@ class GraphEngine:
         # the agent ends the rank with one clear error rather than letting the
         # exception unwind through the script (and torch's C++ callers)
         self._on_mismatch = on_mismatch
+        # Who arrived last at an op is the replay engine's only while the op's
+        # iteration runs; the console's timeline asks once it is over.  Set,
+        # each op's is kept at its iteration's end (the run table's source).
+        self.keep_last_arrivals = False
+        self._issued: list[DeferredCompletion] = []
 
     def _mismatch(self, error: GraphError):
         if self._on_mismatch is None:
@@ -81,15 +95,26 @@ class GraphEngine:
             handle = self.replay.real_issue(spec, arrival)
         except GraphError as error:
             self._mismatch(error)
-        return DeferredCompletion(self.replay, handle)
+        deferred = DeferredCompletion(self.replay, handle)
+        if self.keep_last_arrivals:
+            self._issued.append(deferred)
+        return deferred
 
     def last_arrival(self, deferred: DeferredCompletion) -> tuple[int, float] | None:
-        return self.replay.last_arrival(deferred.handle)
+        """(rank, time) of the last arrival at the real rank's op, or None;
+        after its iteration's end only when ``keep_last_arrivals`` kept it."""
+        last = deferred.last
+        if last is _UNKNOWN:
+            return self.replay.last_arrival(deferred.handle)
+        return last  # type: ignore[return-value]
 
     def op_of(self, deferred: DeferredCompletion) -> OpSpec:
         return self.replay.real_op(deferred.handle)
 
     def iteration_end(self) -> None:
+        issued, self._issued = self._issued, []
+        for deferred in issued:
+            deferred.last = self.replay.last_arrival(deferred.handle)
         try:
             self.replay.real_iteration_end()
         except GraphError as error:

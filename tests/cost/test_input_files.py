@@ -67,8 +67,10 @@ PROFILES = [
     ("fit-a-number", top_level("fit = 3"), "[fit] must be a mapping, got 3"),
     ("fit-unknown-key", BASE + "\n[fit.send]\nranks = 2\nlatency_us = 1\nbusbw_gbs = 1\n"
                                "busbw = 2\n",
+     # (the error keys are calibrate's record of the fit's quality: accepted since issue 15)
      "unknown key [fit.send] busbw: use ranks, latency_us, busbw_gbs, knee_bytes, "
-     "large_busbw_gbs, small_bytes, small_latency_us"),
+     "large_busbw_gbs, small_bytes, small_latency_us, median_error_pct, worst_error_pct, "
+     "worst_error_bytes"),
     ("scale-loss-one", BASE + "\n[scale]\nnet_loss_per_doubling = 1.0\n",
      "[scale] net_loss_per_doubling must be in [0, 1), got 1.0"),
 ]

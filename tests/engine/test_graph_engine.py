@@ -36,3 +36,20 @@ def test_skipping_an_op_is_refused_at_the_iteration_end():
     with pytest.raises(GraphError, match="ended iteration 1 without issuing all_reduce of 64 "
                                          "bytes on tp"):
         engine.iteration_end()
+
+
+def test_who_arrived_last_outlives_the_iteration_when_kept():
+    """The console's timeline asks after the iteration ended, when the replay
+    engine no longer knows: kept at the iteration's end, it is the answer the
+    run table gave (rank 7, slowed to arrive at 6.0)."""
+    for keep, expected in ((False, None), (True, (7, pytest.approx(6.0)))):
+        engine = graph_engine(real_rank=5)
+        engine.keep_last_arrivals = keep
+        engine.replay.slow([7], 6.0)
+        stream = engine.group([4, 5, 6, 7], GroupRef("tp", 1))
+        deferred = engine.collective(stream, "all_reduce", 64, arrival=1.0)
+        assert deferred() == pytest.approx(6.1)
+        # while the iteration runs, the replay engine knows either way: the run table
+        assert engine.last_arrival(deferred) == (7, pytest.approx(6.0))
+        engine.iteration_end()
+        assert engine.last_arrival(deferred) == expected

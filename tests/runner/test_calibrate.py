@@ -66,6 +66,13 @@ def test_local_calibration_fits_every_measured_size(tmp_path):
     print(f"fit error: median {median:.1f} %, {within} of 40 sizes within 10 %")
     assert median <= 20.0, "\n".join(" ".join(row) for row in rows)
     assert model.estimate("all_reduce", 8, Placement(2, 1, 2)).algorithm == "ring"
+    # an op whose printed error passes 50 % at some size is warned of, once, on
+    # stderr; the others are not; and every fit's quality is in the profile
+    missed = {row[0] for row in rows if abs(float(row[6].rstrip("%"))) > 50.0}
+    warned = [line.split()[3] for line in proc.stderr.splitlines()
+              if line.startswith("calibrate: warning: the ")]
+    assert sorted(warned) == sorted(missed), proc.stderr
+    assert out.read_text().count("median_error_pct = ") == 5
     cost = cli("cost", "--hardware", str(out), "--op", "all_gather", "--bytes", "1M",
                "--ranks", "2")
     assert cost.returncode == 0 and "on local:" in cost.stdout, cost.stdout + cost.stderr
