@@ -26,7 +26,7 @@ What legitimately varies is normalised on both sides before comparing (see
 bytes and RSS, snapshot ids' random suffix, session ids, pids, run folders,
 timestamps and graph-cache keys; a table row's ``longest wait`` under 20 ms
 (which op and which rank come last is then a race, not a fact of the job);
-runs of blanks; and the order in which the rank's relayed lines
+likewise the last rank of a console timeline's row; runs of blanks; and the order in which the rank's relayed lines
 (``[rank N] …``) interleave with prism-debug's own (two streams: each is
 compared in its own order).  The script's own lines are compared exactly.  A
 snapshot id the README uses in a later command is replaced by the id the run
@@ -67,6 +67,8 @@ WAIT_NOISE_MS = 20.0  # a longest wait shorter than this names a race, not a fac
 SNAPSHOT_ID = re.compile(r"\b(r\d+-it\d+-)([0-9a-f]{6})\b")
 _RANK_LINE = re.compile(r"^\[rank \d+\] ")
 _LONGEST_WAIT = re.compile(r"longest wait (\d+(?:\.\d+)?) ms(?:: .*)?$")
+# a console timeline row: seq, op, group[i], bytes, start, duration, wait ms, last rank
+_TIMELINE_LAST = re.compile(r"^(\s*\d+\s+\S+\s+\S+\[\d+\]\s.*\s)(\d+\.\d+)(\s+)(\S+)\s*$")
 _RULES = (  # (pattern, replacement) in order, after the longest wait
     (re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:?\d{2}|Z)?"), "<when>"),
     (re.compile(r"\b\d{8}-\d{6}-\d+\b"), "<run>"),  # run folders: TIME-PID
@@ -88,7 +90,13 @@ def normalise_line(line: str) -> str:
             return "longest wait <n> ms …"
         return match.group(0)
 
+    def timeline_last(match: re.Match) -> str:
+        if float(match.group(2)) < WAIT_NOISE_MS:
+            return match.group(1) + match.group(2) + match.group(3) + "<rank>"
+        return match.group(0)
+
     line = _LONGEST_WAIT.sub(longest_wait, line)
+    line = _TIMELINE_LAST.sub(timeline_last, line)
     for pattern, replacement in _RULES:
         line = pattern.sub(replacement, line)
     return line.strip()
@@ -396,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     workspace = Workspace.create()
     started = time.monotonic()
+    # killed (a test's timeout): still stop the background runs and remove the folder
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     try:
         outcomes = run(section, workspace, args.update)
     finally:
