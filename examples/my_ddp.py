@@ -32,7 +32,7 @@ for step in range(1, args.steps + 1):
     loss.backward()
     losses = [None] * world_size
     dist.all_gather_object(losses, round(loss.item(), 4))  # every rank's loss, for the log
-    mean = sum(losses) / world_size
-    print(f"step {step}: loss {loss.item():.4f}, mean over {world_size} ranks {mean:.4f}", flush=True)
+    print(f"step {step}: loss {loss.item():.4f}, "
+          f"mean over {world_size} ranks {sum(losses) / world_size:.4f}", flush=True)
     optimizer.step()
 dist.destroy_process_group()

@@ -76,7 +76,8 @@ def test_update_rewrites_the_output_and_then_it_passes(tmp_path):
 def test_a_missing_section_is_an_error(tmp_path):
     code, output, _ = check(tmp_path, "# x\n\n## Quick start\n")
     assert code == 2
-    assert output == f"walkthrough: error: no section titled '{walkthrough.SECTION}' in the README\n"
+    assert output == (f"walkthrough: error: no section titled '{walkthrough.SECTION}' "
+                      "in the README\n")
 
 
 def test_files_background_commands_and_snapshot_ids_carry_through(tmp_path):
@@ -99,18 +100,23 @@ def test_files_background_commands_and_snapshot_ids_carry_through(tmp_path):
      "snapshot r3-it2-a0b1c2: iteration 2, 217.0 MiB in 1.25 s → snapshots/r3-it2-a0b1c2"),
     ("debugger: prism-debug attach --rank 3 (session 7ea51b48)",
      "debugger: prism-debug attach --rank 3 (session 0019ffab)"),
-    ("summary: 4 iterations · median 23.49 ms after warm-up (first 1467.62 ms) · comm wait 21.6% · "
+    ("summary: 4 iterations · median 23.49 ms after warm-up (first 1467.62 ms) · "
+     "comm wait 21.6% · "
      "peak RSS 311 MiB · exit 0",
      "summary: 4 iterations · median 3.40 ms after warm-up (first 967.00 ms) · comm wait 1.0% · "
      "peak RSS 298 MiB · exit 0"),
-    ("graph: profiled in 3.4 s; cached ~/.cache/prism-debug/graphs/2d6af07f38b12a07.prism (734 bytes)",
-     "graph: profiled in 12.0 s; cached ~/.cache/prism-debug/graphs/0123456789abcdef.prism (0 bytes)"),
-    ("restored pid 21860 in 0.24 s (216.4 MiB of images)", "restored pid 7 in 1.00 s (9.0 MiB of images)"),
+    ("graph: profiled in 3.4 s; cached ~/.cache/prism-debug/graphs/2d6af07f38b12a07.prism "
+     "(734 bytes)",
+     "graph: profiled in 12.0 s; cached ~/.cache/prism-debug/graphs/0123456789abcdef.prism "
+     "(0 bytes)"),
+    ("restored pid 21860 in 0.24 s (216.4 MiB of images)",
+     "restored pid 7 in 1.00 s (9.0 MiB of images)"),
     ("report: ~/.local/state/prism-debug/runs/20261124-202523-21114/report.json",
      "report: ~/.local/state/prism-debug/runs/20270101-000000-1/report.json"),
     ("    3  all_reduce     world[0]      8.5 KiB     13.382        8.532     0.000          -",
      "    3  all_reduce     world[0]      8.5 KiB     14.003        9.100     0.011          0"),
-    ("r3-it2-024826                    2       3      64    216.5    0.15  2026-11-24T20:25:16+0000",
+    ("r3-it2-024826                    2       3      64    216.5    0.15  "
+     "2026-11-24T20:25:16+0000",
      "r3-it2-ffffff  2  3  64  1216.5  10.15  2027-01-01T00:00:00+0000"),
 ])
 def test_what_varies_from_run_to_run_is_normalised(readme_line, real_line):
@@ -127,8 +133,8 @@ def test_what_varies_from_run_to_run_is_normalised(readme_line, real_line):
      "all_gather on world, last in: rank 17",
      "    3       3.07        3.00          0.07      3  75898c5b22a58c1b  longest wait 0.04 ms: "
      "all_gather on world, last in: rank 3"),
-    ("    3     203.07        3.20        199.87      3  75898c5b22a58c1b", "    3     203.07        3.20"
-     "        199.87      4  75898c5b22a58c1b"),
+    ("    3     203.07        3.20        199.87      3  75898c5b22a58c1b",
+     "    3     203.07        3.20        199.87      4  75898c5b22a58c1b"),
     ("snapshot r3-it2-024826: iteration 2", "snapshot r3-it3-024826: iteration 3"),
     ("PASS  exit code 0: got 0", "FAIL  exit code 0: got 1"),
     ("    3  all_reduce     world[0]      8.5 KiB     13.382        8.532   100.000         17",
