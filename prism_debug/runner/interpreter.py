@@ -55,9 +55,9 @@ def check_interpreter(command: list[str], pythonpath: str) -> None:
     program = command[0]
     if not is_python(program):
         return
-    resolved = shutil.which(program) or program
-    resolved = str(Path(resolved).absolute())
-    if os.path.realpath(resolved) == os.path.realpath(sys.executable):
+    resolved = str(Path(shutil.which(program) or program).absolute())
+    # (not the real path: venvs of one base Python share it, not their packages)
+    if resolved == str(Path(sys.executable).absolute()):
         return
     problem = _probe(resolved, pythonpath)
     if problem is not None:
@@ -99,7 +99,7 @@ def never_loaded(command: list[str], exit_code: int, log: Path) -> LaunchError:
     """The error when the rank ran and the agent never loaded in it."""
     program = command[0]
     tried = shutil.which(program) or program
-    own = os.path.realpath(tried) == os.path.realpath(sys.executable)
+    own = Path(tried).absolute() == Path(sys.executable).absolute()
     which = ("prism-debug's own Python" if own else
              f"{Path(tried).absolute()}" if is_python(program) else f"started by {program}")
     return LaunchError(
