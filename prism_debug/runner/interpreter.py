@@ -16,7 +16,6 @@ so a missing torch is one line naming both Pythons, not the rank's traceback.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
@@ -29,6 +28,7 @@ from prism_debug.errors import LaunchError
 BARE_PYTHONS = ("python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}")
 # what the agent imports in the rank's process besides prism_debug itself
 AGENT_NEEDS = ("torch", "numpy", "zmq")
+AGENT_PYTHON = "3.11 or later"
 _PACKAGE_OF = {"zmq": "pyzmq"}
 _PROBE = (
     "import json, sys\n"
@@ -59,12 +59,19 @@ def check_interpreter(command: list[str], pythonpath: str) -> None:
     # (not the real path: venvs of one base Python share it, not their packages)
     if resolved == str(Path(sys.executable).absolute()):
         return
+    if (resolved, pythonpath) in _ABLE:
+        return
     problem = _probe(resolved, pythonpath)
     if problem is not None:
         raise LaunchError(f"the rank's Python {resolved} {problem}: {_remedy(command)}")
+    _ABLE.add((resolved, pythonpath))
 
 
-@functools.lru_cache(maxsize=8)  # a profile launches the same Python once per slice
+# Pythons found able, asked once (a profile launches the same one per slice);
+# one found wanting is asked again, as its user may have installed torch since
+_ABLE: set[tuple[str, str]] = set()
+
+
 def _probe(python: str, pythonpath: str) -> str | None:
     """What keeps ``python`` from loading the agent, as the end of a sentence; None: nothing."""
     env = dict(os.environ, PYTHONPATH=pythonpath)
@@ -82,7 +89,7 @@ def _probe(python: str, pythonpath: str) -> str | None:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1][:200]
         return f"cannot be asked what it imports (exit code {proc.returncode}: {last})"
     if version < (3, 11):
-        return f"is Python {version[0]}.{version[1]}; the prism-debug agent needs 3.11 or later"
+        return f"is Python {version[0]}.{version[1]}; the prism-debug agent needs {AGENT_PYTHON}"
     if missing:
         names = ", ".join(_PACKAGE_OF.get(m, m) for m in missing)
         return f"cannot import {names}, which the prism-debug agent needs in the rank"
@@ -92,7 +99,7 @@ def _probe(python: str, pythonpath: str) -> str | None:
 def _remedy(command: list[str]) -> str:
     shown = " ".join(["python", *command[1:2], *(["…"] if len(command) > 2 else [])])
     return (f"write the command as `{shown}` (a bare `python` is prism-debug's own Python, "
-            f"{sys.executable}), or give a Python that has them")
+            f"{sys.executable}), or give a Python {AGENT_PYTHON} with torch, numpy and pyzmq")
 
 
 def never_loaded(command: list[str], exit_code: int, log: Path) -> LaunchError:

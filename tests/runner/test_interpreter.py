@@ -73,7 +73,7 @@ def test_a_python_without_torch_is_named_with_the_one_that_would_work(tmp_path):
         f"prism-debug: error: the rank's Python {SYSTEM_PYTHON} cannot import torch, numpy, "
         "pyzmq, which the prism-debug agent needs in the rank: write the command as `python "
         f"train_where.py …` (a bare `python` is prism-debug's own Python, {sys.executable}), "
-        "or give a Python that has them\n")
+        "or give a Python 3.11 or later with torch, numpy and pyzmq\n")
     assert not (tmp_path / "run").exists()  # refused before the rank started
 
 
