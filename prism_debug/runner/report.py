@@ -42,12 +42,17 @@ def no_gpu_line(event: dict, cwd: Path) -> tuple[str, str, int] | None:
     shown = Path(path)
     if shown.is_absolute() and shown.is_relative_to(cwd):
         shown = shown.relative_to(cwd)
-    where = f"{str(shown)[:300]}:{line}"
-    what = f"calls {call[:100]}, which needs" if call else f"(`{source[:200]}`) needs"
-    return (f"{where} {what} a GPU, and this machine has none ({reason[:200]}): "
+    where = f"{_one_line(str(shown), 300)}:{line}"
+    what = (f"calls {_one_line(call, 100)}, which needs" if call else
+            f"(`{_one_line(source, 200)}`) needs")
+    return (f"{where} {what} a GPU, and this machine has none ({_one_line(reason, 200)}): "
             "run the rank on a machine with a GPU, or keep it on the CPU when "
             "torch.cuda.is_available() is False (prism-debug emulates the other ranks, not a "
             "GPU)", path, line)
+
+
+def _one_line(text: str, limit: int) -> str:
+    return " ".join(text.split())[:limit]
 
 
 def build_report(*, events: list[dict], world_size: int, rank: int, command: list[str],

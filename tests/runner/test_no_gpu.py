@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prism_debug.agent.no_gpu import no_gpu_event
+from prism_debug.runner.report import no_gpu_line
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 ADVICE = ("run the rank on a machine with a GPU, or keep it on the CPU when "
@@ -72,3 +75,16 @@ def test_no_snapshot_hint_after_a_run_that_failed(tmp_path):
     assert proc.returncode == 7
     assert "summary: 1 iterations · " in proc.stdout
     assert proc.stdout.splitlines()[-1].endswith(" · exit 7")  # the summary ends the output
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["file", "line", "source", "call", "reason", "kind"]),
+                       st.one_of(st.text(), st.integers(), st.none(), st.booleans()), max_size=6))
+def test_a_rank_written_event_gives_one_bounded_line_or_none(event):
+    found = no_gpu_line(event, Path("/work"))
+    assert found is None or ("\n" not in found[0] and len(found[0]) < 1200)
+    well_formed = (isinstance(event.get("file"), str) and type(event.get("line")) is int
+                   and isinstance(event.get("source"), str)
+                   and isinstance(event.get("reason"), str)
+                   and (event.get("call") is None or isinstance(event.get("call"), str)))
+    assert (found is not None) == well_formed
