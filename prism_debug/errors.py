@@ -12,6 +12,7 @@ their callers catch.  ::
     │   ├── InvalidFields                    a checked dataclass built with bad values
     │   └── ScenarioError                    a scenario file with problems (every one listed)
     ├── LaunchError                          the rank could not be started or never initialised
+    │   └── MissingGpu                       the rank called CUDA on a machine without a GPU
     ├── UnsupportedOperation                 a torch.distributed feature the emulation cannot serve
     ├── GraphError                           a graph file malformed, or not the job's
     ├── SnapshotError                        a snapshot missing, damaged or foreign
@@ -103,6 +104,17 @@ class LaunchError(PrismError):
     def __init__(self, message: str, *, log: Path | None = None) -> None:
         super().__init__(message)
         self.log = log
+
+
+class MissingGpu(LaunchError):
+    """Raised when the rank died on a CUDA call this machine cannot serve (no
+    GPU, or a torch built without CUDA); ``path`` and ``line`` are the
+    script's line that made the call."""
+
+    def __init__(self, message: str, *, path: str, line: int, log: Path | None = None) -> None:
+        super().__init__(message, log=log)
+        self.path = path
+        self.line = line
 
 
 class UnsupportedOperation(PrismError):

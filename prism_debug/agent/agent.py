@@ -31,6 +31,7 @@ from torch.optim.optimizer import (
 
 from prism_debug.agent.config import ENV_VAR, OWNER_ENV_VAR, AgentConfig
 from prism_debug.agent.debugger import Debugger
+from prism_debug.agent import no_gpu
 from prism_debug.agent.handshake import Handshake
 from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog
@@ -140,6 +141,7 @@ class Agent:
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
         atexit.register(self._on_exit)
+        no_gpu.watch(self._emit)  # a CUDA call on a machine without a GPU, named
         if self.link is not None:
             self.link.start()
 

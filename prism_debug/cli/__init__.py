@@ -149,7 +149,8 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
     if result.snapshots:
         click.echo(f"replay from a snapshot: prism-debug snapshot restore {result.snapshots[-1]}"
                    f"{store_option} (list them: prism-debug snapshot ls{store_option})")
-    elif not options.takes_snapshots:
+    elif not options.takes_snapshots and result.exit_code == 0 and result.report["iterations"]:
+        # (after a run that failed or finished no iteration there is nothing to snapshot)
         click.echo("hint: add --snapshot-at 2 to snapshot the rank with CRIU after iteration 2; "
                    "then prism-debug snapshot ls, and prism-debug snapshot restore ID replays "
                    "it from there, bit for bit")

@@ -9,6 +9,7 @@ debugger bus (``session``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -18,7 +19,13 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from prism_debug.agent.config import ENV_VAR, OWNER_ENV_VAR, AgentConfig
-from prism_debug.errors import ConfigError, GraphError, LaunchError, SnapshotError
+from prism_debug.errors import (
+    ConfigError,
+    GraphError,
+    LaunchError,
+    MissingGpu,
+    SnapshotError,
+)
 from prism_debug.faults import resolve
 from prism_debug.graph import ExecutionGraph
 from prism_debug.runner import report as reporting
@@ -31,6 +38,7 @@ from prism_debug.runner.children import (
     run_files,
     supervise,
 )
+from prism_debug.runner.interpreter import check_interpreter, never_loaded, with_interpreter
 from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, check_command
 from prism_debug.runner.paths import (
     HOOKS_DIR,
@@ -70,8 +78,13 @@ def run(options: RunOptions, message: Message = _quiet,
 
     ``options.profile_graph`` asks ``find_graph`` (the graph cache's
     ``with_graph``, which ``api.run`` passes) for the job's graph once the
-    cheap checks have passed, so a mistake is not found after profiling."""
+    cheap checks have passed, so a mistake is not found after profiling.
+    A bare ``python`` first word is this Python (``interpreter``'s rule)."""
+    options = dataclasses.replace(
+        options, command=with_interpreter(options.command),
+        profile_command=options.profile_command and with_interpreter(options.profile_command))
     check_command(options.command)
+    check_interpreter(options.command, rank_pythonpath(dict(options.env)))
     store = open_store(options.store)
     if options.profile_graph:
         if find_graph is None:
@@ -113,6 +126,14 @@ def load_graph(options: RunOptions) -> ExecutionGraph | None:
     for fault in options.faults:
         resolve(fault, options.world_size, options.profile.gpus_per_node, graph)
     return graph
+
+
+def rank_pythonpath(env: dict[str, str], hooks: bool = False) -> str:
+    """The rank's PYTHONPATH: prism-debug's source (and the hook that loads
+    the agent) before the user's own (``env``'s, else this process's)."""
+    own = env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
+    return os.pathsep.join([str(HOOKS_DIR)] * hooks + [str(SOURCE_ROOT)]
+                           + [p for p in [own] if p])
 
 
 def torchrun_environment(rank: int, world_size: int, gpus_per_node: int) -> dict[str, str]:
@@ -161,8 +182,7 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
     env.update(options.env)
     env[ENV_VAR] = str(config_path)
     env.pop(OWNER_ENV_VAR, None)  # the rank's first torch-importing process claims the bus
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(HOOKS_DIR), str(SOURCE_ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env["PYTHONPATH"] = rank_pythonpath(env, hooks=True)
     env.setdefault("PYTHONUNBUFFERED", "1")
 
     nodes = -(-options.world_size // profile.gpus_per_node)
@@ -198,15 +218,12 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
     events, report = finish(follower, files["events"], exit_code, options.world_size,
                             options.rank, options.command, profile.name, options.report_path,
                             options.trace_path, message)
+    check_gpu_calls(events, exit_code, files["log"])
     error = next((e["message"] for e in events if e["kind"] == "error"), None)
     if error is not None:
         raise GraphError(f"{error} (graph {options.graph_path})", rank=options.rank)
     if not any(e["kind"] in ("loaded", "init") for e in events):
-        raise LaunchError(
-            f"the prism-debug agent never loaded in the script's process (exit code "
-            f"{exit_code}): run the script with a Python that imports torch and honours "
-            f"PYTHONPATH (not python -I or -E); its output is in {files['log']}",
-            log=files["log"])
+        raise never_loaded(options.command, exit_code, files["log"])
     if not any(e["kind"] == "init" for e in events):
         raise LaunchError(
             f"the script never called torch.distributed.init_process_group (exit code "
@@ -250,6 +267,7 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
             message, restored_from=manifest.id)
     finally:
         session.close()
+    check_gpu_calls(events, exit_code, files["log"])
     error = next((e["message"] for e in events if e["kind"] == "error"), None)
     if error is not None:
         raise ConfigError(f"the restored rank refused: {error}")
@@ -261,6 +279,16 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
                             f"{len(options.faults)} faults in force: it predates faults at "
                             "restore; take the snapshot again", snapshot_id=manifest.id)
     return RunResult(report, exit_code, run_dir, session.snapshots_taken, events)
+
+
+def check_gpu_calls(events: list[dict], exit_code: int, log: Path) -> None:
+    """:class:`MissingGpu` when the rank died on a CUDA call this machine
+    cannot serve (the agent's ``no_gpu`` event), naming the script's line."""
+    event = next((e for e in events if e["kind"] == "no_gpu"), None)
+    found = reporting.no_gpu_line(event, Path.cwd()) if event and exit_code != 0 else None
+    if found is not None:
+        text, path, line = found
+        raise MissingGpu(text, path=path, line=line, log=log)
 
 
 def finish(follower: Follower, events_path: Path, exit_code: int, world_size: int, rank: int,

@@ -237,10 +237,11 @@ def check_command(command: list[str]) -> None:
         raise ConfigError(f"script not found: {script}")
 
 
-def script_of(command: list[str]) -> Path | None:
-    """The Python script a command runs, if it runs one."""
+def script_of(command: list[str], cwd: Path | None = None) -> Path | None:
+    """The Python script a command runs, if it runs one; ``cwd``: the
+    directory the command ran in (default: this process's)."""
     script = _script_word(command)
-    return Path(script).resolve() if script is not None else None
+    return (Path(cwd or ".") / script).resolve() if script is not None else None
 
 
 def _script_word(command: list[str]) -> str | None:

@@ -28,6 +28,33 @@ def read_events(path: Path) -> list[dict]:
     return events
 
 
+def no_gpu_line(event: dict, cwd: Path) -> tuple[str, str, int] | None:
+    """The one line for the agent's ``no_gpu`` event (agent/no_gpu.py): the
+    script's line that called CUDA, and why this machine cannot serve it;
+    with that line's file and number.  None for an event not of that form
+    (the rank writes it: checked, and cut to a size to read)."""
+    fields = (event.get("file"), event.get("line"), event.get("source"), event.get("reason"))
+    call = event.get("call")
+    if not (isinstance(fields[0], str) and type(fields[1]) is int and isinstance(fields[2], str)
+            and isinstance(fields[3], str) and (call is None or isinstance(call, str))):
+        return None
+    path, line, source, reason = fields
+    shown = Path(path)
+    if shown.is_absolute() and shown.is_relative_to(cwd):
+        shown = shown.relative_to(cwd)
+    where = f"{_one_line(str(shown), 300)}:{line}"
+    what = (f"calls {_one_line(call, 100)}, which needs" if call else
+            f"(`{_one_line(source, 200)}`) needs")
+    return (f"{where} {what} a GPU, and this machine has none ({_one_line(reason, 200)}): "
+            "run the rank on a machine with a GPU, or keep it on the CPU when "
+            "torch.cuda.is_available() is False (prism-debug emulates the other ranks, not a "
+            "GPU)", path, line)
+
+
+def _one_line(text: str, limit: int) -> str:
+    return " ".join(text.split())[:limit]
+
+
 def build_report(*, events: list[dict], world_size: int, rank: int, command: list[str],
                  exit_code: int | None, hardware: str, child_peak_rss: int) -> dict:
     iterations: list[dict] = []

@@ -25,6 +25,7 @@ from prism_debug.faults import fault_text, rank_text, resolve
 from prism_debug.graph import ExecutionGraph
 from prism_debug.runner.graph_cache import cached_graph
 from prism_debug.runner.launch import restore, run
+from prism_debug.runner.interpreter import with_interpreter
 from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, python_command
 from prism_debug.runner.paths import default_run_dir, make_run_dir, open_store
 from prism_debug.scenario import Scenario, plan
@@ -178,9 +179,7 @@ def scenario_command(spec: Run, source: str) -> list[str]:
     for i, word in enumerate(command):
         if word.endswith(".py") and not Path(word).is_absolute() and (base / word).is_file():
             command[i] = str(base / word)
-    if command and command[0] in ("python", "python3"):
-        command[0] = sys.executable
-    return command
+    return with_interpreter(command)  # run's rule, before the graph cache's key is made
 
 
 def _graph(scenario: Scenario, command: list[str], run_dir: Path,

@@ -91,6 +91,7 @@ class Snapshotter:
             "script_digest": sha256_file(script) if script and script.is_file() else None,
             "environment_digest": _environment_digest(options),
             "hardware": options.profile.name,
+            "cwd": os.getcwd(),  # the rank's (it inherits it): its command's paths point there
         }
         return cls(store, criu, base, message,
                    incremental=options.incremental, tracked=tracked)
@@ -101,7 +102,7 @@ class Snapshotter:
         """For snapshots of a rank restored from ``manifest``: the same run's facts."""
         base = {k: getattr(manifest, k) for k in (
             "world_size", "rank", "command", "graph_digest", "script_digest",
-            "environment_digest", "hardware")}
+            "environment_digest", "hardware", "cwd")}
         return cls(store, criu_api.locate(), base, message)
 
     def take(self, pid: int, iteration: int, cuda: bool = False,
@@ -238,11 +239,19 @@ def _resume_cuda(tool: Path, pid: int, message: Callable[[str], None]) -> None:
 
 
 def check_unchanged(manifest: Manifest) -> None:
-    """Refuse to restore a rank whose script or graph changed since its snapshot."""
-    script = script_of(manifest.command)
+    """Refuse to restore a rank whose script or graph changed since its snapshot.
+
+    The script is looked for where the run started (the manifest's ``cwd``),
+    whatever directory the restore is run from; a manifest of version 1
+    recorded none, so its script is looked for from here."""
+    cwd = Path(manifest.cwd) if manifest.cwd is not None else None
+    script = script_of(manifest.command, cwd)
     if manifest.script_digest and script is not None:
         if not script.is_file():
-            raise SnapshotError(f"snapshot {manifest.id}: its script {script} is gone",
+            where = (f"the run started in {cwd}" if cwd is not None else
+                     f"looked for from {Path.cwd()}: the snapshot predates recording the "
+                     "directory its run started in, so restore it from that directory")
+            raise SnapshotError(f"snapshot {manifest.id}: its script {script} is gone ({where})",
                                 snapshot_id=manifest.id)
         if sha256_file(script) != manifest.script_digest:
             raise SnapshotError(f"snapshot {manifest.id}: its script {script} changed since "

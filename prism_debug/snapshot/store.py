@@ -35,7 +35,9 @@ from pathlib import Path
 from prism_debug.errors import SnapshotError
 
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+# version 1 recorded no working directory (``cwd``): still read, as None
+READ_VERSIONS = (1, 2)
 PARENT_LINK = "parent"  # CRIU's link from an incremental snapshot to its parent's images
 _TMP_PREFIX = ".tmp-"
 # r<rank>-it<iteration>-<6 hex digits>; ASCII digits only (``\d`` takes any script's)
@@ -80,6 +82,9 @@ class Manifest:
     created: str
     files: dict[str, str] = dataclasses.field(default_factory=dict)  # image -> SHA-256
     cuda: bool = False  # CUDA state was checkpointed into host memory (cuda-checkpoint)
+    # the directory the rank ran in, where its command's relative paths point
+    # (None: a version 1 manifest, which did not record it)
+    cwd: str | None = None
     version: int = MANIFEST_VERSION
 
     def to_json(self) -> str:
@@ -91,9 +96,10 @@ class Manifest:
             data = json.loads(text)
             if not isinstance(data, dict):
                 raise ValueError("not a JSON object")
-            if data.get("version") != MANIFEST_VERSION:
+            if data.get("version") not in READ_VERSIONS:
                 raise SnapshotError(f"{where}: manifest version {data.get('version')}; this "
-                                    f"prism-debug reads version {MANIFEST_VERSION}")
+                                    f"prism-debug reads versions "
+                                    f"{', '.join(map(str, READ_VERSIONS))}")
             manifest = cls(**data)
             _check_fields(manifest)
             return manifest
@@ -132,6 +138,8 @@ def _check_fields(manifest: Manifest) -> None:
         value = getattr(manifest, name)
         if value is not None and not ID_PATTERN.fullmatch(value):
             raise ValueError(f"{name} {value!r:.60} is not a snapshot id ({ID_FORM})")
+    if manifest.cwd is not None and not manifest.cwd.startswith("/"):
+        raise ValueError(f"cwd {manifest.cwd!r:.60} is not an absolute path")
     if manifest.parent == manifest.id:
         raise ValueError(f"snapshot {manifest.id} names itself as its parent")
     for name, digest in manifest.files.items():

@@ -75,7 +75,14 @@ def test_a_damaged_manifest_and_an_unknown_id_are_refused(tmp_path):
     data = json.loads(manifest("r1-it2-dddddd").to_json()) | {"version": 9}
     (path / MANIFEST).write_text(json.dumps(data))
     with pytest.raises(SnapshotError, match="manifest version 9; this prism-debug reads "
-                                            "version 1"):
+                                            "versions 1, 2"):
+        store.get("r1-it2-dddddd")
+    # version 1 recorded no working directory: read, as None; version 2 names one
+    del data["cwd"]
+    (path / MANIFEST).write_text(json.dumps(data | {"version": 1}))
+    assert (store.get("r1-it2-dddddd").cwd, store.get("r1-it2-dddddd").version) == (None, 1)
+    (path / MANIFEST).write_text(json.dumps(data | {"version": 2, "cwd": "work/x"}))
+    with pytest.raises(SnapshotError, match="cwd 'work/x' is not an absolute path"):
         store.get("r1-it2-dddddd")
 
 
