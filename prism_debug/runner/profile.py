@@ -19,7 +19,7 @@ from typing import Callable
 from prism_debug.agent.program import MESSAGES_ENV, events_from_json, write_slice_messages
 from prism_debug.cost import load_profile
 from prism_debug.errors import ConfigError, GraphError, LaunchError
-from prism_debug.graph import ExecutionGraph
+from prism_debug.graph import ExecutionGraph, Mesh
 from prism_debug.graph.messages import NEEDS_MESSAGES_EXIT, MissingMessage, PeerMessage
 from prism_debug.graph.build import (
     MIN_ITERATIONS,
@@ -126,7 +126,7 @@ def _profile(options: ProfileOptions, message: Callable[[str], None],
     mesh, family_axes = infer_mesh(options.world_size, first.record.families)
     axis = class_axis([first.record], family_axes)
     ranks = list(options.slice_ranks) or representatives(mesh, axis)
-    message(f"profile: mesh {' x '.join(f'{n}={s}' for n, s in zip(mesh.names, mesh.shape))}; "
+    message(f"profile: mesh {_mesh_words(mesh)}; "
             f"{len(ranks)} class(es)" + (f" along {axis}" if axis else ""))
     stride = mesh.strides[mesh.axis(axis)] if axis else mesh.world_size
     count = mesh.shape[mesh.axis(axis)] if axis else 1
@@ -202,3 +202,14 @@ def _profile(options: ProfileOptions, message: Callable[[str], None],
 class _SliceRun:
     record: SliceRecord  # a stopped run's: the messages it sent, families, partial program
     missing: MissingMessage | None  # what it stopped at (None: it finished)
+
+
+def _mesh_words(mesh: Mesh) -> str:
+    """`pp=4 x dp=256 x tp=8`; an axis no family of the script spans has no
+    name a user wrote (the graph calls it `_axisK`), so it is shown as what
+    it is: plain DDP is `64 ranks, no family but the world`."""
+    named = [(n, s) for n, s in zip(mesh.names, mesh.shape) if not n.startswith("_axis")]
+    if not named:
+        return f"{mesh.world_size} ranks, no family but the world"
+    return " x ".join(f"{n}={s}" if not n.startswith("_axis") else f"{s} (no family)"
+                      for n, s in zip(mesh.names, mesh.shape))
