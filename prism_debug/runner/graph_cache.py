@@ -55,13 +55,23 @@ def cache_key(command: list[str], world_size: int, gpus_per_node: int,
     facts = {
         # this Python by name, so a moved checkout keeps its graphs; another
         # interpreter (another venv, another torch) keeps its whole path
-        "command": [Path(word).name if word == sys.executable else word for word in command],
+        "command": [_canonical(word, script) for word in command],
         "script": sha256_file(script) if script is not None and script.is_file() else "",
         "world_size": world_size, "gpus_per_node": gpus_per_node, "iterations": iterations,
         "torch": _version("torch"), "prism_debug": prism_debug.__version__,
         "graph_format": GRAPH_VERSION,
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _canonical(word: str, script: Path | None) -> str:
+    """One spelling per job: `python my_ddp.py` run in ~/job and a scenario's
+    `~/job/my_ddp.py` are one command, so they share one graph."""
+    if word == sys.executable:
+        return Path(word).name
+    if script is not None and word.endswith(".py") and Path(word).resolve() == script:
+        return str(script)
+    return word
 
 
 def cached_graph(command: list[str], world_size: int, gpus_per_node: int, *,

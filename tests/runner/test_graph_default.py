@@ -213,6 +213,10 @@ def test_the_key_follows_the_script_its_arguments_the_layout_and_the_versions(tm
     assert graph_cache.cache_key(list(command), 64, 8) == key
     # this Python by name only: a moved checkout keeps its graphs
     assert graph_cache.cache_key([Path(sys.executable).name, *command[1:]], 64, 8) == key
+    # the script by where it is: `python train.py` run beside it is the
+    # command a scenario beside it spells with the whole path
+    monkeypatch.chdir(tmp_path)
+    assert graph_cache.cache_key([sys.executable, "train.py", "--lr", "3e-4"], 64, 8) == key
     assert graph_cache.cache_key(command[:2] + ["--lr", "1e-3"], 64, 8) != key
     assert graph_cache.cache_key(command, 128, 8) != key
     assert graph_cache.cache_key(command, 64, 4) != key
