@@ -120,8 +120,6 @@ class Agent:
         self.link = BusLink(config.bus, config.rank, os.getpid(), Commands(self).handle,
                             self._controller_lost, config.bus_curve, config.bus_secret)
         self.tracker.keep_last_ops = True
-        if self.graph_engine is not None:  # the timeline's last-rank column
-            self.graph_engine.keep_last_arrivals = True
         self._tokens, self._tokens_at, self._skipped, self._sampled = 0.0, 0.0, 0, False
         self._snapshots_asked: set[int] = set()  # iterations the console asked snapshots of
 

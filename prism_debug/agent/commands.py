@@ -24,6 +24,12 @@ class Commands:
         self._debugger = agent.debugger
 
     def handle(self, verb: str, args: dict) -> dict:
+        graph = self._agent.graph_engine
+        if graph is not None:
+            # a console talks to the rank: from now on each iteration keeps who
+            # arrived last at each op for the timeline (7 µs a collective at
+            # 65,536 ranks, so a run nobody attaches to does not pay it)
+            graph.keep_last_arrivals = True
         method = getattr(self, "do_" + verb, None)
         if method is None:
             raise BadArguments(f"the rank does not answer {verb!r}")
@@ -198,7 +204,7 @@ class Commands:
             done = record.done_s
             last_rank = None
             if graph is not None and record.deferred is not None:
-                arrived = graph.last_arrival(record.deferred)
+                arrived = graph.kept_last_arrival(record.deferred)
                 last_rank = arrived[0] if arrived else None
             rows.append({"seq": seq, "op": record.op, "family": record.family,
                          "index": record.index, "bytes": record.nbytes,
@@ -207,7 +213,10 @@ class Commands:
                          "wait_ms": record.waited_s * 1e3, "last_rank": last_rank})
         # the last finished iteration; a running rank is already past it
         return {"iteration": iteration, "ops": rows, "state": "paused" if paused else "running",
-                "paused_at": paused}
+                "paused_at": paused,
+                # an iteration that ended before any console spoke kept no last ranks
+                "last_ranks_kept": None if graph is None else any(
+                    row["last_rank"] is not None for row in rows)}
 
     def do_peers(self, selector: str | None = None) -> dict:
         agent = self._agent

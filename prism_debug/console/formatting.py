@@ -121,6 +121,9 @@ def format_timeline(timeline: dict) -> str:
         "total", "", "", format_bytes(sum(op["bytes"] for op in ops)), "",
         _ms(sum(op["duration_ms"] or 0.0 for op in ops)),
         f"{sum(op['wait_ms'] for op in ops):.3f}", ""))
+    if timeline.get("last_ranks_kept") is False:
+        lines.append("last rank: kept from the first console command on, and this iteration "
+                     "ended before it; the next one will have them")
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -57,7 +57,8 @@ class GraphEngine:
         self._on_mismatch = on_mismatch
         # Who arrived last at an op is the replay engine's only while the op's
         # iteration runs; the console's timeline asks once it is over.  Set,
-        # each op's is kept at its iteration's end (the run table's source).
+        # each op's is kept at its iteration's end (the run table's source);
+        # the agent sets it once a console talks to the rank.
         self.keep_last_arrivals = False
         self._issued: list[DeferredCompletion] = []
 
@@ -107,6 +108,12 @@ class GraphEngine:
         if last is _UNKNOWN:
             return self.replay.last_arrival(deferred.handle)
         return last  # type: ignore[return-value]
+
+    def kept_last_arrival(self, deferred: DeferredCompletion) -> tuple[int, float] | None:
+        """What :meth:`last_arrival` kept at the op's iteration's end, or None;
+        never asks the replay engine, so another thread may call it."""
+        last = deferred.last
+        return None if last is _UNKNOWN else last  # type: ignore[return-value]
 
     def op_of(self, deferred: DeferredCompletion) -> OpSpec:
         return self.replay.real_op(deferred.handle)

@@ -186,6 +186,15 @@ def test_timeline_table_with_totals():
         "total                              16.0 MiB                  11.250     2.125\n")
 
 
+def test_a_timeline_from_before_any_console_says_why_it_names_nobody():
+    ops = [{**op, "last_rank": None} for op in TIMELINE["ops"]]
+    _, out = run(FakeClient({"timeline": {**TIMELINE, "ops": ops, "last_ranks_kept": False}}),
+                 "timeline\n")
+    assert out.splitlines()[-1] == (
+        "last rank: kept from the first console command on, and this iteration ended "
+        "before it; the next one will have them")
+
+
 def test_peers_table():
     peers = {"mode": "graph", "note": "members of dp[3]", "peers": [
         {"rank": 4096, "node": 512, "class": 0, "coords": {"pp": 0, "dp": 3, "tp": 0},
