@@ -22,6 +22,7 @@ from prism_debug.cost import HardwareProfile
 from prism_debug.errors import ConfigError
 from prism_debug.faults import Fault
 from prism_debug.graph import ExecutionGraph
+from prism_debug.runner.interpreter import is_python
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -245,7 +246,7 @@ def script_of(command: list[str], cwd: Path | None = None) -> Path | None:
 
 
 def _script_word(command: list[str]) -> str | None:
-    if Path(command[0]).name.startswith("python"):
+    if is_python(command[0]):
         script = next((a for a in command[1:] if not a.startswith("-")), None)
         if script is not None and script.endswith(".py"):
             return script

@@ -69,7 +69,8 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
     manifest = _snapshot(scenario, store) if spec.snapshot is not None else None
     hardware = manifest.hardware if manifest is not None else spec.hardware or DEFAULT_PROFILE
     profile = dataclasses.replace(load_profile(hardware), gpus_per_node=world.gpus_per_node)
-    command = manifest.command if manifest is not None else _command(scenario)
+    command = (manifest.command if manifest is not None
+               else scenario_command(scenario.run, scenario.source))
     graph_path = _graph(scenario, command, run_dir, message)
     if manifest is not None and graph_path is not None \
             and manifest.graph_digest != sha256_file(graph_path):
@@ -161,10 +162,6 @@ def _snapshot(scenario: Scenario, store: Path | None) -> Manifest:
                               f"{expectation.line}) looks at iteration {min(asked)}, which the "
                               "restored rank does not run")
     return manifest
-
-
-def _command(scenario: Scenario) -> list[str]:
-    return scenario_command(scenario.run, scenario.source)
 
 
 def scenario_command(spec: Run, source: str) -> list[str]:
