@@ -234,17 +234,22 @@ def snapshot_rm(snapshot_id, force, store) -> None:
               help="Write a Chrome trace here.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the restored run's log and events go.")
+@click.option("--lazy/--eager", default=None,
+              help="Load the rank's memory as it touches it (CRIU's lazy pages: it runs "
+                   "at once), or all before it runs [default: lazily where the kernel has "
+                   "userfaultfd and the snapshot has no parent].")
 @_bind_option
 @_no_bus_option
 @_store_option
-def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, bind, no_bus,
-                     store) -> None:
+def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, lazy, bind,
+                     no_bus, store) -> None:
     """Restore a snapshot and continue the run from it."""
     from prism_debug import api
 
     result = api.restore(api.RestoreOptions(
         snapshot_id=snapshot_id, store=store, iterations=iterations, report_path=report_path,
-        trace_path=trace_path, run_dir=run_dir, bind=None if no_bus else bind), click.echo)
+        trace_path=trace_path, run_dir=run_dir, bind=None if no_bus else bind, lazy=lazy),
+        click.echo)
     sys.exit(result.exit_code)
 
 

@@ -256,7 +256,7 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
                               record_ops=options.trace_path is not None,
                               bus=session.commands_endpoint, bus_curve=session.agent_curve,
                               bus_secret=session.agent_secret, faults=options.faults, watch_nonfinite=options.watch_nonfinite,
-                              message=message)
+                              lazy=options.lazy, message=message)
         # needing no pids here, the copy is the init of a pid namespace of its own
         session.child = RestoredChild(pid, isolated=not tree_pids(store.path(manifest.id)))
         follower = Follower(files["log"], files["events"], manifest.rank, message, session)
