@@ -14,7 +14,8 @@ collectives complete, so each restore is timed in four spans:
   collective — what a user waits for (it includes the store's check of the
   images' checksums, which helper A's verify-once cache removes);
 * ``criu→coll``: from the CRIU restore call to the first collective;
-* ``criu→running``: prism-debug's own "restored … in X s to running" line;
+* ``criu→running``: prism-debug's own "restored pid … in X s" line (CRIU's
+  restore until the copy said it resumed);
 * ``criu→step``: to the end of the first optimizer step after the restore,
   which reads and writes the whole state (lazily, the pages' faults land here).
 
@@ -47,7 +48,7 @@ from prism_debug import api  # noqa: E402
 from prism_debug.runner.paths import PRIVATE_UMASK  # noqa: E402
 
 _SNAPSHOT = re.compile(r"^snapshot (\S+): iteration \d+, ([\d.]+) MiB in ([\d.]+) s", re.M)
-_RESTORED = re.compile(r"^restored pid \d+ in ([\d.]+) s to running \(.*?, (eager|lazi)ly\b")
+_RESTORED = re.compile(r"^restored pid \d+ in ([\d.]+) s \(.*?, (eager|lazi)ly\b")
 _STAMP = re.compile(r"^(collective|step) \d+ ([\d.]+)$", re.M)
 
 

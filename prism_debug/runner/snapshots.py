@@ -27,6 +27,11 @@ A restore starts the process again from the images as the controller's child
 through CRIU's inherited descriptors — by the new run's; the control file
 the copy reads is a fresh one, put in place only once the copy is up, so a
 rank still running beside a failed restore never reads its instructions.
+Where the kernel lets CRIU use userfaultfd and the snapshot has no parent,
+the copy's memory comes back lazily (``snapshot/lazy.py``): it runs at once
+and faults its pages in.  A restore is over when the copy says it resumed
+(its ``resumed`` event), and that is the time it reports; a lazy one that
+fails on the way is undone and done again eagerly.
 """
 
 from __future__ import annotations
@@ -286,7 +291,7 @@ class RestoreWay:
 
     def describe(self) -> str:
         if self.lazy:
-            return "lazily: pages load as the rank touches them"
+            return "lazily"
         return f"eagerly: {self.why}" if self.why else "eagerly"
 
 
@@ -354,11 +359,11 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
         running = _wait_resumed(files["events"], offset, pid, RUNNING_DEADLINE_S)
     else:
         running = True
+    # to running: CRIU's restore, and (lazily) the faults until the copy resumed
     took = time.perf_counter() - started
-    what = (f"in {took:.2f} s to running" if running else
-            f"in {took:.2f} s (it has not said it resumed yet)")
-    message(f"restored pid {pid} {what} ({manifest.image_bytes / 2**20:.1f} MiB of images, "
-            f"{way.describe()})")
+    late = "" if running else f"; it has not said it resumed within {RUNNING_DEADLINE_S:g} s"
+    message(f"restored pid {pid} in {took:.2f} s ({manifest.image_bytes / 2**20:.1f} MiB of "
+            f"images, {way.describe()}{late})")
     return pid
 
 

@@ -101,6 +101,7 @@ class LazyPages:
             self.process.kill()
         self.process.wait()
         self.outcome = self.outcome or "killed"
+        (self.log.parent / SOCKET).unlink(missing_ok=True)
 
     def watch(self, pid: int, notice: Path, deadline_s: float) -> None:
         """Reap the daemon in the background once the rank ``pid`` (restored
@@ -150,6 +151,7 @@ class LazyPages:
                     return
         finally:
             os.close(rank)
+            (self.log.parent / SOCKET).unlink(missing_ok=True)  # it leaves it behind
 
     def _end_rank(self, rank: int, notice: Path, why: str) -> None:
         # pages it never delivered would read as zeros: the rank must not go on
