@@ -50,6 +50,22 @@ START_DEADLINE_S = 10.0  # for the daemon's socket (it appears in ~10 ms)
 GRACE_S = 2.0
 
 
+# the daemons this process watches (its children): a controller about to
+# report a restored run's end reaps them first (:func:`reap`)
+_watched: set["LazyPages"] = set()
+_watched_lock = threading.Lock()
+
+
+def reap(timeout_s: float = GRACE_S + 1.0) -> None:
+    """Wait until every daemon this process started is reaped (each watcher
+    ends its daemon within :data:`GRACE_S` once the rank it served ended)."""
+    with _watched_lock:
+        daemons = list(_watched)
+    ends = time.monotonic() + timeout_s
+    for daemon in daemons:
+        daemon.join(max(0.0, ends - time.monotonic()))
+
+
 def transfer_deadline(image_bytes: int) -> float:
     """How long the daemon may take to deliver every page: fifty times what it
     took on a 2-core VM (0.4 s/GiB), and never under a minute."""
@@ -108,6 +124,8 @@ class LazyPages:
         from its pages) no longer needs it; end the rank if the daemon fails it
         (``notice``: the rank's log, where the user reads why)."""
         rank = os.pidfd_open(pid)  # race-free signals: the pid may be reaped and reused
+        with _watched_lock:
+            _watched.add(self)
         self._watcher = threading.Thread(target=self._watch, args=(rank, notice, deadline_s),
                                          name="prism-lazy-pages", daemon=False)
         self._watcher.start()
@@ -152,6 +170,8 @@ class LazyPages:
         finally:
             os.close(rank)
             (self.log.parent / SOCKET).unlink(missing_ok=True)  # it leaves it behind
+            with _watched_lock:
+                _watched.discard(self)
 
     def _end_rank(self, rank: int, notice: Path, why: str) -> None:
         # pages it never delivered would read as zeros: the rank must not go on

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -127,3 +129,41 @@ def test_a_lazy_restore_that_fails_falls_back_to_eager(chain, tmp_path):
         f"before listening: no log ({run_dir / 'lazy-pages.log'})))"), line
     assert restored == {3: original[3]}
     assert lazy_daemons(store) == []
+
+
+@pytest.mark.slow
+def test_removing_the_snapshot_while_its_daemon_serves_pages_spares_the_rank(chain, tmp_path):
+    # The daemon holds the images open from the restore on: `snapshot rm`
+    # unlinks them, and the pages it has not delivered yet stay readable.
+    from prism_debug import api
+    from prism_debug.runner.paths import open_store
+
+    tmp, store, full, _, original = chain
+    copy = tmp_path / "store"
+    shutil.copytree(store / full, copy / full)
+    held: dict = {}
+
+    def message(line: str) -> None:
+        if not line.startswith("restored pid "):
+            return
+        (daemon,) = lazy_daemons(copy) or [None]
+        if daemon is None:
+            return
+        os.kill(daemon, signal.SIGSTOP)  # no page goes out until the snapshot is gone
+        try:
+            held["removed"] = open_store(copy).remove(full, False)
+            held["open"] = sorted(os.readlink(f"/proc/{daemon}/fd/{fd}")
+                                  for fd in os.listdir(f"/proc/{daemon}/fd"))
+        finally:
+            os.kill(daemon, signal.SIGCONT)
+
+    result = api.restore(api.RestoreOptions(
+        snapshot_id=full, store=copy, iterations=1, run_dir=tmp_path / "run", bind=None,
+        report_path=tmp_path / "r.json", lazy=True), message)
+    if not held:
+        pytest.skip("the lazy-pages daemon had delivered every page before the restore ended")
+    assert held["removed"] == [full] and not (copy / full).exists()
+    assert any(f.endswith(".img (deleted)") for f in held["open"]), held["open"]
+    assert result.exit_code == 0
+    assert digests(tmp_path / "r.json") == {3: original[3]}
+    assert lazy_daemons(copy) == []
