@@ -150,7 +150,7 @@ class LazyPages:
                 rank_gone = bool(select.select([rank], [], [], 0)[0])
                 if code is not None:
                     self.outcome = f"exit code {code}"
-                    if code != 0 and not rank_gone:
+                    if code != 0:  # (a rank its zeros crashed already is told of too)
                         self._end_rank(rank, notice, f"the lazy-pages daemon failed (exit code "
                                        f"{code}, log: {self.log})")
                     return
@@ -164,8 +164,8 @@ class LazyPages:
                 if time.monotonic() > ends:
                     self.stop()
                     self.outcome = f"killed at its {deadline_s:g} s deadline"
-                    self._end_rank(rank, notice, f"the lazy-pages daemon had not delivered "
-                                   f"every page after {deadline_s:g} s (log: {self.log})")
+                    self._end_rank(rank, notice, f"the lazy-pages daemon overran its "
+                                   f"{deadline_s:g} s deadline (log: {self.log})")
                     return
         finally:
             os.close(rank)
@@ -175,18 +175,19 @@ class LazyPages:
 
     def _end_rank(self, rank: int, notice: Path, why: str) -> None:
         # pages it never delivered would read as zeros: the rank must not go on
+        try:  # said first, in the log its follower relays while the rank lives
+            with open(notice, "a") as f:
+                f.write(f"prism-debug: error: {why} before every page of the restored rank's "
+                        "memory arrived: the rank cannot go on (the missing pages would read "
+                        "as zeros); restore it again with --eager\n")
+        except OSError:
+            pass
         try:
             signal.pidfd_send_signal(rank, signal.SIGKILL)
         except ProcessLookupError:
-            return
+            pass
         if self.process.poll() is None:
             self.stop()
-        try:
-            with open(notice, "a") as f:
-                f.write(f"prism-debug: error: {why}; the restored rank was ended, as part "
-                        "of its memory never arrived: restore it again with --eager\n")
-        except OSError:
-            pass
 
 
 def _first_error(log: Path) -> str:

@@ -167,3 +167,34 @@ def test_removing_the_snapshot_while_its_daemon_serves_pages_spares_the_rank(cha
     assert result.exit_code == 0
     assert digests(tmp_path / "r.json") == {3: original[3]}
     assert lazy_daemons(copy) == []
+
+
+@pytest.mark.slow
+def test_a_daemon_that_dies_before_every_page_arrived_ends_the_rank(chain, tmp_path):
+    # Pages it never delivered would read as zeros: the rank must not go on.
+    from prism_debug import api
+
+    tmp, store, full, _, _ = chain
+    lines: list[str] = []
+    killed: list[int] = []
+
+    def message(line: str) -> None:
+        lines.append(line)
+        if line.startswith("restored pid "):
+            killed.extend(lazy_daemons(store))
+            if killed:  # held still, so that the zeros cannot crash it first
+                os.kill(int(line.split()[2]), signal.SIGSTOP)
+            for daemon in killed:
+                os.kill(daemon, signal.SIGKILL)
+
+    result = api.restore(api.RestoreOptions(
+        snapshot_id=full, store=store, run_dir=tmp_path / "run", bind=None, lazy=True), message)
+    if not killed:
+        pytest.skip("the lazy-pages daemon had delivered every page before the restore ended")
+    assert result.exit_code == 128 + signal.SIGKILL  # as a shell reports it
+    log = tmp_path / "run" / "lazy-pages.log"
+    assert (f"prism-debug: error: the lazy-pages daemon failed (exit code -9, log: {log}) "
+            "before every page of the restored rank's memory arrived: the rank cannot go on "
+            "(the missing pages would read as zeros); restore it again with --eager\n"
+            ) in result.log_path.read_text()
+    assert lazy_daemons(store) == []
