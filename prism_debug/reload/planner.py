@@ -51,6 +51,7 @@ class FilePlan:
     def to_dict(self, source: str) -> dict:
         """What the restored rank's agent needs to apply it (the control file)."""
         return {"path": self.path, "source": source,
+                "changed": [p.qualname for p in self.patched],
                 "patch": [p.qualname for p in self.patched] + list(self.relined),
                 "add": [p.qualname for p in self.added]}
 
