@@ -435,7 +435,7 @@ class Agent:
 
         def announce(fields: dict) -> None:
             self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid(),
-                        "cuda": cuda, **fields})
+                        "cuda": cuda, "sources": self.sources.scan(), **fields})
             self._events.flush()
         control = self.handshake.wait(iteration, announce)
         if control.get("restored"):
