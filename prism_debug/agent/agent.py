@@ -207,9 +207,9 @@ class Agent:
     def _on_init(self, requested_backend: str) -> None:
         self.initialised = True
         self._backend = requested_backend
+        self.sources.scan()  # modules imported since torch (before the clock starts)
         now = self._started = self.clock.now()
         self.tracker.start = now
-        self.sources.scan()  # modules imported since torch
         if self.runtime.recorder is not None:
             self.runtime.recorder = ProgramRecorder(now)
         self._emit({"kind": "init", "backend": requested_backend, "rank": self.config.rank,
@@ -442,7 +442,7 @@ class Agent:
             # a scenario that starts from this snapshot: its faults act from
             # here, beside any the snapshot's run had in force already
             added = self._inject_all(control.get("faults", ()))
-            if control.get("reload"):  # the user's fixed functions, before the rank goes on
+            if control.get("reload") is not None:  # the user's fixed code, before it goes on
                 reloaded = apply_reload(control["reload"], self.sources)
                 self._emit(reloaded)
                 if reloaded["refused"]:

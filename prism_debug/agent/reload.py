@@ -39,25 +39,54 @@ _NOT_USER = tuple(os.path.realpath(p) + os.sep for p in {
     _PACKAGE, os.path.join(os.path.dirname(_PACKAGE), "hooks")})
 
 
+# A file edited between its import and the snapshot: no text has this hash,
+# so the controller keeps no copy and a reload of it is refused.
+EDITED_SINCE_IMPORT = "0" * 64
+
+
 class Sources:
     """The user's source files the rank imported, each with its SHA-256 when
-    first seen."""
+    first seen (or :data:`EDITED_SINCE_IMPORT`)."""
 
     def __init__(self) -> None:
         self.seen: dict[str, str] = {}
+        self._looked_at: set[str] = set()  # module names: each is looked at once
 
     def scan(self) -> dict[str, str]:
-        for module in list(sys.modules.values()):
+        for name, module in list(sys.modules.items()):
+            if name in self._looked_at:
+                continue
+            self._looked_at.add(name)
             path = _user_file(module)
             if path is not None and path not in self.seen:
                 found = read_text(path)
                 if found is not None:
-                    self.seen[path] = found[1]
+                    self.seen[path] = EDITED_SINCE_IMPORT if _edited(module, path) \
+                        else found[1]
         return dict(self.seen)
 
     def replaced(self, path: str, source: str) -> None:
         """The rank now runs ``source`` for ``path`` (a reload)."""
         self.seen[path] = hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+
+def _edited(module: object, path: str) -> bool:
+    """Whether the file changed since the module was imported, as far as its
+    bytecode cache tells: the cache's header records the source's mtime and
+    size when it was compiled (a module imported before the agent loaded, or
+    since its last scan; the script itself has no cache, and is hashed as it
+    imports torch)."""
+    cached = getattr(module, "__cached__", None)
+    try:
+        with open(cached, "rb") as f:
+            header = f.read(16)
+        info = os.stat(path)
+    except (OSError, TypeError):
+        return False
+    if len(header) < 16 or int.from_bytes(header[4:8], "little") != 0:
+        return False  # a hash-based cache (PEP 552) says nothing of times
+    return (int.from_bytes(header[8:12], "little"), int.from_bytes(header[12:16], "little")) \
+        != (int(info.st_mtime) & 0xFFFFFFFF, info.st_size & 0xFFFFFFFF)
 
 
 def _user_file(module: object) -> str | None:

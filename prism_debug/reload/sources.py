@@ -54,6 +54,8 @@ def keep(folder: Path, sources: Mapping[str, str]) -> dict[str, str]:
         now = read_text(path)
         if now is None or now[1] != digest:
             continue  # edited since its import: the snapshot cannot hold what the rank runs
+        if (folder / kept_name(digest)).exists():
+            continue  # another file with the same text (empty __init__.py files)
         fd = os.open(folder / kept_name(digest),
                      os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with open(fd, "w", encoding="utf-8") as f:

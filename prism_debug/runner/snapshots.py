@@ -338,7 +338,7 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
             "stop_at": manifest.iteration, "phase": "go",
             # the changed functions to patch in (check_unchanged's plan), their new
             # texts beside the control file (it is read in 64 KiB)
-            "reload": kept_sources.stage(reload or [], fresh.parent)}))
+            "reload": None if reload is None else kept_sources.stage(reload, fresh.parent)}))
     fds = {
         "log": os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
         "events": os.open(files["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),

@@ -87,3 +87,27 @@ def test_a_refused_apply_changes_nothing(module, tmp_path):
         assert event["patched"] == [] and len(event["refused"]) == 1
     assert event["refused"] == ["never_imported.py: the rank has not imported it"]
     assert (module.helper(1), module.Model().forward(1), module.outer()()) == (2, 3, 11)
+
+
+def test_a_file_edited_after_its_import_is_marked_so(module, tmp_path, monkeypatch):
+    from prism_debug.agent.reload import EDITED_SINCE_IMPORT
+
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    path = tmp_path / "edited_later.py"
+    path.write_text("A = 1\n")
+    importlib.import_module("edited_later")  # compiles, caching the source's mtime and size
+    try:
+        path.write_text("A = 22\n")
+        seen = Sources().scan()
+    finally:
+        sys.modules.pop("edited_later", None)
+    assert seen[str(path.resolve())] == EDITED_SINCE_IMPORT
+    assert seen[module.__file__] == sources.read_text(module.__file__)[1]
+    # the snapshot keeps no copy of it, so a reload refuses it
+    kept = tmp_path / "snap"
+    kept.mkdir()
+    recorded = sources.keep(kept, seen)
+    assert sources.changes(kept, recorded)[str(path.resolve())] == (None, "A = 22\n")
+    assert plan_file(str(path), None, "A = 22\n").refused == (
+        "edited_later.py: it changed between its import and the snapshot, so the snapshot "
+        "does not hold the source the rank runs",)

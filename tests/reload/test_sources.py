@@ -16,15 +16,18 @@ def sha(text: str) -> str:
 def test_keep_copies_only_files_still_as_imported_and_lists_every_one(tmp_path):
     job = tmp_path / "job"
     job.mkdir()
-    same, edited = job / "same.py", job / "edited.py"
+    same, edited, twin = job / "same.py", job / "edited.py", job / "twin.py"
     same.write_text("A = 1\n")
     edited.write_text("B = 2\n")
+    twin.write_text("A = 1\n")  # one copy serves both
     folder = tmp_path / "snap"
     folder.mkdir()
-    seen = {str(same): sha("A = 1\n"), str(edited): sha("B = 1\n"),  # edited since import
+    seen = {str(same): sha("A = 1\n"), str(twin): sha("A = 1\n"),
+            str(edited): sha("B = 1\n"),  # edited since import
             "relative.py": sha("x"), str(job / "bad.py"): "not-a-digest"}
     recorded = sources.keep(folder, seen)
-    assert recorded == {str(same): sha("A = 1\n"), str(edited): sha("B = 1\n")}
+    assert recorded == {str(same): sha("A = 1\n"), str(twin): sha("A = 1\n"),
+                        str(edited): sha("B = 1\n")}
     assert sorted(p.name for p in folder.iterdir()) == [sources.kept_name(sha("A = 1\n"))]
     kept = folder / sources.kept_name(sha("A = 1\n"))
     assert kept.read_text() == "A = 1\n"
