@@ -91,8 +91,8 @@ def _edited(module: object, path: str) -> bool:
 
 def _user_file(module: object) -> str | None:
     path = getattr(module, "__file__", None)
-    if not isinstance(path, str) or not path.endswith(".py"):
-        return None
+    if not isinstance(path, str) or not path.endswith(".py") or "site-packages" in path:
+        return None  # (most modules: no realpath asked of them)
     path = os.path.realpath(path)
     if path.startswith(_NOT_USER) or "site-packages" in path or "dist-packages" in path:
         return None
@@ -132,13 +132,19 @@ def apply(entries: list[dict], sources: Sources) -> dict:
         defs = [node for node in tree.body if getattr(node, "name", None) in entry["add"]]
         if defs:
             added.append((module.__dict__, ast.Module(body=defs, type_ignores=[]), path))
+    files = {path for path, _ in wanted}
+    real: dict[str, str] = {}  # co_filename -> its real path, once each (torch has 10⁵ functions)
     for obj in gc.get_objects():
         if type(obj) is not types.FunctionType:
             continue
         code = obj.__code__
-        key = (os.path.realpath(code.co_filename), code.co_qualname)
-        if key not in wanted:
+        name = code.co_filename
+        path = real.get(name)
+        if path is None:
+            path = real[name] = os.path.realpath(name)
+        if path not in files or (path, code.co_qualname) not in wanted:
             continue
+        key = (path, code.co_qualname)
         new = by_file[key[0]][key[1]]
         if new.co_freevars != code.co_freevars:
             refused.append(f"{os.path.basename(key[0])}: {key[1]}: the variables its closure "
