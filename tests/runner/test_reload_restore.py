@@ -27,6 +27,7 @@ from prism_debug import api
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tests" / "scripts" / "desync_at.py"
+MODULE = ROOT / "tests" / "scripts" / "desync_model.py"  # the script's own module
 BUG = ("    if dist.get_rank() == dist.get_world_size() - 1 and iteration == 5:\n"
        "        pass  # BUG: the last rank skips the loss all-reduce at iteration 5\n"
        "    else:\n"
@@ -62,6 +63,7 @@ def snapshotted(tmp_path_factory):
     """The buggy script's run, snapshotted after iteration 4 (it then fails at 5)."""
     tmp = tmp_path_factory.mktemp("reload")
     shutil.copy(SCRIPT, tmp / "desync.py")
+    shutil.copy(MODULE, tmp / "desync_model.py")
     proc = run(tmp, "original", "--snapshot-at", "4", "--store", str(tmp / "store"))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "rank 3 ended iteration 5 without issuing all_reduce of 4 bytes on world" \
@@ -70,13 +72,15 @@ def snapshotted(tmp_path_factory):
     return tmp, snapshot_id
 
 
-def test_the_snapshot_keeps_the_script_it_ran(snapshotted):
+def test_the_snapshot_keeps_the_script_and_its_modules(snapshotted):
     tmp, snapshot_id = snapshotted
     manifest = json.loads((tmp / "store" / snapshot_id / "manifest.json").read_text())
-    script = str((tmp / "desync.py").resolve())
-    assert list(manifest["sources"]) == [script]  # not torch's, not prism-debug's
-    kept = tmp / "store" / snapshot_id / f"source-{manifest['sources'][script]}.py"
-    assert kept.read_text() == SCRIPT.read_text()
+    files = {str((tmp / name).resolve()): original
+             for name, original in (("desync.py", SCRIPT), ("desync_model.py", MODULE))}
+    assert sorted(manifest["sources"]) == sorted(files)  # not torch's, not prism-debug's
+    for path, original in files.items():
+        kept = tmp / "store" / snapshot_id / f"source-{manifest['sources'][path]}.py"
+        assert kept.read_text() == original.read_text()
 
 
 def test_the_bug_reproduces_from_the_snapshot(snapshotted):
@@ -108,14 +112,20 @@ def test_an_unpatchable_reload_is_refused_and_restores_nothing(snapshotted):
     (tmp / "desync.py").write_text(FIXED.replace(
         "def train_step(model, optimizer, iteration):",
         "LOG_EVERY = 1\n\n\ndef train_step(model, optimizer, iteration, scale=2):"))
-    proc = restore(tmp, snapshot_id, "refused", "--reload")
+    (tmp / "desync_model.py").write_text(MODULE.read_text().replace("WIDTH = 16", "WIDTH = 32"))
+    try:
+        proc = restore(tmp, snapshot_id, "refused", "--reload")
+    finally:
+        shutil.copy(MODULE, tmp / "desync_model.py")
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         f"prism-debug: error: snapshot {snapshot_id}: --reload refused, nothing was restored: "
-        "desync.py:12: module-level code changed (it ran once, at import: constants, imports "
-        "and globals keep their values in memory); desync.py:15: train_step: its decorators "
-        "or default values changed (evaluated once, when it was defined); take the snapshot "
-        "again from the changed code (prism-debug run … --snapshot-at 4)")
+        "desync.py:14: module-level code changed (it ran once, at import: constants, imports "
+        "and globals keep their values in memory); desync.py:17: train_step: its decorators "
+        "or default values changed (evaluated once, when it was defined); desync_model.py:6: "
+        "module-level code changed (it ran once, at import: constants, imports and globals "
+        "keep their values in memory); take the snapshot again from the changed code "
+        "(prism-debug run … --snapshot-at 4)")
     assert "restored pid" not in proc.stdout and not (tmp / "refused").exists()
     assert sorted((p.name, p.stat().st_size) for p in store.iterdir()) == before
 
@@ -126,7 +136,7 @@ def test_reload_runs_the_fixed_code_with_a_fresh_runs_digests(snapshotted):
     proc = restore(tmp, snapshot_id, "reloaded", "--reload")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-2:] == [
-        "reload: patched train_step (desync.py:12)",
+        "reload: patched train_step (desync.py:14)",
         "reload: warning: train_step was running when patched; it keeps its old code until "
         "it returns"]  # the snapshot was taken in its optimizer.step() of iteration 4
     # the public API, as the pytest fixture calls it
@@ -135,7 +145,7 @@ def test_reload_runs_the_fixed_code_with_a_fresh_runs_digests(snapshotted):
                                             report_path=tmp / "api.json"))
     assert result.exit_code == 0
     (reloaded,) = [e for e in result.events if e["kind"] == "reloaded"]
-    assert reloaded["patched"] == [{"qualname": "train_step", "line": 12,
+    assert reloaded["patched"] == [{"qualname": "train_step", "line": 14,
                                     "path": str((tmp / "desync.py").resolve())}]
     assert reloaded["running"] == ["train_step"] and reloaded["refused"] == []
     fresh = run(tmp, "fresh")  # the fixed script from the start (its graph profiled anew)

@@ -8,9 +8,11 @@ import argparse
 import torch
 import torch.distributed as dist
 
+from desync_model import WIDTH, make_model
+
 
 def train_step(model, optimizer, iteration):
-    loss = model(torch.randn(8, 16)).square().mean()
+    loss = model(torch.randn(8, WIDTH)).square().mean()
     loss.backward()
     for parameter in model.parameters():
         dist.all_reduce(parameter.grad)
@@ -29,7 +31,7 @@ def main():
     parser.add_argument("--iterations", type=int, default=6)
     args = parser.parse_args()
     dist.init_process_group(backend="nccl")
-    model = torch.nn.Linear(16, 16)
+    model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for iteration in range(1, args.iterations + 1):
         logged = train_step(model, optimizer, iteration)
