@@ -271,8 +271,9 @@ def check_unchanged(manifest: Manifest, store: Store | None = None,
         if sha256_file(script) != recorded and not reload:
             raise SnapshotError(f"snapshot {manifest.id}: its script {script} changed since "
                                 "the snapshot; restoring would mix old code in memory with new "
-                                "code on disk: restore with --reload to patch the changed "
-                                "functions in, or take the snapshot again",
+                                f"code on disk: prism-debug snapshot restore {manifest.id} "
+                                "--reload patches the changed functions in; or take the "
+                                "snapshot again",
                                 snapshot_id=manifest.id)
     if not reload:
         return None

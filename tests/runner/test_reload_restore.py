@@ -100,8 +100,8 @@ def test_a_fixed_script_needs_reload(snapshotted):
     proc = restore(tmp, snapshot_id, "plain")
     assert proc.returncode == 2
     assert "changed since the snapshot; restoring would mix old code in memory with new code " \
-           "on disk: restore with --reload to patch the changed functions in, or take the " \
-           "snapshot again" in proc.stderr
+           f"on disk: prism-debug snapshot restore {snapshot_id} --reload patches the changed " \
+           "functions in; or take the snapshot again\n" in proc.stderr
     assert not (tmp / "plain").exists()
 
 
