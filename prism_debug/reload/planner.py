@@ -99,9 +99,14 @@ def plan_file(path: str, old: str | None, new: str | None) -> FilePlan:
     before, after = _Scopes(old_tree), _Scopes(new_tree)
     refused: list[tuple[int, str]] = []
     for scope in sorted(before.statements.keys() | after.statements.keys()):
+        header = scope.removesuffix(" body")
+        if header != scope and not (header in before.statements and header in after.statements):
+            continue  # a class added or removed: said once, by its header
         old_s, new_s = before.statements.get(scope, []), after.statements.get(scope, [])
         if [dump for dump, _ in old_s] != [dump for dump, _ in new_s]:
-            refused.append((_first_difference(old_s, new_s), _layout_reason(scope)))
+            refused.append((_first_difference(old_s, new_s),
+                            _layout_reason(scope, scope in before.statements,
+                                           scope in after.statements)))
     old_freevars, new_freevars = _freevars(old_code), _freevars(new_code)
     patched, added, relined = [], [], []
     for qualname, node in sorted(after.functions.items(), key=lambda kv: kv[1].lineno):
@@ -127,7 +132,8 @@ def plan_file(path: str, old: str | None, new: str | None) -> FilePlan:
         else:
             patched.append(Patch(qualname, path, node.lineno))
     for qualname in sorted(before.functions.keys() - after.functions.keys()):
-        if not _inside_changed(qualname, before, after):
+        gone_with_class = _owner(qualname) in before.classes - after.classes
+        if not gone_with_class and not _inside_changed(qualname, before, after):
             refused.append((before.functions[qualname].lineno,
                             f"{qualname} removed (callers in memory still reach it)"))
     if refused:
@@ -189,7 +195,11 @@ def _first_difference(old: list[tuple[str, int]], new: list[tuple[str, int]]) ->
     return new[-1][1] if new else old[len(new)][1]
 
 
-def _layout_reason(scope: str) -> str:
+def _layout_reason(scope: str, was: bool, is_now: bool) -> str:
+    if not was:
+        return f"{scope} added (classes are made when the module runs)"
+    if not is_now:
+        return f"{scope} removed (its instances and subclasses live on in memory)"
     if scope == "<module>":
         return "module-level code changed (it ran once, at import: constants, imports and " \
                "globals keep their values in memory)"

@@ -110,6 +110,15 @@ def test_removed_functions_added_methods_and_decorators_are_refused():
         "when it was defined)")
 
 
+def test_classes_added_or_removed_are_refused():
+    assert plan_file(PATH, OLD, OLD + "\n\nclass Extra:\n    pass\n").refused == (
+        "train.py:33: class Extra added (classes are made when the module runs)",)
+    removed = OLD.replace("class Model:\n    size: int = 3\n\n    def forward(self, x):\n"
+                          "        return x + 1\n", "")
+    assert plan_file(PATH, OLD, removed).refused == (  # (its methods with it)
+        "train.py:11: class Model removed (its instances and subclasses live on in memory)",)
+
+
 def test_syntax_errors_missing_copies_and_gone_files_are_refused():
     assert plan_file(PATH, OLD, OLD + "\ndef broken(:\n").refused == (
         "train.py:32: syntax error: invalid syntax",)
