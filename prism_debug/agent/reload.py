@@ -3,11 +3,12 @@ runs (kept in each snapshot, so a later restore can diff them), and patching
 a restored rank with a plan the controller made (``prism_debug.reload``).
 
 Sources are hashed when the agent first sees their module — as the script
-imports torch, and again at each snapshot for modules imported since — so a
-file edited between its import and a snapshot is told apart: its hash no
-longer matches and the controller keeps no copy of it (a reload of it is
-refused).  Only the user's files count: not the standard library's, not
-site-packages', not prism-debug's own.
+imports torch, at ``init_process_group``, and at each snapshot for modules
+imported since — and a module whose bytecode cache says its file changed
+after it was compiled is marked edited (:data:`EDITED_SINCE_IMPORT`): the
+controller keeps no copy of it, and a reload of it is refused.  Only the
+user's files count: not the standard library's, not site-packages', not
+prism-debug's own or its hook's.
 
 Patching runs on the main thread at the iteration boundary where the rank was
 restored, before it resumes: the new source is compiled, and every live
@@ -151,7 +152,8 @@ def apply(entries: list[dict], sources: Sources) -> dict:
                            "takes changed")
         swaps.append((obj, new))
     if refused:
-        return {"kind": "reloaded", "patched": [], "running": [], "refused": sorted(set(refused))}
+        return {"kind": "reloaded", "patched": [], "running": [], "relined": 0,
+                "refused": sorted(set(refused))}
     on_stack = _on_stack()
     for fn, new in swaps:
         fn.__code__ = new
