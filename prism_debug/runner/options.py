@@ -128,6 +128,10 @@ class RestoreOptions:
     bind: str | None = "127.0.0.1"  # the debugger bus (None: no bus)
     faults: tuple[Fault, ...] = ()  # put in force as the restored rank resumes
     watch_nonfinite: bool = False  # report the first iteration the rank sends NaN or inf
+    # patch functions whose source changed since the snapshot into the rank
+    # before it goes on (prism_debug.reload); refused, restoring nothing, where
+    # a change cannot be patched (its ``reloaded`` event lists what was)
+    reload: bool = False
     # CRIU's lazy pages (the rank runs before its memory is all back): None
     # where the kernel and the snapshot allow it, True asks for it, False eager
     lazy: bool | None = None

@@ -47,6 +47,8 @@ from pathlib import Path
 from typing import Callable
 
 from prism_debug.faults import Fault
+from prism_debug.reload import plan as plan_reload
+from prism_debug.reload import sources as kept_sources
 from prism_debug.runner.children import continue_rank, die_with_controller
 from prism_debug.runner.options import RunOptions, script_of
 from prism_debug.snapshot import criu as criu_api
@@ -154,7 +156,8 @@ class Snapshotter:
             _resume_cuda(cuda_locked, pid, self.message)
         if not error:
             try:
-                return self._record(staging, snapshot_id, parent, iteration, dump_s, cuda), ""
+                return self._record(staging, snapshot_id, parent, iteration, dump_s, cuda,
+                                    release.sources), ""
             except (SnapshotError, OSError) as exc:
                 error = str(exc)
         if staging is not None:
@@ -164,11 +167,12 @@ class Snapshotter:
         return None, error
 
     def _record(self, staging: Path, snapshot_id: str, parent: str | None, iteration: int,
-                dump_s: float, cuda: bool) -> Manifest:
+                dump_s: float, cuda: bool, sources: dict) -> Manifest:
         manifest = Manifest(
             id=snapshot_id, parent=parent, iteration=iteration, **self.base,
             open_files={role: str(path.resolve()) for role, path in self.open_files.items()},
-            image_bytes=0, dump_s=dump_s, created=now_text(), cuda=cuda)
+            image_bytes=0, dump_s=dump_s, created=now_text(), cuda=cuda,
+            sources=kept_sources.keep(staging, sources))
         path = self.store.commit(staging, manifest)
         self.taken.append(snapshot_id)
         manifest = self.store.get(snapshot_id)
@@ -187,12 +191,17 @@ class Release:
     iteration: int
     ticket: str | None = None
     signal: int | None = None
+    # and the user's sources it runs (path -> SHA-256 at import), which the
+    # snapshot keeps for a restore with reload
+    sources: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
     def of(cls, event: dict) -> "Release":
         signum = event.get("release_signal")
+        sources = event.get("sources")
         return cls(event["iteration"], event.get("ticket"),
-                   signum if type(signum) is int and signum > 0 else None)
+                   signum if type(signum) is int and signum > 0 else None,
+                   sources if isinstance(sources, dict) else {})
 
 
 def release_rank(pid: int, control: Path, release: Release,
@@ -245,8 +254,12 @@ def _resume_cuda(tool: Path, pid: int, message: Callable[[str], None]) -> None:
 # -- restore --------------------------------------------------------------------------
 
 
-def check_unchanged(manifest: Manifest) -> None:
-    """Refuse to restore a rank whose script or graph changed since its snapshot.
+def check_unchanged(manifest: Manifest, store: Store | None = None,
+                    reload: bool = False) -> list[dict] | None:
+    """Refuse to restore a rank whose script or graph changed since its snapshot,
+    unless ``reload`` asks to patch the changed functions in: then what the
+    rank must apply (``prism_debug.reload``'s plan, for ``restore_process``),
+    or every reason it cannot, refused before anything is restored.
 
     The script is looked for where the run started (the manifest's ``cwd``),
     whatever directory the restore is run from; a manifest of version 1
@@ -260,10 +273,32 @@ def check_unchanged(manifest: Manifest) -> None:
                      "directory its run started in, so restore it from that directory")
             raise SnapshotError(f"snapshot {manifest.id}: its script {script} is gone ({where})",
                                 snapshot_id=manifest.id)
-        if sha256_file(script) != manifest.script_digest:
+        # (a copy restored with reload runs the source it recorded, not the run's)
+        recorded = manifest.sources.get(str(script), manifest.script_digest)
+        if sha256_file(script) != recorded and not reload:
             raise SnapshotError(f"snapshot {manifest.id}: its script {script} changed since "
                                 "the snapshot; restoring would mix old code in memory with new "
-                                "code on disk", snapshot_id=manifest.id)
+                                f"code on disk: prism-debug snapshot restore {manifest.id} "
+                                "--reload patches the changed functions in; or take the "
+                                "snapshot again",
+                                snapshot_id=manifest.id)
+    if not reload:
+        return None
+    rerecord = (f"take the snapshot again from the changed code (prism-debug run … "
+                f"--snapshot-at {manifest.iteration})")
+    if not manifest.sources:
+        raise SnapshotError(f"snapshot {manifest.id} keeps no sources to reload against (taken "
+                            f"by a prism-debug without reload): {rerecord}",
+                            snapshot_id=manifest.id)
+    if store is None:
+        raise ValueError("reload needs the snapshot's store")
+    changes = kept_sources.changes(store.path(manifest.id), manifest.sources)
+    plan = plan_reload(changes)
+    if plan.refused:
+        raise SnapshotError(f"snapshot {manifest.id}: --reload refused, nothing was restored: "
+                            f"{'; '.join(plan.refused)}; {rerecord}", snapshot_id=manifest.id)
+    return [f.to_dict(changes[f.path][1]) for f in plan.files
+            if f.patched or f.added or f.relined]
 
 
 def snapshot_tools() -> None:
@@ -324,7 +359,8 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
                     pause: bool = False,
                     faults: tuple[Fault, ...] = (), watch_nonfinite: bool = False,
                     lazy: bool | None = None,
-                    message: Callable[[str], None] = lambda line: None) -> int:
+                    message: Callable[[str], None] = lambda line: None,
+                    reload: list[dict] | None = None) -> int:
     """Restore the rank of a (verified) snapshot as a child of this process,
     writing to ``files`` (log, events, control) instead of the files it had
     open, and continue it; the pid, once the copy said it resumed.
@@ -341,7 +377,11 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
         "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve,
         "bus_secret": bus_secret, "pause": pause,
         "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
-        "stop_at": manifest.iteration, "phase": "go"})
+        "stop_at": manifest.iteration, "phase": "go",
+        # the changed functions to patch in (check_unchanged's plan), their new
+        # texts beside the control file (it is read in 64 KiB)
+        "reload": None if reload is None else kept_sources.stage(reload,
+                                                                 files["control"].parent)})
     way = restore_way(manifest, criu, lazy)
     started = time.perf_counter()
     pid = None
@@ -356,12 +396,13 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
                             lazy=False)
         if manifest.cuda:  # its CUDA state was checkpointed to host memory: back to the GPU
             _resume_cuda(criu_api.cuda_checkpoint(), pid, message)
-        running = _wait_resumed(files["events"], offset, pid, RUNNING_DEADLINE_S)
+        state = _wait_resumed(files["events"], offset, pid, RUNNING_DEADLINE_S)
     else:
-        running = True
+        state = "resumed"
     # to running: CRIU's restore, and (lazily) the faults until the copy resumed
     took = time.perf_counter() - started
-    late = "" if running else f"; it has not said it resumed within {RUNNING_DEADLINE_S:g} s"
+    late = {"resumed": "", "exited": "; it exited before it resumed",
+            "stuck": f"; it has not said it resumed within {RUNNING_DEADLINE_S:g} s"}[state]
     message(f"restored pid {pid} in {took:.2f} s ({manifest.image_bytes / 2**20:.1f} MiB of "
             f"images, {way.describe()}{late})")
     return pid
@@ -380,11 +421,12 @@ def _restore_lazily(store: Store, manifest: Manifest, files: dict[str, Path],
     except BaseException:
         daemon.stop()
         raise
-    if not _wait_resumed(files["events"], offset, pid, RUNNING_DEADLINE_S):
+    if _wait_resumed(files["events"], offset, pid, RUNNING_DEADLINE_S) == "stuck":
         _end_copy(pid)
         daemon.stop()
         raise criu_api.CriuError(f"the lazily restored rank did not resume within "
                                  f"{RUNNING_DEADLINE_S:g} s (log: {daemon.log})")
+    # (a copy that exited instead, a refused reload say, is its follower's to report)
     daemon.watch(pid, files["log"], lazy_pages.transfer_deadline(manifest.image_bytes))
     return pid
 
@@ -419,10 +461,10 @@ def _restore_copy(images: Path, open_files: dict[str, str], files: dict[str, Pat
     return pid
 
 
-def _wait_resumed(events: Path, offset: int, pid: int, deadline_s: float) -> bool:
-    """Whether the copy ``pid`` said it resumed (its ``resumed`` event, past
-    ``offset`` of the event log) before ``deadline_s`` — False at once when it
-    exits first (left unreaped: its exit code is its follower's)."""
+def _wait_resumed(events: Path, offset: int, pid: int, deadline_s: float) -> str:
+    """"resumed" once the copy ``pid`` says so (its ``resumed`` event, past
+    ``offset`` of the event log); "exited" when it ends first (left unreaped:
+    its exit code is its follower's); "stuck" after ``deadline_s``."""
     ends = time.monotonic() + deadline_s
     pending = b""
     with open(events, "rb") as f:
@@ -433,13 +475,13 @@ def _wait_resumed(events: Path, offset: int, pid: int, deadline_s: float) -> boo
             for line in lines:
                 try:
                     if json.loads(line).get("kind") == "resumed":
-                        return True
+                        return "resumed"
                 except (ValueError, AttributeError):
                     continue
             if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                return False
+                return "exited"
             if time.monotonic() > ends:
-                return False
+                return "stuck"
             time.sleep(0.001)
 
 
