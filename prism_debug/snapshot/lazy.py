@@ -150,7 +150,7 @@ class LazyPages:
                 rank_gone = bool(select.select([rank], [], [], 0)[0])
                 if code is not None:
                     self.outcome = f"exit code {code}"
-                    if code != 0:  # (a rank its zeros crashed already is told of too)
+                    if code != 0:  # (said even where the zeros crashed the rank first)
                         self._end_rank(rank, notice, f"the lazy-pages daemon failed (exit code "
                                        f"{code}, log: {self.log})")
                     return
