@@ -109,8 +109,9 @@ def test_files_background_commands_and_snapshot_ids_carry_through(tmp_path):
      "(734 bytes)",
      "graph: profiled in 12.0 s; cached ~/.cache/prism-debug/graphs/0123456789abcdef.prism "
      "(0 bytes)"),
-    ("restored pid 21860 in 0.24 s (216.4 MiB of images)",
-     "restored pid 7 in 1.00 s (9.0 MiB of images)"),
+    ("restored pid 21860 in 0.24 s (216.4 MiB of images, lazily)",
+     "restored pid 7 in 1.00 s (9.0 MiB of images, eagerly: this kernel cannot restore lazily "
+     "(uffd-noncoop is not supported))"),
     ("report: ~/.local/state/prism-debug/runs/20261124-202523-21114/report.json",
      "report: ~/.local/state/prism-debug/runs/20270101-000000-1/report.json"),
     ("    3  all_reduce     world[0]      8.5 KiB     13.382        8.532     0.000          -",

@@ -80,6 +80,8 @@ _RULES = (  # (pattern, replacement) in order, after the longest wait
     (re.compile(r"\bsession:? [0-9a-f]{8}\b"), "session <id>"),
     (re.compile(r"\b[0-9a-f]{16}\.prism\b"), "<key>.prism"),
     (re.compile(r"\bpid:? \d+"), "pid <n>"),
+    # how a restore loaded the rank's memory depends on the kernel (userfaultfd)
+    (re.compile(r"(MiB of images), (?:lazily|eagerly)\b.*$"), r"\1, <way>)"),
     (re.compile(r"\b\d+ bytes\b"), "<n> bytes"),
     (re.compile(r"\bRSS \d+ MiB"), "RSS <n> MiB"),
     (re.compile(r"\d+\.\d+"), "<n>"),

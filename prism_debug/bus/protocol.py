@@ -98,7 +98,7 @@ VERBS: Mapping[str, ArgSchema] = types.MappingProxyType({
     "events": {"on": ((bool,), True)},
     "snapshot": {"name": ((str,), False)},
     "snapshots": _NO_ARGS,
-    "restore": {"id": ((str,), True)},
+    "restore": {"id": ((str,), True), "lazy": ((bool, _NONE), False)},
     # detach releases the rank (every breakpoint deleted, a pause resumed) and leaves;
     # leave only leaves: the rank stays as it is, paused or not
     "detach": _NO_ARGS,

@@ -238,18 +238,22 @@ def snapshot_rm(snapshot_id, force, store) -> None:
               help="Patch functions whose source changed since the snapshot into the rank "
                    "before it goes on; refused, restoring nothing, where a change cannot be "
                    "patched (module-level code, a class's layout, decorators, defaults).")
+@click.option("--lazy/--eager", default=None,
+              help="Load the rank's memory as it touches it (CRIU's lazy pages: it runs "
+                   "at once), or all before it runs [default: lazily where the kernel has "
+                   "userfaultfd and the snapshot has no parent].")
 @_bind_option
 @_no_bus_option
 @_store_option
-def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, reload, bind,
-                     no_bus, store) -> None:
+def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, reload, lazy,
+                     bind, no_bus, store) -> None:
     """Restore a snapshot and continue the run from it."""
     from prism_debug import api
 
     result = api.restore(api.RestoreOptions(
         snapshot_id=snapshot_id, store=store, iterations=iterations, report_path=report_path,
         trace_path=trace_path, run_dir=run_dir, bind=None if no_bus else bind,
-        reload=reload), click.echo)
+        reload=reload, lazy=lazy), click.echo)
     for event in result.events:
         if event.get("kind") == "reloaded":
             for line in reloaded_lines(event):

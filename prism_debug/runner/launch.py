@@ -57,6 +57,7 @@ from prism_debug.runner.snapshots import (
     restore_tools,
     snapshot_tools,
 )
+from prism_debug.snapshot import lazy as lazy_pages
 from prism_debug.snapshot.criu import tree_pids
 
 Message = Callable[[str], None]
@@ -108,6 +109,7 @@ def run(options: RunOptions, message: Message = _quiet,
         return _run(options, graph, session, files, message)
     finally:
         session.close()
+        lazy_pages.reap()  # of copies the console restored
 
 
 def load_graph(options: RunOptions) -> ExecutionGraph | None:
@@ -251,14 +253,17 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
             f"{manifest.world_size}, after iteration {manifest.iteration})")
     session = open_session(manifest.rank, manifest.world_size, options.bind, files, store,
                            lambda: Snapshotter.continuing(manifest, store, message), message)
+    # read before the copy runs: the snapshot may be removed meanwhile (its
+    # images stay readable to a lazy restore's daemon, not to a later open)
+    isolated = not tree_pids(store.path(manifest.id))
     try:
         pid = restore_process(store, manifest, files, criu, iterations=options.iterations,
                               record_ops=options.trace_path is not None,
                               bus=session.commands_endpoint, bus_curve=session.agent_curve,
                               bus_secret=session.agent_secret, faults=options.faults, watch_nonfinite=options.watch_nonfinite,
-                              message=message, reload=reload)
+                              lazy=options.lazy, message=message, reload=reload)
         # needing no pids here, the copy is the init of a pid namespace of its own
-        session.child = RestoredChild(pid, isolated=not tree_pids(store.path(manifest.id)))
+        session.child = RestoredChild(pid, isolated=isolated)
         follower = Follower(files["log"], files["events"], manifest.rank, message, session)
         exit_code = supervise(session, follower)
         events, report = finish(
@@ -267,6 +272,7 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
             message, restored_from=manifest.id)
     finally:
         session.close()
+        lazy_pages.reap()  # the rank is gone: so is its lazy-pages daemon, if any
     check_gpu_calls(events, exit_code, files["log"])
     error = next((e["message"] for e in events if e["kind"] == "error"), None)
     if error is not None:

@@ -132,6 +132,9 @@ class RestoreOptions:
     # before it goes on (prism_debug.reload); refused, restoring nothing, where
     # a change cannot be patched (its ``reloaded`` event lists what was)
     reload: bool = False
+    # CRIU's lazy pages (the rank runs before its memory is all back): None
+    # where the kernel and the snapshot allow it, True asks for it, False eager
+    lazy: bool | None = None
 
     def __post_init__(self) -> None:
         check_iterations(self.iterations)

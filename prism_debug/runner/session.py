@@ -74,6 +74,7 @@ class Session:
         self._restores: list[tuple[Pending, dict]] = []
         # a restore whose checks run off the loop: who asked, and the checks
         self._checking: tuple[Pending, concurrent.futures.Future] | None = None
+        self._restore_lazy: bool | None = None  # the restore under way's choice
         self.info = sessions.SessionInfo(
             session=sessions.new_session_id(), pid=os.getpid(),
             commands=self.server.commands, events=self.server.events,
@@ -256,6 +257,7 @@ class Session:
         if self._checking is not None:
             raise InvalidState("a restore is under way: wait for its answer")
         snapshot_id = args["id"]
+        self._restore_lazy = args.get("lazy")  # None: lazily where it can be
         checks: concurrent.futures.Future = concurrent.futures.Future()
 
         def check() -> None:
@@ -317,7 +319,8 @@ class Session:
         try:
             pid = snapshots.restore_process(
                 self.store, manifest, self.run_files, criu, bus=self.server.commands,
-                bus_curve=self.server.agent_curve, bus_secret=self.agent_secret, pause=True)
+                bus_curve=self.server.agent_curve, bus_secret=self.agent_secret, pause=True,
+                lazy=self._restore_lazy, message=self._message)
         except (PrismError, OSError) as exc:
             if old is not None and beside:
                 old.hold(False)

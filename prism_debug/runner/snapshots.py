@@ -27,6 +27,11 @@ A restore starts the process again from the images as the controller's child
 through CRIU's inherited descriptors — by the new run's; the control file
 the copy reads is a fresh one, put in place only once the copy is up, so a
 rank still running beside a failed restore never reads its instructions.
+Where the kernel lets CRIU use userfaultfd and the snapshot has no parent,
+the copy's memory comes back lazily (``snapshot/lazy.py``): it runs at once
+and faults its pages in.  A restore is over when the copy says it resumed
+(its ``resumed`` event), and that is the time it reports; a lazy one that
+fails on the way is undone and done again eagerly.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import hashlib
 import errno
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Callable
@@ -43,10 +49,11 @@ from typing import Callable
 from prism_debug.faults import Fault
 from prism_debug.reload import plan as plan_reload
 from prism_debug.reload import sources as kept_sources
-from prism_debug.runner.children import continue_rank
+from prism_debug.runner.children import continue_rank, die_with_controller
 from prism_debug.runner.options import RunOptions, script_of
 from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot import incremental
+from prism_debug.snapshot import lazy as lazy_pages
 from prism_debug.snapshot.store import (
     Manifest,
     SnapshotError,
@@ -310,45 +317,139 @@ def restore_tools(manifest: Manifest) -> criu_api.Criu:
     return criu
 
 
+@dataclasses.dataclass(frozen=True)
+class RestoreWay:
+    """Whether a restore loads the rank's memory lazily, and why not."""
+
+    lazy: bool
+    why: str = ""
+
+    def describe(self) -> str:
+        if self.lazy:
+            return "lazily"
+        return f"eagerly: {self.why}" if self.why else "eagerly"
+
+
+def restore_way(manifest: Manifest, criu: criu_api.Criu, lazy: bool | None) -> RestoreWay:
+    """How to restore ``manifest``: ``lazy`` None is lazily wherever it can
+    be, True asks for it (eagerly where it cannot be, saying why), False
+    eagerly."""
+    if lazy is False:
+        return RestoreWay(False)
+    if manifest.parent is not None:
+        return RestoreWay(False, f"it is an increment on {manifest.parent}, and CRIU's lazy "
+                                 "pages hang on incremental chains")
+    if manifest.cuda:
+        return RestoreWay(False, "cuda-checkpoint is not known to work with lazy pages")
+    supported, detail = criu_api.lazy_pages(criu)
+    if not supported:
+        return RestoreWay(False, f"this kernel cannot restore lazily ({detail})")
+    return RestoreWay(True)
+
+
+# a restored copy says it resumed within milliseconds (lazily: the few pages
+# its interpreter touches first); past this it is taken as stuck
+RUNNING_DEADLINE_S = 20.0
+
+
 def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
                     criu: criu_api.Criu, *, iterations: int | None = None,
                     record_ops: bool = False, bus: str | None = None,
                     bus_curve: dict | None = None, bus_secret: str | None = None,
                     pause: bool = False,
                     faults: tuple[Fault, ...] = (), watch_nonfinite: bool = False,
+                    lazy: bool | None = None,
                     message: Callable[[str], None] = lambda line: None,
                     reload: list[dict] | None = None) -> int:
     """Restore the rank of a (verified) snapshot as a child of this process,
     writing to ``files`` (log, events, control) instead of the files it had
-    open, and continue it; the pid.  ``criu``: :func:`restore_tools`'s;
-    ``bus``: the endpoint the copy's agent connects to; ``pause``: it stays
-    paused where the snapshot was taken; ``faults``: put in force as it
-    resumes (a scenario that starts from a snapshot)."""
+    open, and continue it; the pid, once the copy said it resumed.
+    ``criu``: :func:`restore_tools`'s; ``bus``: the endpoint the copy's agent
+    connects to; ``pause``: it stays paused where the snapshot was taken;
+    ``faults``: put in force as it resumes (a scenario that starts from a
+    snapshot); ``lazy``: :func:`restore_way`'s — a lazy restore that fails
+    (no daemon, CRIU refuses, the copy never resumes) is undone and done
+    again eagerly.  One line says which way it went, and how long the copy
+    took to run."""
     limit = manifest.iteration + iterations if iterations else None
+    control = json.dumps({
+        "restored": True, "snapshot": manifest.id, "iterations": limit,
+        "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve,
+        "bus_secret": bus_secret, "pause": pause,
+        "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
+        "stop_at": manifest.iteration, "phase": "go",
+        # the changed functions to patch in (check_unchanged's plan), their new
+        # texts beside the control file (it is read in 64 KiB)
+        "reload": None if reload is None else kept_sources.stage(reload,
+                                                                 files["control"].parent)})
+    way = restore_way(manifest, criu, lazy)
+    started = time.perf_counter()
+    pid = None
+    if way.lazy:
+        try:
+            pid = _restore_lazily(store, manifest, files, criu, control)
+        except (criu_api.CriuError, OSError) as exc:
+            way = RestoreWay(False, f"the lazy restore failed ({exc})")
+    if pid is None:
+        offset = _size(files["events"])
+        pid = _restore_copy(store.path(manifest.id), manifest.open_files, files, criu, control,
+                            lazy=False)
+        if manifest.cuda:  # its CUDA state was checkpointed to host memory: back to the GPU
+            _resume_cuda(criu_api.cuda_checkpoint(), pid, message)
+        state = _wait_resumed(files["events"], offset, pid, RUNNING_DEADLINE_S)
+    else:
+        state = "resumed"
+    # to running: CRIU's restore, and (lazily) the faults until the copy resumed
+    took = time.perf_counter() - started
+    late = {"resumed": "", "exited": "; it exited before it resumed",
+            "stuck": f"; it has not said it resumed within {RUNNING_DEADLINE_S:g} s"}[state]
+    message(f"restored pid {pid} in {took:.2f} s ({manifest.image_bytes / 2**20:.1f} MiB of "
+            f"images, {way.describe()}{late})")
+    return pid
+
+
+def _restore_lazily(store: Store, manifest: Manifest, files: dict[str, Path],
+                    criu: criu_api.Criu, control: str) -> int:
+    """The copy, restored with lazy pages and running (it said it resumed), its
+    daemon watched; else :class:`CriuError`, nothing left behind."""
+    run_dir = files["log"].parent
+    images = store.path(manifest.id)
+    daemon = lazy_pages.LazyPages.start(criu, images, run_dir, preexec_fn=die_with_controller())
+    offset = _size(files["events"])
+    try:
+        pid = _restore_copy(images, manifest.open_files, files, criu, control, lazy=True)
+    except BaseException:
+        daemon.stop()
+        raise
+    if _wait_resumed(files["events"], offset, pid, RUNNING_DEADLINE_S) == "stuck":
+        _end_copy(pid)
+        daemon.stop()
+        raise criu_api.CriuError(f"the lazily restored rank did not resume within "
+                                 f"{RUNNING_DEADLINE_S:g} s (log: {daemon.log})")
+    # (a copy that exited instead, a refused reload say, is its follower's to report)
+    daemon.watch(pid, files["log"], lazy_pages.transfer_deadline(manifest.image_bytes))
+    return pid
+
+
+def _restore_copy(images: Path, open_files: dict[str, str], files: dict[str, Path],
+                  criu: criu_api.Criu, control: str, *, lazy: bool) -> int:
+    """CRIU's restore of the copy, with the run's files in place of its own,
+    then continued."""
     # the copy's own control file, in place of the run's once the copy is up:
     # a rank still holding the run's (a failed restore beside it) never reads it
     fresh = files["control"].with_name(files["control"].name + ".next")
     fresh.unlink(missing_ok=True)  # left by a controller killed mid-restore
     with open(os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600),
               "w") as f:
-        f.write(json.dumps({
-            "restored": True, "snapshot": manifest.id, "iterations": limit,
-            "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve,
-            "bus_secret": bus_secret, "pause": pause,
-            "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
-            "stop_at": manifest.iteration, "phase": "go",
-            # the changed functions to patch in (check_unchanged's plan), their new
-            # texts beside the control file (it is read in 64 KiB)
-            "reload": None if reload is None else kept_sources.stage(reload, fresh.parent)}))
+        f.write(control)
     fds = {
         "log": os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
         "events": os.open(files["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
         "control": os.open(fresh, os.O_RDONLY),
     }
-    started = time.perf_counter()
     try:
-        pid = criu_api.restore(criu, store.path(manifest.id), files["log"].parent, {
-            manifest.open_files[role].lstrip("/"): fd for role, fd in fds.items()})
+        pid = criu_api.restore(criu, images, files["log"].parent, {
+            open_files[role].lstrip("/"): fd for role, fd in fds.items()}, lazy=lazy)
     except BaseException:
         fresh.unlink(missing_ok=True)
         raise
@@ -356,9 +457,45 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
         for fd in fds.values():
             os.close(fd)
     os.replace(fresh, files["control"])
-    message(f"restored pid {pid} in {time.perf_counter() - started:.2f} s "
-            f"({manifest.image_bytes / 2**20:.1f} MiB of images)")
     continue_rank(pid)
-    if manifest.cuda:  # its CUDA state was checkpointed to host memory: back to the GPU
-        _resume_cuda(criu_api.cuda_checkpoint(), pid, message)
     return pid
+
+
+def _wait_resumed(events: Path, offset: int, pid: int, deadline_s: float) -> str:
+    """"resumed" once the copy ``pid`` says so (its ``resumed`` event, past
+    ``offset`` of the event log); "exited" when it ends first (left unreaped:
+    its exit code is its follower's); "stuck" after ``deadline_s``."""
+    ends = time.monotonic() + deadline_s
+    pending = b""
+    with open(events, "rb") as f:
+        f.seek(offset)
+        while True:
+            pending += f.read()
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                try:
+                    if json.loads(line).get("kind") == "resumed":
+                        return "resumed"
+                except (ValueError, AttributeError):
+                    continue
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return "exited"
+            if time.monotonic() > ends:
+                return "stuck"
+            time.sleep(0.001)
+
+
+def _end_copy(pid: int) -> None:
+    """Kill and reap a copy nobody follows yet (a failed lazy restore)."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(pid, 0)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0

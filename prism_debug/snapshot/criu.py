@@ -10,6 +10,7 @@ errors carry an errno only, so failures quote CRIU's own log.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import shutil
@@ -92,6 +93,21 @@ def tracks_memory(criu: Criu) -> tuple[bool, str]:
     return proc.returncode == 0, detail
 
 
+@functools.lru_cache(maxsize=None)
+def lazy_pages(criu: Criu) -> tuple[bool, str]:
+    """Whether this kernel and these privileges let CRIU restore lazily:
+    userfaultfd with the non-cooperative events (``uffd-noncoop``: a restored
+    process that forks or unmaps tells the page daemon).  Asked once per
+    process (a subprocess costs ~30 ms, a restore asks every time)."""
+    try:
+        proc = subprocess.run([str(criu.binary), "check", "--feature", "uffd-noncoop"],
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return False, f"criu check --feature uffd-noncoop failed: {exc}"
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    return proc.returncode == 0, lines[-1] if lines else f"exit code {proc.returncode}"
+
+
 CUDA_ENV_VAR = "PRISM_DEBUG_CUDA_CHECKPOINT"
 
 
@@ -160,15 +176,19 @@ def dump(criu: Criu, pid: int, images_dir: Path, *, leave_running: bool = True,
             os.close(fd)
 
 
-def restore(criu: Criu, images_dir: Path, work_dir: Path, inherit: dict[str, int]) -> int:
+def restore(criu: Criu, images_dir: Path, work_dir: Path, inherit: dict[str, int], *,
+            lazy: bool = False) -> int:
     """Restore the process tree in ``images_dir`` as a child of this process
     (its log in ``work_dir``, as ``restore.log``; the images stay untouched).
     ``inherit`` maps a file the process had open — its path without the
-    leading ``/`` — to an open descriptor here that replaces it.  Returns the
-    pid."""
+    leading ``/`` — to an open descriptor here that replaces it.  ``lazy``:
+    memory comes from the ``criu lazy-pages`` daemon listening in
+    ``work_dir`` (``snapshot/lazy.py`` starts it) as the process touches it.
+    Returns the pid."""
     client, fds = _client(criu, images_dir, work_dir, "restore.log")
     try:
         client.opts.rst_sibling = True
+        client.opts.lazy_pages = lazy
         for key, descriptor in inherit.items():
             os.set_inheritable(descriptor, True)  # criu swrk is a child of this process
             entry = client.opts.inherit_fd.add()
