@@ -59,29 +59,32 @@ def page_digests(block) -> bytes:
     return b"".join([digest(view[i:i + PAGE]) for i in range(0, len(view), PAGE)])
 
 
-def digest_fd(fd: int, algorithm: str = DEFAULT, *, index: bool = False,
-              buffer: bytearray | None = None) -> tuple[str, bytes | None]:
-    """(hex digest of the whole file, its page index or None) in one read
-    from offset 0, whatever the descriptor's position."""
+def digest_fd(fd: int, algorithm: str | None = DEFAULT, *, index: bool = False,
+              buffer: bytearray | None = None) -> tuple[str | None, bytes | None]:
+    """(hex digest of the whole file or None without an ``algorithm``, its
+    page index or None) in one read from offset 0, whatever the descriptor's
+    position."""
     buffer = buffer if buffer is not None else bytearray(BLOCK)
     view = memoryview(buffer)
-    whole = hasher(algorithm)
+    whole = hasher(algorithm) if algorithm is not None else None
     pages: list[bytes] = []
     offset = 0
     while n := os.preadv(fd, [view], offset):
-        whole.update(view[:n])
+        if whole is not None:
+            whole.update(view[:n])
         if index:
             pages.append(page_digests(view[:n]))
         offset += n
-    return whole.hexdigest(), b"".join(pages) if index else None
+    return whole.hexdigest() if whole is not None else None, \
+        b"".join(pages) if index else None
 
 
 def index_of(path: os.PathLike) -> bytes:
-    """The page index of a pages image read now (a parent recorded before
-    indexes were written)."""
+    """The page index of a pages image read now (a dump being compared, or a
+    parent recorded before indexes were written)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        return digest_fd(fd, index=True)[1]
+        return digest_fd(fd, None, index=True)[1]
     finally:
         os.close(fd)
 
