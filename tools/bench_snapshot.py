@@ -18,11 +18,13 @@ what an increment leaves out.  Where the kernel has no soft-dirty tracking
 digest with the parent's after a full dump.
 
 What is timed.  *dump*: from the rank announcing the snapshot at its
-boundary to its release (the rank is held that long: handshake, CRIU's
-dump, the comparison of an increment) — what ``criu dump`` does for the CLI.
-*recorded*: dump + the commit (checksums, page index, fsync, manifest),
-which runs while the rank already goes on; the CLI neither hashes nor
-fsyncs.  *restore*: the restore's check of the images (stat facts) + CRIU's
+boundary to its release (the rank is held that long: the handshake, CRIU's
+dump) — what ``criu dump`` does for the CLI.  *recorded*: from the same
+moment to the snapshot on disk: dump + an increment's comparison with its
+parent + the commit (checksums, page index, fsync, manifest), which run
+while the rank already goes on; the CLI neither compares, hashes nor
+fsyncs.  The handshake of a snapshot taken while the previous one is still
+being recorded includes that wait.  *restore*: the restore's check of the images (stat facts) + CRIU's
 restore; the CLI: ``criu restore -d``.  Memory is touched once first: a
 VM's first touch of a page costs more than the dump itself (≈ 1.8 s/GiB).
 
@@ -92,7 +94,7 @@ def prism_round(gib: float, frozen: float, work: Path) -> dict[str, float]:
         row[f"{kind} dump"] = phases["pause"]
         for name in ("handshake", "criu", "compare", "hash", "fsync_wait", "commit"):
             row[f"{kind} · {name}"] = phases.get(name, 0.0)
-        row[f"{kind} recorded"] = phases["pause"] + phases["commit"]
+        row[f"{kind} recorded"] = phases["pause"] + phases.get("compare", 0.0) + phases["commit"]
         row[f"{kind} · verify, stat facts"] = timed(lambda: store.verify(snapshot_id))
         row[f"{kind} · verify, re-hash"] = timed(
             lambda: store.verify(snapshot_id, rehash=True))
@@ -178,21 +180,23 @@ def report(gib: float, prism_rows: list[dict], criu_rows: list[dict]) -> tuple[f
     print(f"  {'':34} {'prism-debug':>15} {'criu CLI':>15} {'ratio':>6}")
 
     def line(label, key, cli_key=None):
-        ratio = ""
+        ratio = raw = ""
         if cli_key:
             ratio = f"{median(prism_rows, key) / median(criu_rows, cli_key):6.2f}"
+            raw = "   [" + " ".join(f"{r[key]:.2f}" for r in prism_rows) + " | " + " ".join(
+                f"{r[cli_key]:.2f}" for r in criu_rows) + "]"  # each round's, in order
         cli = show(criu_rows, cli_key) if cli_key else ""
-        print(f"  {label:34} {show(prism_rows, key):>15} {cli:>15} {ratio}")
+        print(f"  {label:34} {show(prism_rows, key):>15} {cli:>15} {ratio:>6}{raw}")
     for kind, title in (("full", "full snapshot"), ("incr", "incremental snapshot")):
         print(f"  {title}: {median(prism_rows, f'{kind} MiB'):.1f} MiB "
               f"(criu CLI {median(criu_rows, 'criu MiB'):.1f} MiB, a full dump)"
               + (f", {median(prism_rows, 'incr kept %'):.0f} % of the full one kept"
                  if kind == "incr" else ""))
         line("dump (rank held)", f"{kind} dump", "criu dump")
-        for name in ("handshake", "criu", "compare"):
+        for name in ("handshake", "criu"):
             line(f"  · {name}", f"{kind} · {name}")
-        line("recorded (dump + commit)", f"{kind} recorded")
-        for name in ("hash", "fsync_wait", "commit"):
+        line("recorded (+ compare + commit)", f"{kind} recorded", "criu dump")
+        for name in ("compare", "hash", "fsync_wait", "commit"):
             line(f"  · {name}", f"{kind} · {name}")
         line("restore", f"{kind} restore", "criu restore")
         for name in ("verify, stat facts", "criu restore", "verify, re-hash"):

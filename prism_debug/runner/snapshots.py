@@ -141,28 +141,21 @@ class Snapshotter:
                           track_mem=self.tracked,
                           parent=self.store.path(parent) if parent and self.tracked else None)
             phases["criu"] = time.perf_counter() - step
-            if parent and not self.tracked:
-                # While the rank still idles: comparing pages takes CPU time
-                # the rank's emulated iterations must not lose.
-                step = time.perf_counter()
-                self.store.verify(parent)  # its page index is trusted: checked (stat facts)
-                saving = incremental.link_to_parent(staging, self.store.path(parent))
-                phases["compare"] = time.perf_counter() - step
-                if not saving.linked:
-                    self.message(f"prism-debug: an increment on {parent} would leave out "
-                                 f"{100 * saving.share_saved:.0f} % of the pages: snapshot "
-                                 f"{snapshot_id} is stored whole")
-                    parent = None
             dump_s = time.perf_counter() - started
         except (criu_api.CriuError, SnapshotError, OSError) as exc:
             error = str(exc)
         release_rank(pid, self.open_files["control"], release, self.message)
         phases["pause"] = phases["handshake"] + time.perf_counter() - started
-        self.phases = {k: round(v, 4) for k, v in phases.items()}
         if cuda_locked is not None:
             _resume_cuda(cuda_locked, pid, self.message)
         if not error:
             try:
+                if parent and not self.tracked:
+                    # on the images alone, so while the rank already runs, as
+                    # the commit's checksums do: it holds the rank no longer
+                    # than a full dump
+                    parent = self._increment(staging, snapshot_id, parent, phases)
+                self.phases = {k: round(v, 4) for k, v in phases.items()}
                 return self._record(staging, snapshot_id, parent, iteration, dump_s, cuda), ""
             except (SnapshotError, OSError) as exc:
                 error = str(exc)
@@ -171,6 +164,21 @@ class Snapshotter:
         # the run goes on: a failed snapshot costs the snapshot, not the run
         self.message(f"prism-debug: warning: no snapshot at iteration {iteration}: {error}")
         return None, error
+
+    def _increment(self, staging: Path, snapshot_id: str, parent: str,
+                   phases: dict[str, float]) -> str | None:
+        """Leave out of the dump the pages its parent holds; the parent, or
+        None where that would save too little and the dump stays whole."""
+        step = time.perf_counter()
+        self.store.verify(parent)  # its page index is trusted: checked (stat facts)
+        saving = incremental.link_to_parent(staging, self.store.path(parent))
+        phases["compare"] = time.perf_counter() - step
+        if saving.linked:
+            return parent
+        self.message(f"prism-debug: an increment on {parent} would leave out "
+                     f"{100 * saving.share_saved:.0f} % of the pages: snapshot {snapshot_id} "
+                     "is stored whole")
+        return None
 
     def _record(self, staging: Path, snapshot_id: str, parent: str | None, iteration: int,
                 dump_s: float, cuda: bool) -> Manifest:
