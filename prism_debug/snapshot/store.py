@@ -568,8 +568,12 @@ def _write_verified(folder: Path, manifest_facts: list[int], files: dict[str, st
     record = {"manifest": manifest_facts,
               "files": {name: [files[name], *seen[name]] for name in files if name in seen}}
     staged = folder / f"{VERIFIED}.{secrets.token_hex(4)}"
-    os.close(_write_new(staged, json.dumps(record).encode()))
-    os.replace(staged, folder / VERIFIED)
+    try:
+        os.close(_write_new(staged, json.dumps(record).encode()))
+        os.replace(staged, folder / VERIFIED)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
 
 
 def _read_verified(folder: Path, manifest: Manifest) -> dict[str, list[int]]:
