@@ -67,6 +67,25 @@ def prism(*args: str) -> str:
     return proc.stdout
 
 
+_LOGGED = re.compile(r"^\((\d+\.\d+)\) (.*)$")
+
+
+def criu_log(path: Path, total_s: float) -> dict[str, float]:
+    """Where CRIU's own dump went, from its log's timestamps: until the task
+    was seized (frozen), frozen while its memory was written, and what the
+    log does not cover (starting criu, the RPC) out of ``total_s``."""
+    seized = unfrozen = last = 0.0
+    for line in path.read_text(errors="replace").splitlines():
+        if match := _LOGGED.match(line):
+            last = float(match.group(1))
+            if not seized and match.group(2).startswith("Seized task"):
+                seized = last
+            elif match.group(2).startswith("Unfreezing tasks"):
+                unfrozen = last
+    return {"until seized": seized, "frozen": unfrozen - seized,
+            "outside its log": total_s - last}
+
+
 def timed(action) -> float:
     started = time.perf_counter()
     action()
@@ -94,6 +113,9 @@ def prism_round(gib: float, frozen: float, work: Path) -> dict[str, float]:
         row[f"{kind} dump"] = phases["pause"]
         for name in ("handshake", "criu", "compare", "hash", "fsync_wait", "commit"):
             row[f"{kind} · {name}"] = phases.get(name, 0.0)
+        for name, value in criu_log(store_dir / snapshot_id / "dump.log",
+                                    phases["criu"]).items():
+            row[f"{kind} · criu: {name}"] = value
         row[f"{kind} recorded"] = phases["pause"] + phases.get("compare", 0.0) + phases["commit"]
         row[f"{kind} · verify, stat facts"] = timed(lambda: store.verify(snapshot_id))
         row[f"{kind} · verify, re-hash"] = timed(
@@ -131,6 +153,8 @@ def criu_round(gib: float, frozen: float, work: Path) -> dict[str, float]:
             [str(criu.binary), "dump", "-t", str(pid), "-D", str(images), "--leave-running",
              "-o", "dump.log", "-v4"], check=True))
         mib = sum(p.stat().st_size for p in images.glob("*.img")) / 2**20
+        logged = {f"criu · criu: {k}": v for k, v in criu_log(images / "dump.log",
+                                                                dump_s).items()}
         save_s = float(re.search(r"torch_save_s ([\d.]+)", log.read_text()).group(1))
         os.killpg(pid, signal.SIGKILL)
         child.wait()
@@ -139,7 +163,7 @@ def criu_round(gib: float, frozen: float, work: Path) -> dict[str, float]:
             check=True))
         restored = True
         return {"criu MiB": mib, "criu dump": dump_s, "criu restore": restore_s,
-                "torch.save": save_s}
+                "torch.save": save_s, **logged}
     finally:
         if child.poll() is None:
             os.killpg(pid, signal.SIGKILL)
@@ -195,6 +219,8 @@ def report(gib: float, prism_rows: list[dict], criu_rows: list[dict]) -> tuple[f
         line("dump (rank held)", f"{kind} dump", "criu dump")
         for name in ("handshake", "criu"):
             line(f"  · {name}", f"{kind} · {name}")
+        for name in ("until seized", "frozen", "outside its log"):
+            line(f"    · {name}", f"{kind} · criu: {name}", f"criu · criu: {name}")
         line("recorded (+ compare + commit)", f"{kind} recorded", "criu dump")
         for name in ("compare", "hash", "fsync_wait", "commit"):
             line(f"  · {name}", f"{kind} · {name}")
