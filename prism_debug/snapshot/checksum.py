@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 import blake3
 import xxhash
@@ -98,3 +99,20 @@ def digest_bytes(data: bytes, algorithm: str = DEFAULT) -> str:
 def facts(info: os.stat_result) -> list[int]:
     """What changes whenever a file's bytes change, short of the disk itself."""
     return [info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns]
+
+
+def write_new(path: Path, data: bytes, durable: bool = False) -> int:
+    """Write a file that must not exist yet (0600, never through a link);
+    its descriptor, for the caller to fsync (or fsynced here) and close."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if durable:
+            os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd

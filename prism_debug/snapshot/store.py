@@ -93,6 +93,10 @@ class Manifest:
     # (None: a version 1 manifest, which did not record it)
     cwd: str | None = None
     version: int = MANIFEST_VERSION
+    # the user's sources the rank ran (absolute path -> SHA-256 when it imported
+    # them), each kept as source-<SHA-256>.py where the file still had it at the
+    # dump: a restore with reload diffs them (prism_debug.reload)
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
     hash: str = checksum.LEGACY  # the algorithm of ``files``' checksums (absent before v3)
     # seconds each step of the snapshot took (handshake, criu, compare, hash, …)
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -157,6 +161,10 @@ def _check_fields(manifest: Manifest) -> None:
                          f"{', '.join(checksum.ALGORITHMS)}")
     if manifest.parent == manifest.id:
         raise ValueError(f"snapshot {manifest.id} names itself as its parent")
+    for name, digest in manifest.sources.items():
+        if not name.startswith("/") or not _DIGEST.fullmatch(digest):
+            raise ValueError(f"sources names {name!r:.60} with {digest!r:.70}: not an absolute "
+                             "path and its SHA-256")
     for name, digest in manifest.files.items():
         if not _IMAGE_NAME.fullmatch(name) or not _DIGEST.fullmatch(digest):
             raise ValueError(f"files names {name!r:.60} with checksum {digest!r:.70}: not an "
@@ -301,7 +309,7 @@ class Store:
                     if entry.suffix == ".img":
                         image_bytes += os.fstat(fd).st_size
                     if index is not None:
-                        fds.append(fd := _write_new(index_path, index))
+                        fds.append(fd := checksum.write_new(index_path, index))
                         flushed.append(flusher.submit(os.fsync, fd))
                         files[index_path.name] = checksum.digest_bytes(index)
                         seen[index_path.name] = checksum.facts(os.fstat(fd))
@@ -321,7 +329,7 @@ class Store:
         manifest = dataclasses.replace(manifest, files=dict(sorted(files.items())),
                                        image_bytes=image_bytes, hash=checksum.DEFAULT,
                                        version=MANIFEST_VERSION, phases=phases)
-        fd = _write_new(staging / MANIFEST, manifest.to_json().encode(), durable=True)
+        fd = checksum.write_new(staging / MANIFEST, manifest.to_json().encode(), durable=True)
         try:
             manifest_facts = checksum.facts(os.fstat(fd))
         finally:
@@ -543,23 +551,6 @@ class Store:
         return order[::-1]
 
 
-def _write_new(path: Path, data: bytes, durable: bool = False) -> int:
-    """Write a file that must not exist yet (0600, never through a link);
-    its descriptor, for the caller to fsync (or fsynced here) and close."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                 0o600)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        if durable:
-            os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def _write_verified(folder: Path, manifest_facts: list[int], files: dict[str, str],
                     seen: dict[str, list[int]]) -> None:
     """Record that ``files`` had these digests while their stat facts were
@@ -569,7 +560,7 @@ def _write_verified(folder: Path, manifest_facts: list[int], files: dict[str, st
               "files": {name: [files[name], *seen[name]] for name in files if name in seen}}
     staged = folder / f"{VERIFIED}.{secrets.token_hex(4)}"
     try:
-        os.close(_write_new(staged, json.dumps(record).encode()))
+        os.close(checksum.write_new(staged, json.dumps(record).encode()))
         os.replace(staged, folder / VERIFIED)
     except BaseException:
         staged.unlink(missing_ok=True)
