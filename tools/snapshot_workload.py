@@ -19,10 +19,15 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--gib", type=float, required=True)
 parser.add_argument("--iterations", type=int, default=3)
 parser.add_argument("--standalone", action="store_true")
+# this share of --gib is frozen weights, written once and never again (as a
+# fine-tuned model's base): what an incremental snapshot leaves out
+parser.add_argument("--frozen", type=float, default=0.0)
 args = parser.parse_args()
 
 torch.set_num_threads(1)
-numel = int(args.gib * 2**30 / 16)  # parameter, gradient, two Adam moments: float32 each
+frozen = torch.arange(int(args.frozen * args.gib * 2**30 / 4), dtype=torch.float32)
+# parameter, gradient, two Adam moments: float32 each
+numel = int((1 - args.frozen) * args.gib * 2**30 / 16)
 weight = torch.nn.Parameter(torch.zeros(numel))
 optimizer = torch.optim.Adam([weight], lr=1e-3)
 if not args.standalone:

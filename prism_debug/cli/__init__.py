@@ -208,8 +208,8 @@ def snapshot_show(snapshot_id, store) -> None:
 @click.argument("snapshot_id")
 @_store_option
 def snapshot_verify(snapshot_id, store) -> None:
-    """Check a snapshot's images against their checksums."""
-    manifest = _store(store).verify(snapshot_id)
+    """Check a snapshot's images against their checksums (every image read again)."""
+    manifest = _store(store).verify(snapshot_id, rehash=True)
     click.echo(f"snapshot {manifest.id}: {len(manifest.files)} images, "
                f"{manifest.image_bytes / 2**20:.1f} MiB, checksums match")
 

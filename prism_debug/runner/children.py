@@ -30,7 +30,9 @@ from typing import Callable, Protocol
 
 from prism_debug.runner import report as reporting
 
-POLL_S = 0.05
+# how often the controller looks at the rank's output and events: a rank
+# announcing a snapshot idles until then (50 ms was a seventh of a 1 GiB dump)
+POLL_S = 0.01
 
 
 class RankProcess(Protocol):

@@ -79,6 +79,7 @@ class Snapshotter:
     message: Callable[[str], None]
     open_files: dict[str, Path] = dataclasses.field(default_factory=dict)
     taken: list[str] = dataclasses.field(default_factory=list)
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # the last take's
     # each dump after the first holds only the pages that changed since the
     # last, on top of its parent
     incremental: bool = False
@@ -130,8 +131,12 @@ class Snapshotter:
         snapshot_id = new_id(self.base["rank"], iteration)
         staging = parent = None
         dump_s = 0.0
+        # seconds per step, from the rank's announcement (the event log's
+        # last write) to its release; the commit adds its own
+        phases = {"handshake": _since_announced(self.open_files.get("events"))}
         cuda_locked: Path | None = None
         error = ""
+        started = time.perf_counter()
         try:
             if cuda:
                 tool = criu_api.cuda_checkpoint()
@@ -140,22 +145,26 @@ class Snapshotter:
                 criu_api.cuda_action(tool, "checkpoint", pid)
             staging = self.store.staging(snapshot_id)
             parent = self.taken[-1] if self.incremental and self.taken else None
-            started = time.perf_counter()
+            step = time.perf_counter()
             criu_api.dump(self.criu, pid, staging, leave_running=True,
                           track_mem=self.tracked,
                           parent=self.store.path(parent) if parent and self.tracked else None)
-            if parent and not self.tracked:
-                # While the rank still idles: comparing pages takes CPU time
-                # the rank's emulated iterations must not lose.
-                incremental.link_to_parent(staging, self.store.path(parent))
+            phases["criu"] = time.perf_counter() - step
             dump_s = time.perf_counter() - started
         except (criu_api.CriuError, SnapshotError, OSError) as exc:
             error = str(exc)
         release_rank(pid, self.open_files["control"], release, self.message)
+        phases["pause"] = phases["handshake"] + time.perf_counter() - started
         if cuda_locked is not None:
             _resume_cuda(cuda_locked, pid, self.message)
         if not error:
             try:
+                if parent and not self.tracked:
+                    # on the images alone, so while the rank already runs, as
+                    # the commit's checksums do: it holds the rank no longer
+                    # than a full dump
+                    parent = self._increment(staging, snapshot_id, parent, phases)
+                self.phases = {k: round(v, 4) for k, v in phases.items()}
                 return self._record(staging, snapshot_id, parent, iteration, dump_s, cuda,
                                     release.sources), ""
             except (SnapshotError, OSError) as exc:
@@ -166,19 +175,43 @@ class Snapshotter:
         self.message(f"prism-debug: warning: no snapshot at iteration {iteration}: {error}")
         return None, error
 
+    def _increment(self, staging: Path, snapshot_id: str, parent: str,
+                   phases: dict[str, float]) -> str | None:
+        """Leave out of the dump the pages its parent holds; the parent, or
+        None where that would save too little and the dump stays whole."""
+        step = time.perf_counter()
+        self.store.verify(parent)  # its page index is trusted: checked (stat facts)
+        saving = incremental.link_to_parent(staging, self.store.path(parent))
+        phases["compare"] = time.perf_counter() - step
+        if saving.linked:
+            return parent
+        self.message(f"prism-debug: an increment on {parent} would leave out "
+                     f"{100 * saving.share_saved:.0f} % of the pages: snapshot {snapshot_id} "
+                     "is stored whole")
+        return None
+
     def _record(self, staging: Path, snapshot_id: str, parent: str | None, iteration: int,
                 dump_s: float, cuda: bool, sources: dict) -> Manifest:
         manifest = Manifest(
             id=snapshot_id, parent=parent, iteration=iteration, **self.base,
             open_files={role: str(path.resolve()) for role, path in self.open_files.items()},
             image_bytes=0, dump_s=dump_s, created=now_text(), cuda=cuda,
-            sources=kept_sources.keep(staging, sources))
+            sources=kept_sources.keep(staging, sources), phases=self.phases)
         path = self.store.commit(staging, manifest)
         self.taken.append(snapshot_id)
         manifest = self.store.get(snapshot_id)
         self.message(f"snapshot {snapshot_id}: iteration {iteration}, "
                      f"{manifest.image_bytes / 2**20:.1f} MiB in {dump_s:.2f} s → {path}")
         return manifest
+
+
+def _since_announced(events: Path | None) -> float:
+    """Seconds since the rank announced its snapshot: its event log's last
+    write (the announcement, flushed) is the moment it reached the boundary."""
+    try:
+        return max(0.0, (time.time_ns() - os.stat(events).st_mtime_ns) / 1e9)
+    except (OSError, TypeError):
+        return 0.0
 
 
 @dataclasses.dataclass(frozen=True)

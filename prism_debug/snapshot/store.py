@@ -4,9 +4,13 @@ A snapshot is written into a hidden staging directory and renamed into
 place only once its images and manifest are complete and on disk (each file,
 the staging directory, then the store after the rename are fsynced), so a
 failed or interrupted dump (a CRIU error, a full disk, a power cut) never
-leaves a partial snapshot behind.  The manifest carries a SHA-256 of every
-image file; they are checked before any restore, and a damaged snapshot is
-refused with the file named.
+leaves a partial snapshot behind.  The manifest carries a checksum of every
+image file (BLAKE3; SHA-256 in snapshots of older prism-debugs) and of each
+pages image's page index (``checksum.py``).  Images are hashed once, when
+recorded: a restore checks each image's stat facts against those recorded
+then (a private ``.verified`` sidecar) and re-hashes only the images that
+changed; ``verify(..., rehash=True)`` (``prism-debug snapshot verify``)
+re-hashes every one.  A damaged snapshot is refused with the file named.
 
 Images hold the rank's whole memory (its data, tokens, keys), so the store
 is private: directories 0700, files 0600, whatever the umask.  Every path
@@ -21,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -33,17 +36,21 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
 from prism_debug.errors import SnapshotError
+from prism_debug.snapshot import checksum
 
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 2
-# version 1 recorded no working directory (``cwd``): still read, as None
-READ_VERSIONS = (1, 2)
+MANIFEST_VERSION = 3
+# version 1 recorded no working directory (``cwd``): still read, as None;
+# versions 1 and 2 checksummed with SHA-256 and named no algorithm
+READ_VERSIONS = (1, 2, 3)
+VERIFIED = ".verified"  # the stat facts of the images as last hashed
 PARENT_LINK = "parent"  # CRIU's link from an incremental snapshot to its parent's images
 _TMP_PREFIX = ".tmp-"
 # r<rank>-it<iteration>-<6 hex digits>; ASCII digits only (``\d`` takes any script's)
 ID_PATTERN = re.compile(r"r[0-9]{1,10}-it[0-9]{1,12}-[0-9a-f]{6}")
 ID_FORM = "r<rank>-it<iteration>-<6 hex digits>, e.g. r4097-it2-a1b2c3"
-_IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.img")
+_IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.(img|idx)")
+_PAGES_IMAGE = re.compile(r"pages-[0-9]+\.img")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _MAX_MANIFEST_BYTES = 4 << 20
 # A staging directory nobody holds the lock of is a dead writer's; the age
@@ -90,6 +97,9 @@ class Manifest:
     # them), each kept as source-<SHA-256>.py where the file still had it at the
     # dump: a restore with reload diffs them (prism_debug.reload)
     sources: dict[str, str] = dataclasses.field(default_factory=dict)
+    hash: str = checksum.LEGACY  # the algorithm of ``files``' checksums (absent before v3)
+    # seconds each step of the snapshot took (handshake, criu, compare, hash, …)
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1) + "\n"
@@ -128,6 +138,8 @@ _FIELD_TYPES = {
     "bool": lambda v: isinstance(v, bool),
     "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "dict[str, str]": _is_text_map,
+    "dict[str, float]": lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and (_is_int(x) or isinstance(x, float)) for k, x in v.items()),
 }
 
 
@@ -144,6 +156,9 @@ def _check_fields(manifest: Manifest) -> None:
             raise ValueError(f"{name} {value!r:.60} is not a snapshot id ({ID_FORM})")
     if manifest.cwd is not None and not manifest.cwd.startswith("/"):
         raise ValueError(f"cwd {manifest.cwd!r:.60} is not an absolute path")
+    if manifest.hash not in checksum.ALGORITHMS:
+        raise ValueError(f"hash {manifest.hash!r:.60} is not one of "
+                         f"{', '.join(checksum.ALGORITHMS)}")
     if manifest.parent == manifest.id:
         raise ValueError(f"snapshot {manifest.id} names itself as its parent")
     for name, digest in manifest.sources.items():
@@ -153,7 +168,7 @@ def _check_fields(manifest: Manifest) -> None:
     for name, digest in manifest.files.items():
         if not _IMAGE_NAME.fullmatch(name) or not _DIGEST.fullmatch(digest):
             raise ValueError(f"files names {name!r:.60} with checksum {digest!r:.70}: not an "
-                             "image of the snapshot's folder and its SHA-256")
+                             f"image of the snapshot's folder and its {manifest.hash}")
 
 
 def _open_nofollow(path: Path, flags: int = os.O_RDONLY) -> int:
@@ -171,16 +186,9 @@ def _open_nofollow(path: Path, flags: int = os.O_RDONLY) -> int:
     return fd
 
 
-def _digest_fd(fd: int) -> str:
-    digest = hashlib.sha256()
-    while block := os.read(fd, 1 << 20):
-        digest.update(block)
-    return digest.hexdigest()
-
-
 def sha256_file(path: Path) -> str:
     with open(path, "rb") as f:
-        return _digest_fd(f.fileno())
+        return checksum.digest_fd(f.fileno(), "sha256", buffer=bytearray(1 << 20))[0]
 
 
 def new_id(rank: int, iteration: int) -> str:
@@ -266,11 +274,16 @@ class Store:
         return path
 
     def commit(self, staging: Path, manifest: Manifest) -> Path:
-        """Checksum the images, write the manifest, make them private and
-        durable, and move the snapshot into place."""
+        """Checksum the images (and index each pages image, unless an
+        incremental dump left its index already), write the manifest, make
+        them private and durable, and move the snapshot into place."""
         check_id(manifest.id)
-        files, image_bytes = {}, 0
+        started = time.perf_counter()
+        files: dict[str, str] = {}
+        seen: dict[str, list[int]] = {}  # name -> stat facts as hashed
+        image_bytes, hash_s = 0, 0.0
         fds: list[int] = []
+        buffer = bytearray(checksum.BLOCK)
         # each file is written back to disk by a second thread while this one
         # reads it for its checksum (from the page cache): the snapshot's
         # durability costs the longer of the two, not their sum
@@ -281,26 +294,48 @@ class Store:
                     if entry.is_symlink():
                         continue  # CRIU's link to the parent's images
                     fds.append(fd := _open_nofollow(entry))
-                    os.fchmod(fd, 0o600)  # CRIU writes its images 0644
+                    os.fchmod(fd, 0o600)  # CRIU writes its images 0644 (and a chmod is a ctime)
                     flushed.append(flusher.submit(os.fsync, fd))
+                    if entry.suffix not in (".img", checksum.INDEX_SUFFIX):
+                        continue
+                    index_path = entry.with_suffix(checksum.INDEX_SUFFIX)
+                    wants_index = bool(_PAGES_IMAGE.fullmatch(entry.name)) and \
+                        not index_path.exists()
+                    hashed = time.perf_counter()
+                    files[entry.name], index = checksum.digest_fd(fd, index=wants_index,
+                                                                  buffer=buffer)
+                    hash_s += time.perf_counter() - hashed
+                    seen[entry.name] = checksum.facts(os.fstat(fd))
                     if entry.suffix == ".img":
-                        files[entry.name] = _digest_fd(fd)
                         image_bytes += os.fstat(fd).st_size
+                    if index is not None:
+                        fds.append(fd := checksum.write_new(index_path, index))
+                        flushed.append(flusher.submit(os.fsync, fd))
+                        files[index_path.name] = checksum.digest_bytes(index)
+                        seen[index_path.name] = checksum.facts(os.fstat(fd))
+                waited = time.perf_counter()
                 for done in flushed:
                     done.result()  # a write error (EIO, ENOSPC) fails the commit
+                fsync_wait_s = time.perf_counter() - waited
             finally:
                 for done in flushed:
                     done.cancel()
                 wait(flushed)
                 for fd in fds:
                     os.close(fd)
-        manifest = dataclasses.replace(manifest, files=files, image_bytes=image_bytes)
-        fd = os.open(staging / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                     | os.O_CLOEXEC, 0o600)
-        with open(fd, "w") as f:
-            f.write(manifest.to_json())
-            f.flush()
-            os.fsync(f.fileno())
+        phases = {**manifest.phases, "hash": round(hash_s, 4),
+                  "fsync_wait": round(fsync_wait_s, 4),
+                  "commit": round(time.perf_counter() - started, 4)}
+        manifest = dataclasses.replace(manifest, files=dict(sorted(files.items())),
+                                       image_bytes=image_bytes, hash=checksum.DEFAULT,
+                                       version=MANIFEST_VERSION, phases=phases)
+        fd = checksum.write_new(staging / MANIFEST, manifest.to_json().encode(), durable=True)
+        try:
+            manifest_facts = checksum.facts(os.fstat(fd))
+        finally:
+            os.close(fd)
+        # hashed just now: a restore need not read them again while they stay as they are
+        _write_verified(staging, manifest_facts, files, seen)
         os.chmod(staging, 0o700)
         _fsync_dir(staging)
         final = self.root / manifest.id
@@ -430,15 +465,17 @@ class Store:
             chain.append(self.get(parent))
         return chain
 
-    def verify(self, snapshot_id: str) -> Manifest:
+    def verify(self, snapshot_id: str, *, rehash: bool = False) -> Manifest:
         """The manifest, once every image is present with its recorded checksum
-        (and the parent chain of an incremental snapshot too)."""
+        (and the parent chain of an incremental snapshot too).  Images whose
+        stat facts are still those recorded when they were last hashed are not
+        read again, unless ``rehash`` (``snapshot verify``)."""
         chain = self.chain(snapshot_id)
         for manifest in chain:
-            self._verify_images(manifest)
+            self._verify_images(manifest, rehash)
         return chain[0]
 
-    def _verify_images(self, manifest: Manifest) -> None:
+    def _verify_images(self, manifest: Manifest, rehash: bool) -> None:
         snapshot_id = manifest.id
         path = self.path(snapshot_id)
         if not manifest.files:
@@ -457,6 +494,9 @@ class Store:
             raise SnapshotError(f"snapshot {snapshot_id} is damaged: its {PARENT_LINK} link "
                                 f"points at {target!r}, not at its parent {expected!r}",
                                 snapshot_id=snapshot_id)
+        known = {} if rehash else _read_verified(path, manifest)
+        seen = {}
+        buffer = None
         for name, digest in manifest.files.items():
             try:
                 fd = _open_nofollow(path / name)
@@ -464,12 +504,22 @@ class Store:
                 raise SnapshotError(f"snapshot {snapshot_id} is damaged: image {name} is "
                                     "missing", snapshot_id=snapshot_id) from None
             try:
-                actual = _digest_fd(fd)
+                seen[name] = checksum.facts(os.fstat(fd))
+                if known.get(name) == seen[name]:
+                    continue  # hashed before, and untouched since
+                buffer = buffer if buffer is not None else bytearray(checksum.BLOCK)
+                actual, _ = checksum.digest_fd(fd, manifest.hash, buffer=buffer)
             finally:
                 os.close(fd)
             if actual != digest:
                 raise SnapshotError(f"snapshot {snapshot_id} is damaged: image {name} does not "
                                     "match its checksum", snapshot_id=snapshot_id)
+        if buffer is not None or rehash:
+            try:
+                manifest_facts = checksum.facts(os.lstat(path / MANIFEST))
+                _write_verified(path, manifest_facts, manifest.files, seen)
+            except OSError:
+                pass  # a cache: the next restore hashes again
 
     def children(self, snapshot_id: str) -> list[str]:
         return [m.id for m in self.list() if m.parent == snapshot_id]
@@ -499,6 +549,39 @@ class Store:
         for removed in reversed(order):
             shutil.rmtree(self.path(removed))
         return order[::-1]
+
+
+def _write_verified(folder: Path, manifest_facts: list[int], files: dict[str, str],
+                    seen: dict[str, list[int]]) -> None:
+    """Record that ``files`` had these digests while their stat facts were
+    ``seen`` (and the manifest's ``manifest_facts``), replacing the record
+    whole: a reader sees the old one or the new one."""
+    record = {"manifest": manifest_facts,
+              "files": {name: [files[name], *seen[name]] for name in files if name in seen}}
+    staged = folder / f"{VERIFIED}.{secrets.token_hex(4)}"
+    try:
+        os.close(checksum.write_new(staged, json.dumps(record).encode()))
+        os.replace(staged, folder / VERIFIED)
+    except BaseException:
+        staged.unlink(missing_ok=True)
+        raise
+
+
+def _read_verified(folder: Path, manifest: Manifest) -> dict[str, list[int]]:
+    """image name -> its stat facts when it was last hashed and matched the
+    manifest's digest; empty when there is no record, or it is not of this
+    manifest as it is now (rewritten since), or unreadable."""
+    try:
+        fd = _open_nofollow(folder / VERIFIED)
+        with open(fd, "rb") as f:
+            record = json.loads(f.read(_MAX_MANIFEST_BYTES))
+        if record["manifest"] != checksum.facts(os.lstat(folder / MANIFEST)):
+            return {}
+        return {name: entry[1:] for name, entry in record["files"].items()
+                if manifest.files.get(name) == entry[0]}
+    except (OSError, ValueError, KeyError, TypeError, IndexError, SnapshotError,
+            AttributeError):
+        return {}
 
 
 def now_text() -> str:

@@ -291,7 +291,8 @@ def test_the_store_is_private_whatever_the_umask(tmp_path):
     assert {p.name: _mode(p) for p in [tmp_path / "deep", store.root, path]} == {
         "deep": 0o700, "store": 0o700, A: 0o700}
     assert {p.name: _mode(p) for p in path.iterdir()} == {
-        "pages-1.img": 0o600, "dump.log": 0o600, MANIFEST: 0o600}
+        "pages-1.img": 0o600, "pages-1.idx": 0o600, "dump.log": 0o600, MANIFEST: 0o600,
+        ".verified": 0o600}
 
 
 def test_a_store_others_can_read_is_warned_of_and_one_they_can_write_refused(tmp_path):

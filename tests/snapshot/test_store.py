@@ -34,10 +34,12 @@ def test_a_commit_checksums_the_images_and_appears_whole(tmp_path):
     path = committed(store, "r1-it2-aaaaaa", images=(("pages-1.img", b"pages"),
                                                      ("core-7.img", b"core")))
     saved = store.get("r1-it2-aaaaaa")
-    assert saved.image_bytes == 9 and sorted(saved.files) == ["core-7.img", "pages-1.img"]
+    # the pages image's page index is recorded (and checksummed) beside it
+    assert saved.image_bytes == 9 and sorted(saved.files) == ["core-7.img", "pages-1.idx",
+                                                              "pages-1.img"]
     assert [m.id for m in store.list()] == ["r1-it2-aaaaaa"]
-    assert sorted(p.name for p in path.iterdir()) == ["core-7.img", "dump.log", MANIFEST,
-                                                     "pages-1.img"]
+    assert sorted(p.name for p in path.iterdir()) == [".verified", "core-7.img", "dump.log",
+                                                     MANIFEST, "pages-1.idx", "pages-1.img"]
     assert store.verify("r1-it2-aaaaaa") == saved
 
 
@@ -75,7 +77,7 @@ def test_a_damaged_manifest_and_an_unknown_id_are_refused(tmp_path):
     data = json.loads(manifest("r1-it2-dddddd").to_json()) | {"version": 9}
     (path / MANIFEST).write_text(json.dumps(data))
     with pytest.raises(SnapshotError, match="manifest version 9; this prism-debug reads "
-                                            "versions 1, 2"):
+                                            "versions 1, 2, 3"):
         store.get("r1-it2-dddddd")
     # version 1 recorded no working directory: read, as None; version 2 names one
     del data["cwd"]
