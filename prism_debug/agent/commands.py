@@ -101,6 +101,13 @@ class Commands:
     def _resume(self, mode: str | None) -> dict:
         return {"state": "running", "after": self._debugger.resume(mode)}
 
+    def do_run_to(self, iteration: int, seq: int | None = None,
+                  reason: str = "run to") -> dict:
+        """Run to where ``iteration`` starts (or to its collective ``seq``),
+        passing breakpoints, and pause there: the controller's replay after
+        it restored an earlier snapshot (back, reverse-continue)."""
+        return {"state": "running", "after": self._debugger.run_to(iteration, seq, reason)}
+
     def do_pause(self) -> dict:
         after = self._debugger.pause()
         paused = self._debugger.paused_at  # paused already: no new pause event will come

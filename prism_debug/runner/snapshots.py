@@ -279,14 +279,16 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
                     criu: criu_api.Criu, *, iterations: int | None = None,
                     record_ops: bool = False, bus: str | None = None,
                     bus_curve: dict | None = None, bus_secret: str | None = None,
-                    pause: bool = False,
+                    pause: bool = False, history: bool = False,
                     faults: tuple[Fault, ...] = (), watch_nonfinite: bool = False,
                     message: Callable[[str], None] = lambda line: None) -> int:
     """Restore the rank of a (verified) snapshot as a child of this process,
     writing to ``files`` (log, events, control) instead of the files it had
     open, and continue it; the pid.  ``criu``: :func:`restore_tools`'s;
     ``bus``: the endpoint the copy's agent connects to; ``pause``: it stays
-    paused where the snapshot was taken; ``faults``: put in force as it
+    paused where the snapshot was taken; ``history``: it goes on stopping
+    for a snapshot after every iteration (a run's --history ring, which a
+    restore from the console continues); ``faults``: put in force as it
     resumes (a scenario that starts from a snapshot)."""
     limit = manifest.iteration + iterations if iterations else None
     # the copy's own control file, in place of the run's once the copy is up:
@@ -298,7 +300,7 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
         f.write(json.dumps({
             "restored": True, "snapshot": manifest.id, "iterations": limit,
             "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve,
-            "bus_secret": bus_secret, "pause": pause,
+            "bus_secret": bus_secret, "pause": pause, "history": history,
             "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
             "stop_at": manifest.iteration, "phase": "go"}))
     fds = {

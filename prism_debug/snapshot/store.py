@@ -85,6 +85,8 @@ class Manifest:
     # the directory the rank ran in, where its command's relative paths point
     # (None: a version 1 manifest, which did not record it)
     cwd: str | None = None
+    # taken for a run's --history ring, not asked for: pruned as the ring moves on
+    history: bool = False
     version: int = MANIFEST_VERSION
 
     def to_json(self) -> str:

@@ -256,9 +256,9 @@ def test_snapshot_snapshots_restore():
     _, out = run(client, "snapshot before-nan\nsnapshots\nrestore s1\n")
     assert out == (
         "snapshot s2: after iteration 3, 1.5 GiB in 2.10 s (/snap/s2)\n"
-        "id  iteration        size  created              parent\n"
-        "s1          2     1.0 GiB  2025-01-02 10:11:12  -\n"
-        "s2          3     1.5 GiB  2025-01-02 10:12:00  s1\n"
+        "id  iteration        size  created              kind     parent\n"
+        "s1          2     1.0 GiB  2025-01-02 10:11:12  user     -\n"
+        "s2          3     1.5 GiB  2025-01-02 10:12:00  user     s1\n"
         "restored snapshot s1: paused after iteration 2 (pid 5151)\n")
     assert client.requests[0] == ("snapshot", {"name": "before-nan"})
     assert client.requests[2] == ("restore", {"id": "s1"})
