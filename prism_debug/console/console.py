@@ -392,9 +392,10 @@ class Console(Completion, Shell):
 
     def _step_back(self, verb: str, args: dict) -> None:
         self._take_events(show=self.events_on)  # a stop from before is not this one's
+        if not self._require_live():
+            return
         result = self._request(verb, timeout_s=SNAPSHOT_TIMEOUT_S, **args)
         if result is not None:
-            self.exit_code = None  # (a rank that exited can go back too)
             if not self.json_mode:  # --json prints the stop alone, as continue does
                 self.message(format_back(result))
             self._wait_for_stop(result.get("after", 0))

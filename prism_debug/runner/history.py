@@ -32,10 +32,6 @@ import dataclasses
 
 from prism_debug.errors import InvalidState
 
-#: seq of a position where the rank's run ended (after every collective of its iteration)
-ENDED = 1 << 30
-
-
 @dataclasses.dataclass(frozen=True, order=True)
 class Position:
     """Where a paused rank is: the iteration in progress, and 0 where it

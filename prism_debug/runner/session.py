@@ -41,7 +41,7 @@ from prism_debug.errors import (
 )
 from prism_debug.runner import snapshots
 from prism_debug.runner.children import RankProcess, RestoredChild
-from prism_debug.runner.history import ENDED, Plan, Position
+from prism_debug.runner.history import Plan, Position
 from prism_debug.runner.ring import Ring
 from prism_debug.runner.snapshots import Release, Snapshotter, release_rank
 from prism_debug.snapshot import criu as criu_api
@@ -395,11 +395,9 @@ class Session:
                                "last K iterations to go back to")
         if self._checking is not None or self._restores:
             raise InvalidState("a restore is under way: wait for its answer")
-        if self.exit_code is not None:
-            # the rank ended in the iteration after its last snapshot: back from there
-            newest = max((entry.iteration for entry in self.ring.history.timeline), default=0)
-            plan = self.ring.plan(Position(newest + 1, ENDED), iterations)
-            raise Deferred(lambda pending: self._go_back(pending, plan))
+        if self.exit_code is not None:  # the run ends with it (its last K snapshots stay)
+            raise RankUnavailable(f"the rank exited (code {self.exit_code}); its history's "
+                                  "snapshots stay in the store: prism-debug snapshot restore ID")
         if not self.server.agent_connected:
             raise InvalidState(f"the rank is off the bus for a moment (starting, or being "
                                f"snapshotted): {verb} again")
