@@ -98,6 +98,21 @@ class Debugger:
         with self._cond:
             return list(self._breakpoints.values())
 
+    def set_breakpoints(self, table: list[dict]) -> None:
+        """Make the breakpoints ``table``'s (``Breakpoint`` fields, ids and hits
+        kept): a copy restored to step back gets the ones the rank had, not
+        the ones of its snapshot's time."""
+        with self._cond:
+            fields = {f.name for f in dataclasses.fields(Breakpoint)}
+            breakpoints = [Breakpoint(**{k: v for k, v in row.items() if k in fields})
+                           for row in table]
+            if not all(type(bp.id) is int and bp.id > 0 and bp.kind in ("iter", "coll")
+                       for bp in breakpoints):
+                raise ValueError("a breakpoint needs an id >= 1 and a kind, iter or coll")
+            self._breakpoints = {bp.id: bp for bp in breakpoints}
+            self._next_id = max([self._next_id - 1, *self._breakpoints]) + 1
+            self._update_watch()
+
     def delete(self, bp_id: int | None = None) -> list[int]:
         with self._cond:
             if bp_id is None:

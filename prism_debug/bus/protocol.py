@@ -41,6 +41,7 @@ MAX_FRAME_BYTES = 1 << 20
 MAX_WIRE_BYTES = 8 << 20
 MAX_ID_CHARS = 64
 MAX_REASON_CHARS = 64  # a pause's reason, as run_to names it
+MAX_BREAKPOINTS = 10_000  # a breakpoint table run_to hands over
 
 EVENT_KINDS = ("iteration.start", "iteration.end", "coll.enter", "coll.exit", "paused",
                "resumed", "snapshot", "restored", "output", "agent.lost", "agent.back",
@@ -99,7 +100,7 @@ VERBS: Mapping[str, ArgSchema] = types.MappingProxyType({
     "back": {"iterations": ((int,), False)},
     "reverse-continue": _NO_ARGS,
     "run_to": {"iteration": ((int,), True), "seq": ((int, _NONE), False),
-               "reason": ((str,), False)},
+               "reason": ((str,), False), "breakpoints": ((list,), False)},
     "timeline": _NO_ARGS,
     "peers": {"selector": ((str,), False)},
     "events": {"on": ((bool,), True)},
@@ -190,6 +191,10 @@ def _check_run_to(args: dict[str, Any], request_id: str) -> None:
         if args.get(name) is not None and args[name] < 1:
             raise BadArguments(f"argument {name!r} of 'run_to' must be >= 1, got "
                                f"{args[name]}", request_id=request_id)
+    table = args.get("breakpoints", [])
+    if len(table) > MAX_BREAKPOINTS or not all(type(row) is dict for row in table):
+        raise BadArguments(f"argument 'breakpoints' of 'run_to' must be a list of at most "
+                           f"{MAX_BREAKPOINTS} objects (breaks' rows)", request_id=request_id)
     if len(args.get("reason", "")) > MAX_REASON_CHARS:
         raise BadArguments(f"argument 'reason' of 'run_to' must be at most "
                            f"{MAX_REASON_CHARS} characters", request_id=request_id)

@@ -99,7 +99,8 @@ class Session:
         server.on_rank_paused = self._rank_paused
         # run --history K: the last K iterations' snapshots, to step back to
         self.ring = Ring(history, store, message) if history else None
-        self._plans: dict[Pending, Plan] = {}  # restores that step back: where to stop
+        # restores that step back: where to stop, and the breakpoints to hand over
+        self._plans: dict[Pending, tuple[Plan, list]] = {}
         self._taken: dict[int, dict] = {}  # iteration -> the snapshot taken there, this rank
         self._told_pause = 0  # the last pause this terminal was told of (they are numbered)
 
@@ -351,7 +352,7 @@ class Session:
         self._fail_snapshot_waiters("the rank was replaced by a restored copy")
         self._taken.clear()
         if self.ring is not None:
-            plan = self._plans.get(pending)
+            plan, _ = self._plans.get(pending, (None, None))
             self.ring.restored(manifest, plan.target if plan is not None else None)
         if old is not None and beside:
             old.kill()
@@ -367,11 +368,11 @@ class Session:
 
     def _agent_back(self, pid: int) -> None:
         for pending, result in self._restores:
-            plan = self._plans.pop(pending, None)
-            if plan is None:
+            step_back = self._plans.pop(pending, None)
+            if step_back is None:
                 self.server.reply(pending, result)
-            else:  # a step back: the copy runs on to where it was asked to stop
-                self._replay(pending, result, plan)
+            else:  # the copy runs on to where it was asked to stop
+                self._replay(pending, result, *step_back)
         self._restores.clear()
 
     # -- stepping back (run --history K) -----------------------------------------------
@@ -409,25 +410,32 @@ class Session:
                     if status.get("paused_at") is None:
                         raise InvalidState(f"{verb} goes back from a paused rank: pause it "
                                            "first (pause, or a breakpoint)")
-                    if self._checking is not None or self._restores:
-                        raise InvalidState("a restore is under way: wait for its answer")
                     plan = self.ring.plan(Position.of(status["paused_at"]), iterations)
                 except PrismError as exc:
                     self.server.fail(pending, exc)
                     return
-                self._go_back(pending, plan)
+                # the copy gets the breakpoints the rank has now, not its snapshot's
+                self.server.ask_agent("breaks", {}, lambda message: self._go_back(
+                    pending, plan, message))
             self.server.ask_agent("status", {}, paused)
         raise Deferred(where)
 
-    def _go_back(self, pending: Pending, plan: Plan) -> None:
-        self._plans[pending] = plan
+    def _go_back(self, pending: Pending, plan: Plan, breaks: dict) -> None:
+        try:
+            table = result_of(breaks)["breakpoints"]
+            if self._checking is not None or self._restores:
+                raise InvalidState("a restore is under way: wait for its answer")
+        except PrismError as exc:
+            self.server.fail(pending, exc)
+            return
+        self._plans[pending] = (plan, table)
         self._start_restore(pending, plan.snapshot.id)
 
-    def _replay(self, pending: Pending, restored: dict, plan: Plan) -> None:
+    def _replay(self, pending: Pending, restored: dict, plan: Plan, breakpoints: list) -> None:
         """The copy is back on the bus, paused where its snapshot was taken:
         run it to the plan's stop (passing breakpoints), then answer."""
         target = plan.target
-        args = {"iteration": target.iteration, "reason": plan.reason}
+        args = {"iteration": target.iteration, "reason": plan.reason, "breakpoints": breakpoints}
         if target.seq:
             args["seq"] = target.seq
 

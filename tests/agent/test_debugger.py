@@ -201,3 +201,18 @@ def test_a_pause_during_a_replay_ends_it():
     rank.debugger.resume(None)
     thread.join(5)
     assert rank.debugger.at_iteration_start(9) == 0.0  # the replay's stop is forgotten
+
+
+def test_a_restored_copy_takes_the_breakpoints_the_rank_had():
+    rank = Rank()
+    rank.debugger.add_break("iter", iteration=2)  # the snapshot's time
+    table = [{"id": 1, "kind": "iter", "iteration": 2, "hits": 1, "description": "iteration 2"},
+             {"id": 4, "kind": "coll", "op": "allreduce", "family": "dp", "seq": None,
+              "temporary": True, "hits": 0}]
+    rank.debugger.set_breakpoints(table)
+    assert [(bp.id, bp.kind, bp.hits, bp.temporary) for bp in rank.debugger.breakpoints()] == \
+        [(1, "iter", 1, False), (4, "coll", 0, True)]
+    assert rank.watching is True
+    assert rank.debugger.add_break("iter", iteration=9).id == 5  # numbers go on from there
+    with pytest.raises(ValueError, match="needs an id >= 1 and a kind"):
+        rank.debugger.set_breakpoints([{"id": "1", "kind": "iter"}])

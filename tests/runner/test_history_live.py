@@ -42,8 +42,8 @@ def listed(store: Path) -> list[tuple[int, str]]:
 def test_back_and_reverse_continue_replay_the_same_run(tmp_path, session_dir):
     run = start(tmp_path, "--paused", "--history", "3", "--snapshot-at", "2", iterations=8)
     wait_for_session(run)
-    lines = attach("break iter 3; break iter 8; c; c; snapshots; back 9; back 4; snapshots; "
-                   "rc; c; c")
+    lines = attach("break iter 3; break iter 8; c; c; snapshots; back 9; break iter 6; back 4; "
+                   "snapshots; rc; c; c; c")
     ids = dict(re.findall(r"(r5-it(\d+)-[0-9a-f]{6})", "\n".join(lines)))
     by_iteration = {int(it): snapshot_id for snapshot_id, it in ids.items()}
     user = by_iteration[2]
@@ -56,6 +56,8 @@ def test_back_and_reverse_continue_replay_the_same_run(tmp_path, session_dir):
         ("2", "user"), ("5", "history"), ("6", "history"), ("7", "history")]
     assert lines[9] == ("*** cannot go back 9 iterations from iteration 8: the oldest iteration "
                         "reachable is 3 (--history 3 keeps the last 3 iterations)")
+    assert lines[10] == "breakpoint 3: iteration 6"
+    del lines[10]
     # iteration 3's snapshot left the ring: back from the user's at 2, running 3 again
     # (its breakpoint passed) and pausing where 4 starts
     assert lines[10:12] == [
@@ -67,6 +69,8 @@ def test_back_and_reverse_continue_replay_the_same_run(tmp_path, session_dir):
     assert lines[15:] == [
         f"reverse-continue, break 1: restored snapshot {user} (after iteration 2)",
         "paused at iteration 3 (reverse-continue, break 1)",
+        # the snapshot at 2 predates breakpoint 3: the copies got the rank's own
+        "paused at iteration 6 (break 3)",
         "paused at iteration 8 (break 2)",
         "the rank exited with code 0"]
     finish(run)
