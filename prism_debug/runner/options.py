@@ -118,7 +118,7 @@ class RunOptions:
                               f"{MAX_TIMEOUT_S:.10g}], got {self.collective_timeout_s}")
         if self.paused and self.bind is None:
             raise ConfigError("--paused waits for prism-debug attach, which --no-bus rules out")
-        if self.incremental and not (self.snapshot_at or self.snapshot_every):
+        if self.incremental and not self.takes_snapshots:
             raise ConfigError("--incremental needs snapshots: add --snapshot-at, "
                               "--snapshot-every or --history")
         check_output_paths(("--report", self.report_path), ("--trace", self.trace_path))
