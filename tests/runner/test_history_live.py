@@ -98,3 +98,15 @@ def test_back_without_history_says_how_to_keep_one(tmp_path, session_dir):
         "*** usage: back [N]",
         "the rank exited with code 0"]
     finish(run)
+
+
+def test_an_incremental_ring_keeps_its_chains_whole(tmp_path, session_dir):
+    # K = 2: 5 whole, 6 on it; 7 whole (the chain was K long), 8 on it; 5 and 6 go together
+    run = start(tmp_path, "--history", "2", "--incremental", iterations=8)
+    finish(run)
+    manifests = sorted((json.loads(path.read_text()) for path in
+                        (tmp_path / "store").glob("r5-*/manifest.json")),
+                       key=lambda m: m["iteration"])
+    assert [(m["iteration"], m["history"]) for m in manifests] == [(7, True), (8, True)]
+    assert [m["parent"] for m in manifests] == [None, manifests[0]["id"]]
+    assert manifests[1]["image_bytes"] < manifests[0]["image_bytes"] / 10
