@@ -88,6 +88,10 @@ def test_run_refuses_bad_iteration_and_rank_lists(args, message):
     (["--seed", "-1"], "--seed must be at least 0, got -1"),
     (["--seed", str(2**64)], f"--seed must be at most 9223372036854775807, got {2**64}"),
     (["--snapshot-every", "0"], "--snapshot-every must be at least 1, got 0"),
+    (["--history", "0"], "--history must be at least 1, got 0"),
+    (["--history", "1001"], "--history must be at most 1000, got 1001"),
+    (["--history", "3", "--no-bus"], "--history keeps snapshots for the console's back and "
+                                     "reverse-continue, which --no-bus rules out"),
     (["--gpus-per-node", "0"], "--gpus-per-node must be at least 1, got 0"),
     (["--snapshot-at", "1-10000000000"],
      "--snapshot-at: iterations go up to 1000000000, not 10000000000"),

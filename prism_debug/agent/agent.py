@@ -399,6 +399,8 @@ class Agent:
         asked = debugger is not None and any(k <= iteration for k in self._snapshots_asked)
         if self.config.snapshot_due(iteration) or asked:
             self.stop_for_snapshot(iteration)
+        elif self.config.history:
+            self.stop_for_snapshot(iteration, history=True)
         if debugger is not None:
             self._publish("iteration.start", {"iteration": iteration + 1,
                                               "time_s": self.clock.now()})
@@ -415,7 +417,7 @@ class Agent:
         stops for it at that boundary."""
         self._snapshots_asked.add(iteration)
 
-    def stop_for_snapshot(self, iteration: int) -> None:
+    def stop_for_snapshot(self, iteration: int, history: bool = False) -> None:
         """Wait at a consistent point while the controller dumps the rank: the
         boundary that ended ``iteration``, on the main thread (or run for it by
         the debugger while it is paused there).
@@ -425,7 +427,8 @@ class Agent:
         The rank announces the snapshot and idles while CRIU dumps it, until
         the controller says go (``handshake`` has the rules) — the original,
         and every copy restored from the images later.  The time spent here is
-        the harness's (the caller excludes it from the clock).
+        the harness's (the caller excludes it from the clock).  ``history``:
+        only the --history ring asked for it (the controller may prune it).
         """
         cuda = torch.cuda.is_initialized()
         if cuda:
@@ -435,7 +438,8 @@ class Agent:
 
         def announce(fields: dict) -> None:
             self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid(),
-                        "cuda": cuda, "sources": self.sources.scan(), **fields})
+                        "cuda": cuda, "history": history, "sources": self.sources.scan(),
+                        **fields})
             self._events.flush()
         control = self.handshake.wait(iteration, announce)
         if control.get("restored"):
@@ -457,6 +461,7 @@ class Agent:
                 record_ops=bool(control.get("record_ops")),
                 snapshot_at=tuple(control.get("snapshot_at", ())),
                 snapshot_every=control.get("snapshot_every"),
+                history=bool(control.get("history")),
                 bus=control.get("bus"), bus_curve=control.get("bus_curve"),
                 bus_secret=control.get("bus_secret"))
             self.tracker.record_ops = self.config.record_ops

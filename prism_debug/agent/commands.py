@@ -5,6 +5,7 @@ its virtual peers)."""
 
 from __future__ import annotations
 
+import dataclasses
 import linecache
 import sys
 import threading
@@ -80,8 +81,7 @@ class Commands:
         return {"id": bp.id, "description": bp.description}
 
     def do_breaks(self) -> dict:
-        return {"breakpoints": [{"id": bp.id, "kind": bp.kind, "description": bp.description,
-                                 "temporary": bp.temporary, "hits": bp.hits}
+        return {"breakpoints": [{**dataclasses.asdict(bp), "description": bp.description}
                                 for bp in self._debugger.breakpoints()]}
 
     def do_delete(self, id: int | None = None) -> dict:  # noqa: A002 - the verb's name
@@ -100,6 +100,19 @@ class Commands:
 
     def _resume(self, mode: str | None) -> dict:
         return {"state": "running", "after": self._debugger.resume(mode)}
+
+    def do_run_to(self, iteration: int, seq: int | None = None, reason: str = "run to",
+                  breakpoints: list | None = None) -> dict:
+        """Run to where ``iteration`` starts (or to its collective ``seq``),
+        passing breakpoints, and pause there: the controller's replay after
+        it restored an earlier snapshot (back, reverse-continue), which hands
+        over the breakpoints the rank had before (``breaks``' rows)."""
+        if breakpoints is not None:
+            try:
+                self._debugger.set_breakpoints(breakpoints)
+            except (TypeError, ValueError) as exc:
+                raise BadArguments(f"argument 'breakpoints' of 'run_to': {exc}") from None
+        return {"state": "running", "after": self._debugger.run_to(iteration, seq, reason)}
 
     def do_pause(self) -> dict:
         after = self._debugger.pause()

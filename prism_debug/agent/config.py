@@ -32,6 +32,9 @@ class AgentConfig:
     # snapshots: stop for a CRIU dump after these iterations, or every K
     snapshot_at: tuple[int, ...] = ()
     snapshot_every: int | None = None
+    # --history: stop for a snapshot after every other iteration too, marked as
+    # the history's (the controller keeps a ring of the last K and prunes the rest)
+    history: bool = False
     # kept open by the agent; read after every snapshot stop (a restored copy
     # finds there, through CRIU's inherited descriptors, what its restore asks)
     control_path: str | None = None

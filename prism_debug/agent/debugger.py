@@ -78,6 +78,9 @@ class Debugger:
         self.events_on = False
         self.iteration = 1  # the iteration in progress
         self.detached = False  # the controller went away: never pause again
+        # run_to's stop: (iteration, collective seq or None for its start, reason);
+        # breakpoints on the way to it are passed (a replay after going back)
+        self._target: tuple[int, int | None, str] | None = None
 
     # -- commands (bus thread) -------------------------------------------------
 
@@ -94,6 +97,21 @@ class Debugger:
     def breakpoints(self) -> list[Breakpoint]:
         with self._cond:
             return list(self._breakpoints.values())
+
+    def set_breakpoints(self, table: list[dict]) -> None:
+        """Make the breakpoints ``table``'s (``Breakpoint`` fields, ids and hits
+        kept): a copy restored to step back gets the ones the rank had, not
+        the ones of its snapshot's time."""
+        with self._cond:
+            fields = {f.name for f in dataclasses.fields(Breakpoint)}
+            breakpoints = [Breakpoint(**{k: v for k, v in row.items() if k in fields})
+                           for row in table]
+            if not all(type(bp.id) is int and bp.id > 0 and bp.kind in ("iter", "coll")
+                       for bp in breakpoints):
+                raise ValueError("a breakpoint needs an id >= 1 and a kind, iter or coll")
+            self._breakpoints = {bp.id: bp for bp in breakpoints}
+            self._next_id = max([self._next_id - 1, *self._breakpoints]) + 1
+            self._update_watch()
 
     def delete(self, bp_id: int | None = None) -> list[int]:
         with self._cond:
@@ -116,6 +134,35 @@ class Debugger:
         with self._cond:
             after = self.num_pauses
             self._mode = mode
+            self._target = None  # somebody took over from a replay
+            self._resume = True
+            self._update_watch()
+            self._cond.notify_all()
+            return after
+
+    def run_to(self, iteration: int, seq: int | None, reason: str) -> int:
+        """Run to where ``iteration`` starts (or to its collective number
+        ``seq``) and pause there for ``reason``, passing every breakpoint on
+        the way: the replay forward of a copy restored to step back, which
+        must stop where it was asked and nowhere else.  Paused there already
+        (a copy restored just before it): that is the stop, announced anew.
+        Returns the number of the last pause before the stop."""
+        with self._cond:
+            here = self.paused_at
+            if here is not None:
+                at = (here["iteration"], here["seq"] if here["at"] == "collective" else 0)
+                if at == (iteration, seq or 0):
+                    self.num_pauses += 1
+                    self.paused_at = {**here, "reason": reason, "number": self.num_pauses}
+                    self._publish("paused", self.paused_at)
+                    return self.num_pauses - 1
+                if at > (iteration, seq or 0):
+                    raise DebuggerError(f"the rank is past iteration {iteration} already")
+            elif self.iteration > iteration:
+                raise DebuggerError(f"the rank is past iteration {iteration} already")
+            after = self.num_pauses
+            self._target = (iteration, seq, reason)
+            self._mode = None
             self._resume = True
             self._update_watch()
             self._cond.notify_all()
@@ -165,6 +212,7 @@ class Debugger:
             deleted = len(self._breakpoints)
             self._breakpoints.clear()
             self._mode = None
+            self._target = None
             self.events_on = False
             was_paused = self.paused_at is not None
             if was_paused:
@@ -174,7 +222,8 @@ class Debugger:
             return deleted, was_paused
 
     def _update_watch(self) -> None:
-        self._on_watch(self.events_on or self._mode is not None or any(
+        target_seq = self._target is not None and self._target[1] is not None
+        self._on_watch(self.events_on or self._mode is not None or target_seq or any(
             bp.kind == "coll" for bp in self._breakpoints.values()))
 
     # -- where the rank is (main thread) ----------------------------------------
@@ -184,6 +233,9 @@ class Debugger:
         wall seconds spent paused."""
         self.iteration = iteration
         with self._cond:
+            if self._target is not None and self._mode != "pause":
+                return self._at_target(iteration, None)
+            self._target = None  # a pause asked during a replay ends it
             reason = None
             if self._mode in ("next", "step", "pause"):
                 reason = self._pause_reason if self._mode == "pause" else self._mode
@@ -200,6 +252,10 @@ class Debugger:
         """The rank is about to issue collective number ``seq`` of its
         iteration; pauses here if asked.  Returns the wall seconds paused."""
         with self._cond:
+            if self._target is not None and self._mode != "pause":
+                return self._at_target(self.iteration, seq, {"op": op, "family": family,
+                                                             "index": index})
+            self._target = None
             reason = None
             if self._mode in ("step", "pause"):
                 reason = self._pause_reason if self._mode == "pause" else self._mode
@@ -211,6 +267,20 @@ class Debugger:
             return self._pause({"iteration": self.iteration, "at": "collective", "op": op,
                                 "family": family, "index": index, "seq": seq,
                                 "reason": reason})
+
+    def _at_target(self, iteration: int, seq: int | None, collective: dict | None = None
+                   ) -> float:
+        """On a replay to run_to's stop: pause if this is it, else pass on
+        (breakpoints included).  Called with the lock held."""
+        target_iteration, target_seq, reason = self._target
+        if (iteration, seq) != (target_iteration, target_seq):
+            return 0.0
+        self._target = None
+        where = {"iteration": iteration, "at": "iteration", "op": None, "family": None,
+                 "index": None, "seq": None, "reason": reason}
+        if collective is not None:
+            where.update(collective, at="collective", seq=seq)
+        return self._pause(where)
 
     def _hit(self, bp: Breakpoint) -> str:
         bp.hits += 1

@@ -40,6 +40,8 @@ MAX_FRAME_BYTES = 1 << 20
 # timeline, a deep stack) may be larger than a request ever is.
 MAX_WIRE_BYTES = 8 << 20
 MAX_ID_CHARS = 64
+MAX_REASON_CHARS = 64  # a pause's reason, as run_to names it
+MAX_BREAKPOINTS = 10_000  # a breakpoint table run_to hands over
 
 EVENT_KINDS = ("iteration.start", "iteration.end", "coll.enter", "coll.exit", "paused",
                "resumed", "snapshot", "restored", "output", "agent.lost", "agent.back",
@@ -93,6 +95,12 @@ VERBS: Mapping[str, ArgSchema] = types.MappingProxyType({
     "step": _NO_ARGS,
     "next": _NO_ARGS,
     "pause": _NO_ARGS,
+    # stepping back (run --history K): the controller restores the nearest
+    # earlier snapshot and replays to the stop with run_to, which passes breakpoints
+    "back": {"iterations": ((int,), False)},
+    "reverse-continue": _NO_ARGS,
+    "run_to": {"iteration": ((int,), True), "seq": ((int, _NONE), False),
+               "reason": ((str,), False), "breakpoints": ((list,), False)},
     "timeline": _NO_ARGS,
     "peers": {"selector": ((str,), False)},
     "events": {"on": ((bool,), True)},
@@ -172,9 +180,30 @@ def _check_perturb(args: dict[str, Any], request_id: str) -> None:
                            request_id=request_id) from None
 
 
+def _check_back(args: dict[str, Any], request_id: str) -> None:
+    if args.get("iterations", 1) < 1:
+        raise BadArguments(f"argument 'iterations' of 'back' must be >= 1, got "
+                           f"{args['iterations']}", request_id=request_id)
+
+
+def _check_run_to(args: dict[str, Any], request_id: str) -> None:
+    for name in ("iteration", "seq"):
+        if args.get(name) is not None and args[name] < 1:
+            raise BadArguments(f"argument {name!r} of 'run_to' must be >= 1, got "
+                               f"{args[name]}", request_id=request_id)
+    table = args.get("breakpoints", [])
+    if len(table) > MAX_BREAKPOINTS or not all(type(row) is dict for row in table):
+        raise BadArguments(f"argument 'breakpoints' of 'run_to' must be a list of at most "
+                           f"{MAX_BREAKPOINTS} objects (breaks' rows)", request_id=request_id)
+    if len(args.get("reason", "")) > MAX_REASON_CHARS:
+        raise BadArguments(f"argument 'reason' of 'run_to' must be at most "
+                           f"{MAX_REASON_CHARS} characters", request_id=request_id)
+
+
 # Checks a schema cannot express, per verb.
 _VALUE_CHECKS: dict[str, Callable[[dict[str, Any], str], None]] = {
-    "break": _check_break, "perturb": _check_perturb}
+    "break": _check_break, "perturb": _check_perturb, "back": _check_back,
+    "run_to": _check_run_to}
 
 
 def check_args(verb: str, args: dict[str, Any], schema: ArgSchema, request_id: str) -> None:

@@ -81,6 +81,9 @@ _no_bus_option = click.option(
               help="Snapshot the rank after every K-th iteration.")
 @click.option("--incremental", is_flag=True,
               help="Snapshots after the first hold only the memory that changed since the last.")
+@click.option("--history", type=NUMBER, default=None,
+              help="Keep snapshots of the last K iterations, so the console can step back "
+                   "(back N, reverse-continue).")
 @click.option("--isolate", is_flag=True,
               help="Run the rank in its own pid namespace, so restored copies of its "
                    "snapshots can run beside it.")
@@ -100,7 +103,7 @@ _no_bus_option = click.option(
               help="Pause the rank at init_process_group until prism-debug attach continues it.")
 def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path,
         trace_ranks, seed, values, no_digest, graph_path, lockstep, snapshot_at, snapshot_every,
-        incremental, isolate, store, run_dir, bind, no_bus, perturbations, collective_timeout,
+        incremental, history, isolate, store, run_dir, bind, no_bus, perturbations, collective_timeout,
         paused, command) -> None:
     """Run COMMAND as one real rank of a WORLD_SIZE job.
 
@@ -141,7 +144,8 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
         profile_graph=graph_path is None and not lockstep, profile_command=profile_command,
         trace_ranks=rank_list(trace_ranks, world_size, profile.gpus_per_node, "--trace-ranks"),
         snapshot_at=number_list(snapshot_at, "--snapshot-at", "iterations"),
-        snapshot_every=snapshot_every, incremental=incremental, isolate=isolate, store=store,
+        snapshot_every=snapshot_every, incremental=incremental, history=history,
+        isolate=isolate, store=store,
         bind=None if no_bus else bind, paused=paused, faults=faults,
         collective_timeout_s=collective_timeout)
     result = api.run(options, click.echo)
@@ -190,10 +194,12 @@ def snapshot_ls(store) -> None:
         click.echo(f"no snapshots in {opened.root}")
         return
     click.echo(f"{'id':<24} {'iteration':>9} {'rank':>7} {'world':>7} {'MiB':>8} "
-               f"{'dump s':>7}  created")
+               f"{'dump s':>7}  {'kind':<7}  created")
     for m in found:
+        # a run's --history ring prunes its own as it moves on; the user's stay
+        kind = "history" if m.history else "user"
         click.echo(f"{m.id:<24} {m.iteration:>9} {m.rank:>7} {m.world_size:>7} "
-                   f"{m.image_bytes / 2**20:>8.1f} {m.dump_s:>7.2f}  {m.created}")
+                   f"{m.image_bytes / 2**20:>8.1f} {m.dump_s:>7.2f}  {kind:<7}  {m.created}")
 
 
 @snapshot.command("show")

@@ -15,11 +15,13 @@ from typing import Any, Protocol, TextIO
 
 from prism_debug.bus.protocol import EVENT_KINDS
 from prism_debug.console.formatting import (
-    format_breaks, format_deleted, format_event_line, format_event_text, format_new_break,
-    format_left, format_peers, format_perturb, format_restored, format_snapshot,
-    format_snapshots, format_status, format_timeline, format_where,
+    format_back, format_breaks, format_deleted, format_event_line, format_event_text,
+    format_new_break,
+    format_left, format_pausing, format_peers, format_perturb, format_restored, format_scenario,
+    format_snapshot, format_snapshots, format_status, format_timeline, format_where,
 )
-from prism_debug.console.parsing import break_choices, is_int, parse_break
+from prism_debug.console.completion import Completion
+from prism_debug.console.parsing import is_int, parse_break
 from prism_debug.console.shell import Shell
 from prism_debug.errors import ConfigError, PrismError, ScenarioError
 from prism_debug.faults import USAGE_TEXT, fault_text, parse_fault
@@ -54,7 +56,7 @@ class Client(Protocol):
         """Every event that has arrived and was not yet taken."""
 
 
-class Console(Shell):
+class Console(Completion, Shell):
     """pdb for one real rank: ``break``, ``continue``, ``step``, ``where``, snapshots."""
 
     doc_header = "Commands (type help <command>):"
@@ -206,10 +208,7 @@ class Console(Shell):
             if result is None:
                 break
             applied.append(f"{text}: applied {result['when']}")
-        self._show({"scenario": scenario.name, "applied": applied},
-                   lambda r: "\n".join(r["applied"]) + (
-                       f"\n{r['scenario']}: {len(r['applied'])} fault(s) in force; its "
-                       "expectations are judged by prism-debug scenario run"))
+        self._show({"scenario": scenario.name, "applied": applied}, format_scenario)
 
     # -- breakpoints ------------------------------------------------------------
 
@@ -348,11 +347,8 @@ class Console(Shell):
                 continue
             if event is None and timeout_s < STOP_TIMEOUT_S:
                 self._pause_after = after  # its pause is news whenever it comes
-                return self._show(
-                    {"state": "pausing", "after": after},
-                    lambda _: f"rank {self.rank} is pausing: it stops at its next collective or "
-                              f"iteration boundary, not reached in {timeout_s:g} s (status shows "
-                              "where it is); the pause is announced when it comes")
+                return self._show({"state": "pausing", "after": after},
+                                  lambda _: format_pausing(self.rank, timeout_s))
             if event is None:
                 return self.error("the rank did not stop; status shows where it is, "
                                   "pause stops it", type="Timeout")
@@ -367,6 +363,42 @@ class Console(Shell):
                 self._show_event(event)
             elif self._is_news(event):
                 self._show(event, format_event_text)
+
+    # -- stepping back (a run with --history K) --------------------------------
+
+    def do_back(self, arg: str) -> None:
+        """back [N]
+
+        Go back N iterations (default 1) in a run with --history K: the
+        nearest earlier snapshot is restored and runs again, bit for bit, to
+        where that iteration starts, passing breakpoints; it pauses there.
+        """
+        words = arg.split()
+        if len(words) > 1 or (words and not (words[0].isdecimal() and int(words[0]) >= 1)):
+            return self._usage("back")
+        self._step_back("back", {"iterations": int(words[0])} if words else {})
+
+    def do_reverse_continue(self, arg: str) -> None:
+        """reverse-continue | rc
+
+        Go back to the last breakpoint hit before where the rank is, as back does.
+        """
+        if arg.strip():
+            return self._usage("reverse-continue")
+        self._step_back("reverse-continue", {})
+
+    do_rc = do_reverse_continue
+    identchars = Shell.identchars + "-"  # gdb's name: reverse-continue
+
+    def _step_back(self, verb: str, args: dict) -> None:
+        self._take_events(show=self.events_on)  # a stop from before is not this one's
+        if not self._require_live():
+            return
+        result = self._request(verb, timeout_s=SNAPSHOT_TIMEOUT_S, **args)
+        if result is not None:
+            if not self.json_mode:  # --json prints the stop alone, as continue does
+                self.message(format_back(result))
+            self._wait_for_stop(result.get("after", 0))
 
     # -- events -----------------------------------------------------------------
 
@@ -532,27 +564,6 @@ class Console(Shell):
         elif result.get("state"):  # (a reply without one tells nothing to repeat)
             self.message(format_left(result, self.rank, released=verb == "detach"))
 
-    # -- completion -------------------------------------------------------------
-
-    def complete_break(self, text: str, line: str, begidx: int, endidx: int) -> list[str]:
-        choices = break_choices(line[:begidx].split()[1:])
-        return [choice for choice in choices if choice.startswith(text)]
-
-    complete_b = complete_tbreak = complete_break
-
-    def complete_events(self, text: str, line: str, begidx: int, endidx: int) -> list[str]:
-        return [choice for choice in ("on", "off") if choice.startswith(text)]
-
-    def complete_info(self, text: str, line: str, begidx: int, endidx: int) -> list[str]:
-        return ["breaks"] if "breaks".startswith(text) else []
-
-    def complete_restore(self, text: str, line: str, begidx: int, endidx: int) -> list[str]:
-        try:
-            snapshots = self.client.request("snapshots", timeout_s=1.0)["snapshots"]
-        except PrismError:
-            return []  # completion stays silent; the command itself reports errors
-        return [s["id"] for s in snapshots if s["id"].startswith(text)]
-
     # -- plumbing ---------------------------------------------------------------
 
     def _request(self, verb: str, timeout_s: float = REQUEST_TIMEOUT_S, **args: Any) -> dict | None:
@@ -570,3 +581,6 @@ class Console(Shell):
         self.error(f"the rank exited with code {self.exit_code}; restore a snapshot "
                    "(snapshots, restore ID) or quit", type="RankUnavailable")
         return False
+
+
+setattr(Console, "do_reverse-continue", Console.do_reverse_continue)

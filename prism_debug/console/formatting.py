@@ -231,12 +231,34 @@ def format_snapshots(snapshots: list[dict]) -> str:
     if not snapshots:
         return "no snapshots"
     width = max(len("id"), *(len(s["id"]) for s in snapshots))
-    row = "{:<%d}  {:>9}  {:>10}  {:<19}  {}" % width
-    lines = [row.format("id", "iteration", "size", "created", "parent")]
+    row = "{:<%d}  {:>9}  {:>10}  {:<19}  {:<7}  {}" % width
+    lines = [row.format("id", "iteration", "size", "created", "kind", "parent")]
     for s in snapshots:
         lines.append(row.format(s["id"], s["iteration"], format_bytes(s["image_bytes"]),
-                                format_time(s["created"]), s.get("parent") or "-"))
+                                format_time(s["created"]), "history" if s.get("history") else "user",
+                                s.get("parent") or "-"))
     return "\n".join(line.rstrip() for line in lines)
+
+
+def format_pausing(rank: int, timeout_s: float) -> str:
+    return (f"rank {rank} is pausing: it stops at its next collective or iteration boundary, "
+            f"not reached in {timeout_s:g} s (status shows where it is); the pause is announced "
+            "when it comes")
+
+
+def format_scenario(result: dict) -> str:
+    return "\n".join(result["applied"]) + (
+        f"\n{result['scenario']}: {len(result['applied'])} fault(s) in force; its expectations "
+        "are judged by prism-debug scenario run")
+
+
+def format_back(result: dict) -> str:
+    """What back or reverse-continue restored, and how far it runs again."""
+    replayed = result["replayed"]
+    again = (f", running {replayed} iteration{'s' if replayed != 1 else ''} again"
+             if replayed > 0 else "")
+    return (f"{result['reason']}: restored snapshot {result['id']} (after iteration "
+            f"{result['iteration']}){again}")
 
 
 def format_restored(result: dict) -> str:

@@ -104,7 +104,7 @@ def run(options: RunOptions, message: Message = _quiet,
     os.chmod(files["control"], 0o600)  # it carries the bus secret to restored copies
     session = open_session(options.rank, options.world_size, options.bind, files, store,
                            lambda: snapshotter or Snapshotter.for_run(options, store, message),
-                           message)
+                           message, history=options.history)
     try:
         return _run(options, graph, session, files, message)
     finally:
@@ -170,7 +170,8 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
         record_program=options.record_program,
         graph_path=str(options.graph_path.resolve()) if graph is not None else None,
         trace_ranks=options.trace_ranks, snapshot_at=options.snapshot_at,
-        snapshot_every=options.snapshot_every, control_path=str(files["control"]),
+        snapshot_every=options.snapshot_every, history=options.history is not None,
+        control_path=str(files["control"]),
         bus=session.commands_endpoint, bus_curve=session.agent_curve,
         bus_secret=session.agent_secret, start_paused=options.paused, faults=tuple(f.to_dict() for f in options.faults),
         collective_timeout_s=options.collective_timeout_s,

@@ -25,6 +25,10 @@ from prism_debug.graph import ExecutionGraph
 from prism_debug.runner.interpreter import is_python
 
 
+# snapshots a --history ring keeps: each is a dump of the rank on disk
+MAX_HISTORY = 1000
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunOptions:
     """One real rank of a ``world_size`` job running ``command``."""
@@ -57,6 +61,9 @@ class RunOptions:
     snapshot_every: int | None = None
     store: Path | None = None  # the snapshot store (default: snapshots/ here)
     incremental: bool = False  # snapshots after the first hold only what changed
+    # keep the last K iterations' snapshots (a ring the controller prunes), so
+    # the console can step back: back N, reverse-continue
+    history: int | None = None
     isolate: bool = False  # the rank in its own pid namespace: restored copies run beside it
     bind: str | None = "127.0.0.1"  # the debugger bus's address (None: no bus)
     paused: bool = False  # the rank waits at init_process_group for a client to continue it
@@ -96,6 +103,12 @@ class RunOptions:
                                                       and self.snapshot_every < 1):
             raise ConfigError("snapshot iterations count from 1: --snapshot-at and "
                               "--snapshot-every take positive numbers")
+        if self.history is not None and not 1 <= self.history <= MAX_HISTORY:
+            raise ConfigError(f"--history must be at least 1 and at most {MAX_HISTORY}, got "
+                              f"{self.history}")
+        if self.history is not None and self.bind is None:
+            raise ConfigError("--history keeps snapshots for the console's back and "
+                              "reverse-continue, which --no-bus rules out")
         if self.faults and not replayed:
             raise ConfigError("--perturb needs a graph, not --lockstep: perturbations act on "
                               "virtual peers replayed from an execution graph")
@@ -105,14 +118,14 @@ class RunOptions:
                               f"{MAX_TIMEOUT_S:.10g}], got {self.collective_timeout_s}")
         if self.paused and self.bind is None:
             raise ConfigError("--paused waits for prism-debug attach, which --no-bus rules out")
-        if self.incremental and not (self.snapshot_at or self.snapshot_every):
-            raise ConfigError("--incremental needs snapshots: add --snapshot-at or "
-                              "--snapshot-every")
+        if self.incremental and not self.takes_snapshots:
+            raise ConfigError("--incremental needs snapshots: add --snapshot-at, "
+                              "--snapshot-every or --history")
         check_output_paths(("--report", self.report_path), ("--trace", self.trace_path))
 
     @property
     def takes_snapshots(self) -> bool:
-        return bool(self.snapshot_at or self.snapshot_every)
+        return bool(self.snapshot_at or self.snapshot_every or self.history)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -173,6 +186,7 @@ OPTION_BOUNDS: dict[str, tuple[type, float, float]] = {
     "--gpus-per-node": (int, 1, MAX_GPUS_PER_NODE),
     "--iterations": (int, 1, MAX_ITERATIONS),
     "--snapshot-every": (int, 1, MAX_ITERATIONS),
+    "--history": (int, 1, MAX_HISTORY),
     "--seed": (int, 0, MAX_SEED),
     "--processes": (int, 2, 64),
     "--collective-timeout": (float, 0.0, MAX_TIMEOUT_S),

@@ -21,6 +21,7 @@ rank is given up.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import threading
 import time
@@ -40,6 +41,8 @@ from prism_debug.errors import (
 )
 from prism_debug.runner import snapshots
 from prism_debug.runner.children import RankProcess, RestoredChild
+from prism_debug.runner.history import Plan, Position
+from prism_debug.runner.ring import Ring
 from prism_debug.runner.snapshots import Release, Snapshotter, release_rank
 from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot.store import Manifest, Store, now_text
@@ -52,7 +55,7 @@ class Session:
 
     def __init__(self, *, rank: int, world_size: int, host: str, run_files: dict[str, Path],
                  store: Store, snapshotter_factory: Callable[[], Snapshotter],
-                 message: Callable[[str], None]) -> None:
+                 message: Callable[[str], None], history: int | None = None) -> None:
         self.rank = rank
         self.world_size = world_size
         self.server = BusServer(rank, host)
@@ -88,11 +91,17 @@ class Session:
         server.handle("snapshot", self._snapshot)
         server.handle("snapshots", self._snapshots)
         server.handle("restore", self._restore)
+        server.handle("back", self._back)
+        server.handle("reverse-continue", self._reverse_continue)
         server.handle("detach", self._detach)
         server.handle("leave", self._leave)
         server.on_agent_hello = self._agent_back
         server.on_last_client_gone = self._nobody_left
-        server.on_rank_paused = self._paused
+        server.on_rank_paused = self._rank_paused
+        # run --history K: the last K iterations' snapshots, to step back to
+        self.ring = Ring(history, store, message) if history else None
+        # restores that step back: where to stop, and the breakpoints to hand over
+        self._plans: dict[Pending, tuple[Plan, list]] = {}
         self._taken: dict[int, dict] = {}  # iteration -> the snapshot taken there, this rank
         self._told_pause = 0  # the last pause this terminal was told of (they are numbered)
 
@@ -149,6 +158,8 @@ class Session:
         iteration = event["iteration"]
         self.server.agent_away()  # it closed its end of the bus for the dump
         self.snapshotting = True
+        # only the ring asked for it: its own, quietly (no event, no waiter)
+        ring = self.ring if event.get("history") else None
         try:
             snapshotter = self.snapshotter
         except PrismError as exc:
@@ -157,10 +168,14 @@ class Session:
                          self._message)
             manifest, error = None, str(exc)
         else:
-            manifest, error = snapshotter.take(self.child.pid, iteration,
-                                               bool(event.get("cuda")), Release.of(event))
+            take = snapshotter.take if ring is None else functools.partial(ring.take,
+                                                                             snapshotter)
+            manifest, error = take(self.child.pid, iteration, bool(event.get("cuda")),
+                                   Release.of(event))
         finally:
             self.snapshotting = False
+        if ring is not None:
+            return
         # a request for an earlier iteration that the rank served late is served here
         waiters = [pending for asked in sorted(self._snapshot_waiters) if asked <= iteration
                    for pending in self._snapshot_waiters.pop(asked)]
@@ -175,6 +190,8 @@ class Session:
                   "bytes": manifest.image_bytes, "dump_s": manifest.dump_s,
                   "path": str(snapshotter.store.path(manifest.id))}
         self._taken[iteration] = result
+        if self.ring is not None:
+            self.ring.taken(manifest)  # a restore point too, never removed
         self.server.publish("snapshot", result)
         for pending in waiters:
             self.server.reply(pending, result)
@@ -246,7 +263,8 @@ class Session:
         manifests = self.store.list()
         return {"snapshots": [{"id": m.id, "iteration": m.iteration, "parent": m.parent,
                                "image_bytes": m.image_bytes, "created": m.created,
-                               "rank": m.rank, "world_size": m.world_size}
+                               "rank": m.rank, "world_size": m.world_size,
+                               "history": m.history}
                               for m in manifests]}
 
     def _restore(self, client: bytes, args: dict) -> dict:
@@ -256,8 +274,11 @@ class Session:
         (the rank then runs on as it was)."""
         if self._checking is not None:
             raise InvalidState("a restore is under way: wait for its answer")
-        snapshot_id = args["id"]
         self._restore_lazy = args.get("lazy")  # None: lazily where it can be
+        raise Deferred(lambda pending: self._start_restore(pending, args["id"]))
+
+    def _start_restore(self, pending: Pending, snapshot_id: str) -> None:
+        """The checks of a restore, off the loop; the loop restores once they pass."""
         checks: concurrent.futures.Future = concurrent.futures.Future()
 
         def check() -> None:
@@ -266,10 +287,8 @@ class Session:
             except BaseException as exc:  # handed to the loop, which answers with it
                 checks.set_exception(exc)
 
-        def started(pending: Pending) -> None:
-            self._checking = (pending, checks)
-            threading.Thread(target=check, name="prism-restore-checks", daemon=True).start()
-        raise Deferred(started)
+        self._checking = (pending, checks)
+        threading.Thread(target=check, name="prism-restore-checks", daemon=True).start()
 
     def _restorable(self, snapshot_id: str) -> tuple[Manifest, criu_api.Criu, set[int]]:
         """Everything a restore needs, checked before anything is given up (off
@@ -320,7 +339,8 @@ class Session:
             pid = snapshots.restore_process(
                 self.store, manifest, self.run_files, criu, bus=self.server.commands,
                 bus_curve=self.server.agent_curve, bus_secret=self.agent_secret, pause=True,
-                lazy=self._restore_lazy, message=self._message)
+                history=self.ring is not None, lazy=self._restore_lazy,
+                message=self._message)
         except (PrismError, OSError) as exc:
             if old is not None and beside:
                 old.hold(False)
@@ -334,6 +354,9 @@ class Session:
         self.server.agent_gone()
         self._fail_snapshot_waiters("the rank was replaced by a restored copy")
         self._taken.clear()
+        if self.ring is not None:
+            plan, _ = self._plans.get(pending, (None, None))
+            self.ring.restored(manifest, plan.target if plan is not None else None)
         if old is not None and beside:
             old.kill()
         self.server.agent_away()  # the copy's agent connects as it resumes
@@ -348,8 +371,93 @@ class Session:
 
     def _agent_back(self, pid: int) -> None:
         for pending, result in self._restores:
-            self.server.reply(pending, result)
+            step_back = self._plans.pop(pending, None)
+            if step_back is None:
+                self.server.reply(pending, result)
+            else:  # the copy runs on to where it was asked to stop
+                self._replay(pending, result, *step_back)
         self._restores.clear()
+
+    # -- stepping back (run --history K) -----------------------------------------------
+
+    def _back(self, client: bytes, args: dict) -> dict:
+        """Go back ``iterations`` (default 1) before the one in progress:
+        restore the nearest earlier snapshot of the history, run to where
+        that iteration starts, pause there.  Answered as the copy runs there
+        (with the number of the pause before its stop, as continue is)."""
+        return self._step_back(args.get("iterations", 1))
+
+    def _reverse_continue(self, client: bytes, args: dict) -> dict:
+        """Go back to the last breakpoint hit before where the rank is, as back does."""
+        return self._step_back(None)
+
+    def _step_back(self, iterations: int | None) -> dict:
+        verb = "back" if iterations is not None else "reverse-continue"
+        if self.ring is None:
+            raise InvalidState(f"{verb} needs the run's history: run with --history K "
+                               "(e.g. prism-debug run --history 8 …) to keep snapshots of the "
+                               "last K iterations to go back to")
+        if self._checking is not None or self._restores:
+            raise InvalidState("a restore is under way: wait for its answer")
+        if self.exit_code is not None:  # the run ends with it (its last K snapshots stay)
+            raise RankUnavailable(f"the rank exited (code {self.exit_code}); its history's "
+                                  "snapshots stay in the store: prism-debug snapshot restore ID")
+        if not self.server.agent_connected:
+            raise InvalidState(f"the rank is off the bus for a moment (starting, or being "
+                               f"snapshotted): {verb} again")
+
+        def where(pending: Pending) -> None:
+            def paused(message: dict) -> None:
+                try:
+                    status = result_of(message)
+                    if status.get("paused_at") is None:
+                        raise InvalidState(f"{verb} goes back from a paused rank: pause it "
+                                           "first (pause, or a breakpoint)")
+                    plan = self.ring.plan(Position.of(status["paused_at"]), iterations)
+                except PrismError as exc:
+                    self.server.fail(pending, exc)
+                    return
+                # the copy gets the breakpoints the rank has now, not its snapshot's
+                self.server.ask_agent("breaks", {}, lambda message: self._go_back(
+                    pending, plan, message))
+            self.server.ask_agent("status", {}, paused)
+        raise Deferred(where)
+
+    def _go_back(self, pending: Pending, plan: Plan, breaks: dict) -> None:
+        try:
+            table = result_of(breaks)["breakpoints"]
+            if self._checking is not None or self._restores:
+                raise InvalidState("a restore is under way: wait for its answer")
+        except PrismError as exc:
+            self.server.fail(pending, exc)
+            return
+        self._plans[pending] = (plan, table)
+        self._restore_lazy = None  # lazily where it can be
+        self._start_restore(pending, plan.snapshot.id)
+
+    def _replay(self, pending: Pending, restored: dict, plan: Plan, breakpoints: list) -> None:
+        """The copy is back on the bus, paused where its snapshot was taken:
+        run it to the plan's stop (passing breakpoints), then answer."""
+        target = plan.target
+        args = {"iteration": target.iteration, "reason": plan.reason, "breakpoints": breakpoints}
+        if target.seq:
+            args["seq"] = target.seq
+
+        def running(message: dict) -> None:
+            try:
+                result = result_of(message)
+            except PrismError as exc:
+                self.server.fail(pending, exc)
+                return
+            self.server.reply(pending, {**restored, **result, "target": target.iteration,
+                                        "target_seq": target.seq or None,
+                                        "replayed": plan.replayed, "reason": plan.reason})
+        self.server.ask_agent("run_to", args, running)
+
+    def _rank_paused(self, where: dict) -> None:
+        if self.ring is not None:
+            self.ring.hit(where)
+        self._paused(where)
 
     def _detach(self, client: bytes, args: dict) -> dict:
         """The client releases the rank (every breakpoint deleted, a pause
@@ -454,9 +562,11 @@ def _ids(pids: set[int]) -> str:
 
 def open_session(rank: int, world_size: int, bind: str | None, files: dict[str, Path],
                  store: Store, snapshotter_factory: Callable[[], Snapshotter],
-                 message: Callable[[str], None]) -> Session | NoSession:
-    """The run's debugging session on the bus, or a silent stand-in without one."""
+                 message: Callable[[str], None], history: int | None = None
+                 ) -> Session | NoSession:
+    """The run's debugging session on the bus, or a silent stand-in without
+    one; ``history``: keep the last K iterations' snapshots to step back to."""
     if bind is None:
         return NoSession(snapshotter_factory, files)
     return Session(rank=rank, world_size=world_size, host=bind, run_files=files, store=store,
-                   snapshotter_factory=snapshotter_factory, message=message)
+                   snapshotter_factory=snapshotter_factory, message=message, history=history)

@@ -389,7 +389,7 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
                     criu: criu_api.Criu, *, iterations: int | None = None,
                     record_ops: bool = False, bus: str | None = None,
                     bus_curve: dict | None = None, bus_secret: str | None = None,
-                    pause: bool = False,
+                    pause: bool = False, history: bool = False,
                     faults: tuple[Fault, ...] = (), watch_nonfinite: bool = False,
                     lazy: bool | None = None,
                     message: Callable[[str], None] = lambda line: None,
@@ -399,6 +399,8 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
     open, and continue it; the pid, once the copy said it resumed.
     ``criu``: :func:`restore_tools`'s; ``bus``: the endpoint the copy's agent
     connects to; ``pause``: it stays paused where the snapshot was taken;
+    ``history``: it goes on stopping for a snapshot after every iteration (a
+    run's --history ring, which a restore from the console continues);
     ``faults``: put in force as it resumes (a scenario that starts from a
     snapshot); ``lazy``: :func:`restore_way`'s — a lazy restore that fails
     (no daemon, CRIU refuses, the copy never resumes) is undone and done
@@ -408,7 +410,7 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
     control = json.dumps({
         "restored": True, "snapshot": manifest.id, "iterations": limit,
         "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve,
-        "bus_secret": bus_secret, "pause": pause,
+        "bus_secret": bus_secret, "pause": pause, "history": history,
         "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
         "stop_at": manifest.iteration, "phase": "go",
         # the changed functions to patch in (check_unchanged's plan), their new

@@ -92,6 +92,8 @@ class Manifest:
     # the directory the rank ran in, where its command's relative paths point
     # (None: a version 1 manifest, which did not record it)
     cwd: str | None = None
+    # taken for a run's --history ring, not asked for: pruned as the ring moves on
+    history: bool = False
     version: int = MANIFEST_VERSION
     # the user's sources the rank ran (absolute path -> SHA-256 when it imported
     # them), each kept as source-<SHA-256>.py where the file still had it at the

@@ -139,3 +139,80 @@ def test_commands_that_need_a_paused_rank_say_so():
         rank.debugger.run_paused(lambda: None)
     with pytest.raises(DebuggerError, match=r"^no breakpoint 7 \(info breaks lists them\)$"):
         rank.debugger.delete(7)
+
+
+def test_run_to_passes_breakpoints_and_stops_where_it_was_asked():
+    # a copy restored to step back replays to its stop and nowhere else
+    rank = Rank()
+    rank.debugger.add_break("iter", iteration=3)
+    rank.debugger.add_break("coll", op="allreduce")
+    assert rank.debugger.run_to(4, 2, "back") == 0
+    assert rank.watching is True  # the stop is a collective: they are reported
+    assert rank.debugger.at_iteration_start(3) == 0.0  # break 1 passed
+    assert rank.debugger.at_collective("all_reduce", "dp", 0, 1, 8) == 0.0  # break 2 passed
+    assert rank.debugger.at_iteration_start(4) == 0.0
+    assert rank.debugger.at_collective("all_reduce", "dp", 0, 1, 8) == 0.0
+    thread = rank.in_thread(lambda: rank.debugger.at_collective("all_reduce", "dp", 0, 2, 8))
+    assert rank.wait_paused() == {"iteration": 4, "at": "collective", "op": "all_reduce",
+                                  "family": "dp", "index": 0, "seq": 2, "reason": "back",
+                                  "number": 1}
+    assert [bp.hits for bp in rank.debugger.breakpoints()] == [0, 0]
+    rank.debugger.resume(None)
+    thread.join(5)
+    # the stop reached, breakpoints act again
+    thread = rank.in_thread(lambda: rank.debugger.at_collective("all_reduce", "dp", 0, 3, 8))
+    assert rank.wait_paused()["reason"] == "break 2"
+    rank.debugger.resume(None)
+    thread.join(5)
+
+
+def test_run_to_where_the_rank_is_paused_announces_that_pause_anew():
+    rank = Rank()
+    rank.debugger.pause_again("restore")  # a restored copy: paused where its snapshot was
+    thread = rank.in_thread(lambda: rank.debugger.at_iteration_start(4))
+    assert rank.wait_paused()["reason"] == "restore"
+    assert rank.debugger.run_to(4, None, "back") == 1
+    assert rank.debugger.paused_at["reason"] == "back"
+    assert rank.events[-1] == ("paused", {**rank.debugger.paused_at, "number": 2})
+    with pytest.raises(DebuggerError, match="past iteration 3 already"):
+        rank.debugger.run_to(3, None, "back")
+    rank.debugger.resume(None)
+    thread.join(5)
+
+
+def test_run_to_before_the_restore_pause_replaces_it():
+    # the controller's run_to may arrive before the restored copy pauses
+    rank = Rank()
+    rank.debugger.pause_again("restore")
+    assert rank.debugger.run_to(5, None, "reverse-continue, break 1") == 0
+    assert rank.debugger.at_iteration_start(4) == 0.0
+    thread = rank.in_thread(lambda: rank.debugger.at_iteration_start(5))
+    assert rank.wait_paused()["reason"] == "reverse-continue, break 1"
+    rank.debugger.resume(None)
+    thread.join(5)
+
+
+def test_a_pause_during_a_replay_ends_it():
+    rank = Rank()
+    rank.debugger.run_to(9, None, "back")
+    rank.debugger.pause()
+    thread = rank.in_thread(lambda: rank.debugger.at_iteration_start(4))
+    assert rank.wait_paused()["reason"] == "pause"
+    rank.debugger.resume(None)
+    thread.join(5)
+    assert rank.debugger.at_iteration_start(9) == 0.0  # the replay's stop is forgotten
+
+
+def test_a_restored_copy_takes_the_breakpoints_the_rank_had():
+    rank = Rank()
+    rank.debugger.add_break("iter", iteration=2)  # the snapshot's time
+    table = [{"id": 1, "kind": "iter", "iteration": 2, "hits": 1, "description": "iteration 2"},
+             {"id": 4, "kind": "coll", "op": "allreduce", "family": "dp", "seq": None,
+              "temporary": True, "hits": 0}]
+    rank.debugger.set_breakpoints(table)
+    assert [(bp.id, bp.kind, bp.hits, bp.temporary) for bp in rank.debugger.breakpoints()] == \
+        [(1, "iter", 1, False), (4, "coll", 0, True)]
+    assert rank.watching is True
+    assert rank.debugger.add_break("iter", iteration=9).id == 5  # numbers go on from there
+    with pytest.raises(ValueError, match="needs an id >= 1 and a kind"):
+        rank.debugger.set_breakpoints([{"id": "1", "kind": "iter"}])

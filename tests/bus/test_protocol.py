@@ -88,7 +88,8 @@ _VALUES = {int: st.integers(-2**31, 2**31), str: st.text(max_size=30), bool: st.
 
 
 def args_for(verb):
-    """Valid arguments of ``verb``, from its schema (``break`` by hand: two shapes)."""
+    """Valid arguments of ``verb``, from its schema (``break`` by hand: two shapes;
+    the verbs with value checks too)."""
     if verb == "break":
         temporary = st.dictionaries(st.just("temporary"), st.booleans(), max_size=1)
         iteration = st.fixed_dictionaries({"kind": st.just("iter"),
@@ -98,6 +99,12 @@ def args_for(verb):
             optional={"family": st.none() | st.text(max_size=10),
                       "seq": st.none() | st.integers(0, 10**6)})
         return st.builds(lambda a, b: {**a, **b}, iteration | collective, temporary)
+    if verb == "back":
+        return st.fixed_dictionaries({}, optional={"iterations": st.integers(1, 10**9)})
+    if verb == "run_to":
+        return st.fixed_dictionaries(
+            {"iteration": st.integers(1, 10**9)},
+            optional={"seq": st.none() | st.integers(1, 10**6), "reason": st.text(max_size=64)})
     if verb == "perturb":  # a fault in its dict form: from the grammar's own round trip
         return st.fixed_dictionaries({"fault": lines().map(lambda t: parse_fault(t).to_dict())},
                                      optional={"text": st.text(max_size=30)})
@@ -217,9 +224,32 @@ def test_a_frame_over_the_limit_is_a_bad_message():
 def test_an_unknown_verb_lists_the_known_ones():
     assert rejection(encode_request("stpe", id="q")) == (
         UnknownVerb, "q", "unknown verb 'stpe'; known verbs: agent.heartbeat, agent.hello, "
-                          "break, breaks, continue, delete, detach, events, faults, hello, "
-                          "leave, next, pause, peers, perturb, restore, snapshot, snapshots, status, "
-                          "step, timeline, unperturb, where")
+                          "back, break, breaks, continue, delete, detach, events, faults, hello, "
+                          "leave, next, pause, peers, perturb, restore, reverse-continue, "
+                          "run_to, snapshot, snapshots, status, step, timeline, unperturb, where")
+
+
+@pytest.mark.parametrize("verb, args, text", [
+    ("back", {"iterations": 0}, "argument 'iterations' of 'back' must be >= 1, got 0"),
+    ("back", {"iterations": "2"}, "argument 'iterations' of 'back' must be an int, got str"),
+    ("back", {"to": 2}, "unknown argument 'to' for 'back' (it takes iterations)"),
+    ("reverse-continue", {"n": 1},
+     "unknown argument 'n' for 'reverse-continue' (it takes no arguments)"),
+    ("run_to", {}, "missing required argument 'iteration' of 'run_to'"),
+    ("run_to", {"iteration": 0}, "argument 'iteration' of 'run_to' must be >= 1, got 0"),
+    ("run_to", {"iteration": 3, "seq": 0}, "argument 'seq' of 'run_to' must be >= 1, got 0"),
+    ("run_to", {"iteration": 3, "reason": "x" * 65},
+     "argument 'reason' of 'run_to' must be at most 64 characters"),
+])
+def test_stepping_back_verbs_check_their_arguments(verb, args, text):
+    assert rejection(encode_request(verb, args, id="s")) == (BadArguments, "s", text)
+
+
+def test_stepping_back_verbs_take_their_arguments():
+    assert decode_request(encode_request("back", {"iterations": 2}, id="s")).args == \
+        {"iterations": 2}
+    assert decode_request(encode_request("run_to", {"iteration": 4, "seq": None}, id="s")).args \
+        == {"iteration": 4, "seq": None}
 
 
 def test_a_caller_may_pass_its_own_verb_table():
@@ -285,7 +315,7 @@ def test_every_spec_verb_has_a_schema():
     assert set(VERBS) == {"hello", "status", "where", "break", "breaks", "delete", "continue",
                           "step", "next", "pause", "timeline", "peers", "events", "snapshot",
                           "snapshots", "restore", "detach", "leave", "perturb", "faults",
-                          "unperturb", "agent.hello",
+                          "unperturb", "back", "reverse-continue", "run_to", "agent.hello",
                           "agent.heartbeat"}
 
 

@@ -256,9 +256,9 @@ def test_snapshot_snapshots_restore():
     _, out = run(client, "snapshot before-nan\nsnapshots\nrestore s1\n")
     assert out == (
         "snapshot s2: after iteration 3, 1.5 GiB in 2.10 s (/snap/s2)\n"
-        "id  iteration        size  created              parent\n"
-        "s1          2     1.0 GiB  2025-01-02 10:11:12  -\n"
-        "s2          3     1.5 GiB  2025-01-02 10:12:00  s1\n"
+        "id  iteration        size  created              kind     parent\n"
+        "s1          2     1.0 GiB  2025-01-02 10:11:12  user     -\n"
+        "s2          3     1.5 GiB  2025-01-02 10:12:00  user     s1\n"
         "restored snapshot s1: paused after iteration 2 (pid 5151)\n")
     assert client.requests[0] == ("snapshot", {"name": "before-nan"})
     assert client.requests[2] == ("restore", {"id": "s1"})
@@ -459,3 +459,26 @@ def test_ctrl_c_while_running_pauses_the_rank():
     assert out == ("--KeyboardInterrupt-- pausing the rank (Ctrl-C again to stop waiting)\n"
                    "paused before all_gather on tp[0] (seq 3) in iteration 5 (pause)\n")
     assert [verb for verb, _ in client.requests] == ["continue", "pause", "leave"]
+
+
+def test_back_and_reverse_continue_say_what_they_restored_and_where_they_stopped():
+    back = {"id": "r1-it2-aaaaaa", "iteration": 2, "pid": 7, "state": "running", "after": 4,
+            "target": 4, "target_seq": None, "replayed": 1, "reason": "back"}
+    rc = {**back, "iteration": 4, "target": 5, "replayed": 0, "after": 6,
+          "reason": "reverse-continue, break 2"}
+    client = FakeClient({"back": back, "reverse-continue": rc}, stream=[
+        {**paused(20, 3, "restore"), "data": {**paused(20, 3, "restore")["data"], "number": 5}},
+        {**paused(21, 4, "back"), "data": {**paused(21, 4, "back")["data"], "number": 5}},
+        {**paused(22, 5, "reverse-continue, break 2"),
+         "data": {**paused(22, 5, "reverse-continue, break 2")["data"], "number": 7}}])
+    _, out = run(client, "back 2\nreverse-continue\nback 0\nback x\nback 1 2\n")
+    assert out == (
+        "back: restored snapshot r1-it2-aaaaaa (after iteration 2), running 1 iteration again\n"
+        "paused at iteration 4 (back)\n"
+        "reverse-continue, break 2: restored snapshot r1-it2-aaaaaa (after iteration 4)\n"
+        "paused at iteration 5 (reverse-continue, break 2)\n"
+        "*** usage: back [N]\n*** usage: back [N]\n*** usage: back [N]\n")
+    assert client.requests == [("back", {"iterations": 2}), ("reverse-continue", {}), ("leave", {})]
+    _, out = run(FakeClient({"back": back}), "back\nrc x\nhelp reverse-continue\n")
+    assert out.splitlines()[0].startswith("back: restored")
+    assert out.splitlines()[2:4] == ["*** usage: reverse-continue | rc", "reverse-continue | rc"]
