@@ -53,10 +53,13 @@ class ScenarioItem(pytest.Item):
                               store=self.config.getoption("prism_store"))
         for verdict in result.verdicts:
             self.user_properties.append(("expect", verdict.line()))
+        if result.predicted_ratio is not None:
+            self.user_properties.append(("predicted_ratio", f"{result.predicted_ratio:.4f}"))
+        self.user_properties.append(("run_dir", str(result.run_dir)))
+        if not result.passed:
+            raise ScenarioFailed(result)  # its report lists every verdict
         self.add_report_section("call", "expectations", "\n".join(
             [v.line() for v in result.verdicts] + [f"run folder: {result.run_dir}"]))
-        if not result.passed:
-            raise ScenarioFailed(result)
 
     def _run_dir(self) -> Path:
         factory = getattr(self.config, "_tmp_path_factory", None)

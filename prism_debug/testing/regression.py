@@ -50,8 +50,11 @@ def job_for(*, world_size: int, rank: int, iteration: int,
         spec = Example(**arguments)
         words = python_command(EXAMPLE_SCRIPT, dataclasses.replace(
             spec, iterations=EXAMPLE_ITERATIONS).argv())
+        # its graph: the slices' iteration count, and the learning rate and
+        # seed left at the example's own (they change values, not what the
+        # rank sends or how long it computes), so such tests share one graph
         profile_command = tuple(python_command(EXAMPLE_SCRIPT, dataclasses.replace(
-            spec, iterations=PROFILE_ITERATIONS).argv()))
+            spec, iterations=PROFILE_ITERATIONS, lr=Example().lr, seed=Example().seed).argv()))
     else:
         words = command.split() if isinstance(command, str) else list(command)
         base = Path(cwd or ".").resolve()
