@@ -72,3 +72,21 @@ def test_a_broken_scenario_fails_its_item_naming_its_lines(pytester, env):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*broken.yaml:4:32: run.example.tp: heads 8 is not divisible "
                                  "by tp 3*"])
+
+
+def test_the_clis_junit_report_has_a_case_per_expectation(tmp_path):
+    """(``scenario run --junit``; its end-to-end run was the test this file replaced.)"""
+    from prism_debug.runner.scenario_run import ScenarioResult, junit_xml
+    from prism_debug.scenario import load_scenario
+    from prism_debug.scenario.plan import Verdict
+
+    scenario = load_scenario(SCENARIOS / "nan_peer.yaml")
+    verdicts = [Verdict(scenario.expect[0], True, "exit code 0: got 0"),
+                Verdict(scenario.expect[1], False, "first NaN/inf at iteration 3: got none")]
+    suite = ElementTree.fromstring(junit_xml([ScenarioResult(scenario, verdicts, tmp_path, 2.5)]))
+    assert (suite.get("tests"), suite.get("failures"), suite.get("time")) == ("2", "1", "2.500")
+    cases = [(c.get("classname"), c.get("name"), [f.get("message") for f in c.iter("failure")])
+             for c in suite.iter("testcase")]
+    assert cases == [("scenario.nan-peer", "exit_code (line 18)", []),
+                     ("scenario.nan-peer", "nan_at (line 19)",
+                      ["first NaN/inf at iteration 3: got none"])]
