@@ -7,12 +7,11 @@ the cache under a key of everything it depends on — puts the test's faults
 in force, and runs on from there.  ``prism_golden`` compares a result with
 the golden file beside this one (``__snapshots__/test_regression/``),
 written or refreshed by ``pytest examples/test_regression.py --prism-update``.
+(The plugin is autoloaded once prism-debug is installed; otherwise add
+``-p prism_debug.testing.plugin``.)
 """
 
 import pytest
-
-# where the plugin is not autoloaded (PYTEST_DISABLE_PLUGIN_AUTOLOAD, or not installed)
-pytest_plugins = ["prism_debug.testing.plugin"]
 
 # the job as a test names it: the bundled example (no command=), the rank,
 # the iteration its snapshot is taken after, the groups' timeout (fixed in
