@@ -33,6 +33,7 @@ from prism_debug.agent.config import ENV_VAR, OWNER_ENV_VAR, AgentConfig
 from prism_debug.agent.debugger import Debugger
 from prism_debug.agent import no_gpu
 from prism_debug.agent.handshake import Handshake
+from prism_debug.agent.reload import Sources, apply as apply_reload
 from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog
 from prism_debug.agent.program import MESSAGES_ENV, ProgramRecorder, slice_book
@@ -104,6 +105,7 @@ class Agent:
         self._lead_optimizer: int | None = None
         self._families_version = -1
         self._stop_pending = False
+        self.sources = Sources()  # the user's files, hashed when first seen (a reload's diff)
         # the debugger bus: commands answered on the link's thread, the
         # debugger blocking the main thread while paused
         self.link = None
@@ -135,6 +137,7 @@ class Agent:
         except ImportError:
             pass
         install(self.runtime, self._on_init, self.messages)
+        self.sources.scan()
         self._emit({"kind": "loaded", "pid": os.getpid()})
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
@@ -204,6 +207,7 @@ class Agent:
     def _on_init(self, requested_backend: str) -> None:
         self.initialised = True
         self._backend = requested_backend
+        self.sources.scan()  # modules imported since torch (before the clock starts)
         now = self._started = self.clock.now()
         self.tracker.start = now
         if self.runtime.recorder is not None:
@@ -431,13 +435,18 @@ class Agent:
 
         def announce(fields: dict) -> None:
             self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid(),
-                        "cuda": cuda, **fields})
+                        "cuda": cuda, "sources": self.sources.scan(), **fields})
             self._events.flush()
         control = self.handshake.wait(iteration, announce)
         if control.get("restored"):
             # a scenario that starts from this snapshot: its faults act from
             # here, beside any the snapshot's run had in force already
             added = self._inject_all(control.get("faults", ()))
+            if control.get("reload") is not None:  # the user's fixed code, before it goes on
+                reloaded = apply_reload(control["reload"], self.sources)
+                self._emit(reloaded)
+                if reloaded["refused"]:
+                    self._fatal(PrismError("reload refused: " + "; ".join(reloaded["refused"])))
             self._emit({"kind": "resumed", "iteration": iteration, "pid": os.getpid(),
                         "backend": self._backend, "rank": self.config.rank,
                         "world_size": self.config.world_size, "snapshot": control.get("snapshot"),

@@ -234,18 +234,36 @@ def snapshot_rm(snapshot_id, force, store) -> None:
               help="Write a Chrome trace here.")
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Where the restored run's log and events go.")
+@click.option("--reload", is_flag=True,
+              help="Patch functions whose source changed since the snapshot into the rank "
+                   "before it goes on; refused, restoring nothing, where a change cannot be "
+                   "patched (module-level code, a class's layout, decorators, defaults).")
 @_bind_option
 @_no_bus_option
 @_store_option
-def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, bind, no_bus,
-                     store) -> None:
+def snapshot_restore(snapshot_id, iterations, report_path, trace_path, run_dir, reload, bind,
+                     no_bus, store) -> None:
     """Restore a snapshot and continue the run from it."""
     from prism_debug import api
 
     result = api.restore(api.RestoreOptions(
         snapshot_id=snapshot_id, store=store, iterations=iterations, report_path=report_path,
-        trace_path=trace_path, run_dir=run_dir, bind=None if no_bus else bind), click.echo)
+        trace_path=trace_path, run_dir=run_dir, bind=None if no_bus else bind,
+        reload=reload), click.echo)
+    for event in result.events:
+        if event.get("kind") == "reloaded":
+            for line in reloaded_lines(event):
+                click.echo(line)
     sys.exit(result.exit_code)
+
+
+def reloaded_lines(event: dict) -> list[str]:
+    """What a ``reloaded`` event says, a line each."""
+    lines = [f"reload: patched {p['qualname']} ({Path(p['path']).name}:{p['line']})"
+             for p in event.get("patched", [])] or ["reload: no function changed"]
+    lines += [f"reload: warning: {name} was running when patched; it keeps its old code "
+              "until it returns" for name in event.get("running", [])]
+    return lines
 
 
 @main.command()

@@ -238,7 +238,7 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
     (so a restored rank can be attached to as well)."""
     store = open_store(options.store)
     manifest = store.verify(options.snapshot_id)
-    check_unchanged(manifest)
+    reload = check_unchanged(manifest, store, options.reload)
     if options.faults and manifest.graph_digest is None:
         raise ConfigError(f"faults act on virtual peers replayed from a graph; snapshot "
                           f"{manifest.id} was taken from a run whose peers arrived in lockstep")
@@ -256,7 +256,7 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
                               record_ops=options.trace_path is not None,
                               bus=session.commands_endpoint, bus_curve=session.agent_curve,
                               bus_secret=session.agent_secret, faults=options.faults, watch_nonfinite=options.watch_nonfinite,
-                              message=message)
+                              message=message, reload=reload)
         # needing no pids here, the copy is the init of a pid namespace of its own
         session.child = RestoredChild(pid, isolated=not tree_pids(store.path(manifest.id)))
         follower = Follower(files["log"], files["events"], manifest.rank, message, session)

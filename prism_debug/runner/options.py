@@ -128,6 +128,10 @@ class RestoreOptions:
     bind: str | None = "127.0.0.1"  # the debugger bus (None: no bus)
     faults: tuple[Fault, ...] = ()  # put in force as the restored rank resumes
     watch_nonfinite: bool = False  # report the first iteration the rank sends NaN or inf
+    # patch functions whose source changed since the snapshot into the rank
+    # before it goes on (prism_debug.reload); refused, restoring nothing, where
+    # a change cannot be patched (its ``reloaded`` event lists what was)
+    reload: bool = False
 
     def __post_init__(self) -> None:
         check_iterations(self.iterations)

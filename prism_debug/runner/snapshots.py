@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Callable
 
 from prism_debug.faults import Fault
+from prism_debug.reload import plan as plan_reload
+from prism_debug.reload import sources as kept_sources
 from prism_debug.runner.children import continue_rank
 from prism_debug.runner.options import RunOptions, script_of
 from prism_debug.snapshot import criu as criu_api
@@ -147,7 +149,8 @@ class Snapshotter:
             _resume_cuda(cuda_locked, pid, self.message)
         if not error:
             try:
-                return self._record(staging, snapshot_id, parent, iteration, dump_s, cuda), ""
+                return self._record(staging, snapshot_id, parent, iteration, dump_s, cuda,
+                                    release.sources), ""
             except (SnapshotError, OSError) as exc:
                 error = str(exc)
         if staging is not None:
@@ -157,11 +160,12 @@ class Snapshotter:
         return None, error
 
     def _record(self, staging: Path, snapshot_id: str, parent: str | None, iteration: int,
-                dump_s: float, cuda: bool) -> Manifest:
+                dump_s: float, cuda: bool, sources: dict) -> Manifest:
         manifest = Manifest(
             id=snapshot_id, parent=parent, iteration=iteration, **self.base,
             open_files={role: str(path.resolve()) for role, path in self.open_files.items()},
-            image_bytes=0, dump_s=dump_s, created=now_text(), cuda=cuda)
+            image_bytes=0, dump_s=dump_s, created=now_text(), cuda=cuda,
+            sources=kept_sources.keep(staging, sources))
         path = self.store.commit(staging, manifest)
         self.taken.append(snapshot_id)
         manifest = self.store.get(snapshot_id)
@@ -180,12 +184,17 @@ class Release:
     iteration: int
     ticket: str | None = None
     signal: int | None = None
+    # and the user's sources it runs (path -> SHA-256 at import), which the
+    # snapshot keeps for a restore with reload
+    sources: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
     def of(cls, event: dict) -> "Release":
         signum = event.get("release_signal")
+        sources = event.get("sources")
         return cls(event["iteration"], event.get("ticket"),
-                   signum if type(signum) is int and signum > 0 else None)
+                   signum if type(signum) is int and signum > 0 else None,
+                   sources if isinstance(sources, dict) else {})
 
 
 def release_rank(pid: int, control: Path, release: Release,
@@ -238,8 +247,12 @@ def _resume_cuda(tool: Path, pid: int, message: Callable[[str], None]) -> None:
 # -- restore --------------------------------------------------------------------------
 
 
-def check_unchanged(manifest: Manifest) -> None:
-    """Refuse to restore a rank whose script or graph changed since its snapshot.
+def check_unchanged(manifest: Manifest, store: Store | None = None,
+                    reload: bool = False) -> list[dict] | None:
+    """Refuse to restore a rank whose script or graph changed since its snapshot,
+    unless ``reload`` asks to patch the changed functions in: then what the
+    rank must apply (``prism_debug.reload``'s plan, for ``restore_process``),
+    or every reason it cannot, refused before anything is restored.
 
     The script is looked for where the run started (the manifest's ``cwd``),
     whatever directory the restore is run from; a manifest of version 1
@@ -253,10 +266,32 @@ def check_unchanged(manifest: Manifest) -> None:
                      "directory its run started in, so restore it from that directory")
             raise SnapshotError(f"snapshot {manifest.id}: its script {script} is gone ({where})",
                                 snapshot_id=manifest.id)
-        if sha256_file(script) != manifest.script_digest:
+        # (a copy restored with reload runs the source it recorded, not the run's)
+        recorded = manifest.sources.get(str(script), manifest.script_digest)
+        if sha256_file(script) != recorded and not reload:
             raise SnapshotError(f"snapshot {manifest.id}: its script {script} changed since "
                                 "the snapshot; restoring would mix old code in memory with new "
-                                "code on disk", snapshot_id=manifest.id)
+                                f"code on disk: prism-debug snapshot restore {manifest.id} "
+                                "--reload patches the changed functions in; or take the "
+                                "snapshot again",
+                                snapshot_id=manifest.id)
+    if not reload:
+        return None
+    rerecord = (f"take the snapshot again from the changed code (prism-debug run … "
+                f"--snapshot-at {manifest.iteration})")
+    if not manifest.sources:
+        raise SnapshotError(f"snapshot {manifest.id} keeps no sources to reload against (taken "
+                            f"by a prism-debug without reload): {rerecord}",
+                            snapshot_id=manifest.id)
+    if store is None:
+        raise ValueError("reload needs the snapshot's store")
+    changes = kept_sources.changes(store.path(manifest.id), manifest.sources)
+    plan = plan_reload(changes)
+    if plan.refused:
+        raise SnapshotError(f"snapshot {manifest.id}: --reload refused, nothing was restored: "
+                            f"{'; '.join(plan.refused)}; {rerecord}", snapshot_id=manifest.id)
+    return [f.to_dict(changes[f.path][1]) for f in plan.files
+            if f.patched or f.added or f.relined]
 
 
 def snapshot_tools() -> None:
@@ -281,7 +316,8 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
                     bus_curve: dict | None = None, bus_secret: str | None = None,
                     pause: bool = False,
                     faults: tuple[Fault, ...] = (), watch_nonfinite: bool = False,
-                    message: Callable[[str], None] = lambda line: None) -> int:
+                    message: Callable[[str], None] = lambda line: None,
+                    reload: list[dict] | None = None) -> int:
     """Restore the rank of a (verified) snapshot as a child of this process,
     writing to ``files`` (log, events, control) instead of the files it had
     open, and continue it; the pid.  ``criu``: :func:`restore_tools`'s;
@@ -300,7 +336,10 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
             "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve,
             "bus_secret": bus_secret, "pause": pause,
             "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
-            "stop_at": manifest.iteration, "phase": "go"}))
+            "stop_at": manifest.iteration, "phase": "go",
+            # the changed functions to patch in (check_unchanged's plan), their new
+            # texts beside the control file (it is read in 64 KiB)
+            "reload": None if reload is None else kept_sources.stage(reload, fresh.parent)}))
     fds = {
         "log": os.open(files["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),
         "events": os.open(files["events"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600),

@@ -86,6 +86,10 @@ class Manifest:
     # (None: a version 1 manifest, which did not record it)
     cwd: str | None = None
     version: int = MANIFEST_VERSION
+    # the user's sources the rank ran (absolute path -> SHA-256 when it imported
+    # them), each kept as source-<SHA-256>.py where the file still had it at the
+    # dump: a restore with reload diffs them (prism_debug.reload)
+    sources: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1) + "\n"
@@ -142,6 +146,10 @@ def _check_fields(manifest: Manifest) -> None:
         raise ValueError(f"cwd {manifest.cwd!r:.60} is not an absolute path")
     if manifest.parent == manifest.id:
         raise ValueError(f"snapshot {manifest.id} names itself as its parent")
+    for name, digest in manifest.sources.items():
+        if not name.startswith("/") or not _DIGEST.fullmatch(digest):
+            raise ValueError(f"sources names {name!r:.60} with {digest!r:.70}: not an absolute "
+                             "path and its SHA-256")
     for name, digest in manifest.files.items():
         if not _IMAGE_NAME.fullmatch(name) or not _DIGEST.fullmatch(digest):
             raise ValueError(f"files names {name!r:.60} with checksum {digest!r:.70}: not an "

@@ -111,7 +111,9 @@ def test_a_snapshot_of_a_script_that_changed_since_is_refused(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr == (f"prism-debug: error: snapshot {snapshot_id}: its script {script} "
                            "changed since the snapshot; restoring would mix old code in memory "
-                           "with new code on disk\n")
+                           f"with new code on disk: prism-debug snapshot restore {snapshot_id} "
+                           "--reload patches the changed functions in; or take the snapshot "
+                           "again\n")
 
 
 def test_removing_a_snapshot(snapshotted, tmp_path):
