@@ -17,7 +17,7 @@ from prism_debug.faults import Fault
 from prism_debug.runner.graph_cache import PROFILE_ITERATIONS
 from prism_debug.runner.interpreter import with_interpreter
 from prism_debug.runner.options import python_command
-from prism_debug.testing.cache import DEFAULT_HARDWARE, Job, SnapshotCache
+from prism_debug.testing.cache import DEFAULT_HARDWARE, Job, SnapshotCache, cache_dir
 from prism_debug.testing.result import DEFAULT_TIME_RTOL, PrismResult
 
 Message = Callable[[str], None]
@@ -88,20 +88,13 @@ def regression_run(job: Job, *, iterations: int, run_dir: Path,
                    message: Message = lambda line: None) -> PrismResult:
     """Restore ``job``'s snapshot (recorded now if the cache has none), put
     ``faults`` in force, run ``iterations`` iterations; what it showed."""
-    from prism_debug.testing.cache import cache_dir
     cache = cache or SnapshotCache(cache_dir())
     # reloading runs the script's edited functions in a snapshot of its old code
     manifest = cache.snapshot_for(job, message, by_contents=not reload)
-    extra: dict[str, Any] = {}
-    if reload:
-        if "reload" not in {f.name for f in dataclasses.fields(api.RestoreOptions)}:
-            raise ConfigError("reload=True needs a prism-debug whose restores can hot-patch "
-                              "changed functions (RestoreOptions.reload); this one cannot")
-        extra["reload"] = True
     run_dir.mkdir(parents=True, exist_ok=True)
     result = api.restore(api.RestoreOptions(
         snapshot_id=manifest.id, store=cache.store, iterations=iterations,
         run_dir=run_dir / "run", bind=None,
         trace_path=run_dir / "trace.json",  # (a trace: the rank records every collective)
-        faults=parse_faults(faults, job.world_size), **extra), message)
+        faults=parse_faults(faults, job.world_size), reload=reload), message)
     return PrismResult.from_run(result, manifest.id, reload=reload, time_rtol=time_rtol)

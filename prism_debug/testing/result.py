@@ -53,7 +53,7 @@ class PrismResult:
     exception: tuple[str, str] | None  # (type as printed, message), from the rank's output
     iterations: tuple[IterationResult, ...]
     flight: FlightFindings | None  # torch's analyzer on the flight record, if one was dumped
-    reloaded: tuple[str, ...] | None  # what reload=True patched (None: not asked)
+    reloaded: tuple[str, ...] | None  # the functions reload=True patched (None: not asked)
     snapshot_id: str
     run_dir: Path
     events: tuple[dict, ...] = dataclasses.field(repr=False, compare=False, default=())
@@ -75,7 +75,9 @@ class PrismResult:
         reloaded = None
         if reload:
             event = next((e for e in run.events if e["kind"] == "reloaded"), None)
-            reloaded = tuple(event.get("patched", ())) if event else ()
+            # the functions patched in, by qualified name (the event has their files and lines)
+            reloaded = tuple(p["qualname"] if isinstance(p, dict) else p
+                             for p in event.get("patched", ())) if event else ()
         return cls(observed.exit_code, observed.exception, tuple(iterations), observed.flight,
                    reloaded, snapshot_id, run.run_dir, tuple(run.events), time_rtol)
 

@@ -1,9 +1,10 @@
 """The pytest plugin in real pytest sessions (pytester, a subprocess each) with
 real CRIU: a golden written by --prism-update, passing unchanged, failing
-with the first difference when the script's learning rate changes; the
-marker form with a fault; two xdist workers sharing one cache, which then
-holds one snapshot; and the plugin loaded both by ``-p`` and by its entry
-point at once.
+with the first difference when the script's learning rate changes; two
+xdist workers sharing one cache, which then holds one snapshot (the fixture
+and the marker form with a fault); a desync reproduced from a snapshot, then
+its fix verified from the same snapshot with ``reload=True``; and the plugin
+loaded both by ``-p`` and by its entry point at once.
 
 The session's runs share one graph cache (``tests/conftest.py``) and one
 snapshot cache (``snapshot_cache``): the bundled example is profiled once
@@ -122,26 +123,37 @@ def test_two_xdist_workers_share_one_cache_and_record_once(pytester, session, sn
     assert [e["snapshot"] for e in entries].count(next(iter(recorded)).name) == 1
 
 
-@pytest.mark.slow
-def test_the_marker_form_runs_without_xdist_and_reload_is_passed_through(pytester, session):
-    pytester.makepyfile(test_reload="""
-import dataclasses
+RELOAD_FILE = """\
 import pytest
-from prism_debug import api
 
-@pytest.mark.prism(world_size=64, rank=13, collective_timeout_s=2, iteration=2, iterations=1,
-                   reload=True)
-def test_reload(prism_result):
-    assert prism_result.exit_code == 0 and prism_result.reloaded == ()
-""")
-    result = session()
-    if "reload" in {f.name for f in __import__("dataclasses").fields(
-            __import__("prism_debug.api", fromlist=["api"]).RestoreOptions)}:
-        result.assert_outcomes(passed=1)
-    else:  # before RestoreOptions.reload: a clear refusal
-        result.assert_outcomes(errors=1)
-        result.stdout.fnmatch_lines(["*reload=True needs a prism-debug whose restores can "
-                                     "hot-patch*"])
+# a test that will verify a fix reloads from the start: its snapshot is keyed
+# without the script's contents, so the fixed script is patched into the old one
+@pytest.mark.prism(world_size=4, rank=3, iteration=4, iterations=2, reload=True,
+                   command="python desync.py --iterations 6")
+def test_iterations_5_and_6(prism_result):
+    assert prism_result.exit_code == 0
+    assert prism_result.reloaded == ("train_step",)
+    assert sorted(prism_result.digests) == [5, 6]
+"""
+
+
+@pytest.mark.slow
+def test_the_marker_reproduces_a_desync_then_verifies_its_fix_from_the_same_snapshot(
+        pytester, session, snapshot_cache):
+    scripts = SOURCE_ROOT / "tests" / "scripts"
+    bug = "if dist.get_rank() == dist.get_world_size() - 1 and iteration == 5:"
+    (pytester.path / "desync_model.py").write_text((scripts / "desync_model.py").read_text())
+    (pytester.path / "desync.py").write_text((scripts / "desync_at.py").read_text())
+    pytester.makepyfile(test_fix=RELOAD_FILE)
+    buggy = session()
+    buggy.assert_outcomes(errors=1)  # (the marker's fixture raised)
+    buggy.stdout.fnmatch_lines(["*the restored rank refused: the script does not follow the "
+                                "graph: rank 3 ended iteration 5 without issuing all_reduce*"])
+    (pytester.path / "desync.py").write_text(
+        (scripts / "desync_at.py").read_text().replace(bug, "if False:"))
+    fixed = session("-rP")
+    fixed.assert_outcomes(passed=1)
+    assert len(list((snapshot_cache / "store").glob("r3-*"))) == 1  # the buggy one, reused
 
 
 def test_the_plugin_loads_by_entry_point_and_by_p_at_once(pytester, monkeypatch):
