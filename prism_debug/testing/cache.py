@@ -6,7 +6,9 @@ cache's key), the contents of the script, the world, the rank, the
 iteration, the hardware, the seed, the versions of torch and prism-debug
 and the digest of prism-debug's own source — a snapshot holds the agent's
 code as it was in memory, so a changed prism-debug records afresh too.  A
-changed key records afresh; old entries stay until the cache is removed.
+changed key records afresh, and so does a snapshot one of whose modules (the
+user's files its rank imported: the manifest's sources) changed since; old
+entries stay until the cache is removed.
 
 Workers share a cache safely: each key has a lock file, held (``flock``,
 which the kernel lets go when a worker dies) while the snapshot is looked up
@@ -33,7 +35,7 @@ from prism_debug import api
 from prism_debug.errors import ConfigError, SnapshotError
 from prism_debug.runner.graph_cache import PROFILE_ITERATIONS, cache_key
 from prism_debug.runner.paths import PACKAGE_ROOT, open_store
-from prism_debug.snapshot.store import Manifest, make_private_dir
+from prism_debug.snapshot.store import Manifest, make_private_dir, sha256_file
 
 CACHE_ENV = "PRISM_DEBUG_TEST_CACHE"
 DEFAULT_HARDWARE = "h100-ib400"
@@ -125,6 +127,9 @@ class SnapshotCache:
         key = job.key(by_contents)
         with self._locked(key):
             found = self._lookup(key)
+            if found is not None and by_contents and _sources_changed(found):
+                message(f"prism: snapshot {found.id}'s modules changed since: recording afresh")
+                found = None
             if found is not None:
                 message(f"prism: snapshot {found.id} (cached, key {key})")
                 return found
@@ -184,6 +189,18 @@ class SnapshotCache:
             raise ConfigError(f"the run that recorded snapshot {result.snapshots[0]} exited "
                               f"with {result.exit_code}; its output: {result.log_path}")
         return open_store(self.store).get(result.snapshots[0])
+
+
+def _sources_changed(manifest: Manifest) -> bool:
+    """Whether a module the snapshot's rank imported from the user's files
+    (its manifest's sources: the script's contents are in the key) changed."""
+    for path, digest in getattr(manifest, "sources", {}).items():
+        try:
+            if sha256_file(Path(path)) != digest:
+                return True
+        except OSError:
+            return True
+    return False
 
 
 def _job_dict(job: Job) -> dict:
