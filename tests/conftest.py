@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytest_plugins = ["pytester"]  # the pytest plugin's tests run real pytest sessions
+
 
 @pytest.fixture(scope="session", autouse=True)
 def graph_cache(tmp_path_factory):

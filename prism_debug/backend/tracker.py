@@ -54,6 +54,10 @@ class IterationTracker:
         # SHA-256: hardware-accelerated (SHA-NI) on current x86, twice BLAKE2b here
         self.hasher = hashlib.sha256()
         self.ops: list[OpRecord] = []  # when recording
+        # when recording: the digest of the iteration's values up to and
+        # including each op, so a regression test names the first op whose
+        # values differ (a copy of the running hash: about a microsecond)
+        self.op_digests: list[str] = []
         self.waits: list[tuple[float, float]] = []  # (start, end) when recording
 
     # -- the collective path (hot) ---------------------------------------------
@@ -65,6 +69,8 @@ class IterationTracker:
         if self.record_ops or self.keep_last_ops:
             record = OpRecord(op, ref.family, ref.index, nbytes, arrival, done)
             self.ops.append(record)
+            if self.record_ops:
+                self.op_digests.append(self.hasher.copy().hexdigest()[:16])
             return record
         return None
 
@@ -97,6 +103,7 @@ class IterationTracker:
                 record["ops"] = [(op.op, op.family, op.index, op.nbytes, op.arrival,
                                   op.resolve()) for op in self.ops]
                 record["waits"] = self.waits
+                record["op_digests"] = self.op_digests
             if self.keep_last_ops:
                 self.last_ops = (self.iteration, self.start, self.ops)
             self.iteration += 1

@@ -121,7 +121,7 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
     baseline = None
     if plan.needs_baseline(scenario):
         message("scenario: baseline run, without the faults")
-        baseline = _observe(start("baseline", False, None, _quiet(message)))
+        baseline = observe(start("baseline", False, None, _quiet(message)))
     predicted = None
     if plan.needs_prediction(scenario):
         # a restored run's iterations count on from its snapshot's
@@ -133,7 +133,7 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
             seed=scenario.seed)
         message(f"scenario: the replay engine predicts iterations x{predicted:.3f}")
     message(f"scenario: {scenario.name}: run with the faults")
-    observed = _observe(start("run", True, run_dir / "report.json", message))
+    observed = observe(start("run", True, run_dir / "report.json", message))
     verdicts = plan.evaluate(scenario, observed, baseline, predicted)
     return ScenarioResult(scenario, verdicts, run_dir, time.monotonic() - started, predicted)
 
@@ -198,7 +198,8 @@ def _graph(scenario: Scenario, command: list[str], run_dir: Path,
                         message=_quiet(message))
 
 
-def _observe(result: RunResult) -> plan.Observed:
+def observe(result: RunResult) -> plan.Observed:
+    """What a run showed, as the verdicts (and the pytest plugin's results) read it."""
     events = result.events  # read once, by the run
     log = result.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
     flight = None

@@ -19,6 +19,8 @@ def test_boundary_closes_one_record_and_starts_the_next():
     assert record["num_collectives"] == 1
     assert record["digest"] == hashlib.sha256(b"abc").hexdigest()[:32]
     assert record["ops"] == [("all_reduce", "dp", 3, 64, 1.5, 1.75)]
+    # the values up to and including each op, so a golden names the first that differs
+    assert record["op_digests"] == [hashlib.sha256(b"abc").hexdigest()[:16]]
     assert record["waits"] == [(1.5, 1.75)]
     assert record["peak_rss_bytes"] == 7
     assert (tracker.iteration, tracker.start, tracker.num_collectives) == (2, 3.0, 0)

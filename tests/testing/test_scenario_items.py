@@ -1,0 +1,92 @@
+"""``pytest examples/scenarios/``: every example scenario is a test item of the
+plugin, run by the scenario runner, and passes; what each showed is in the
+JUnit report.  (This replaced tests/examples/test_scenarios.py's run of the
+same scenarios through ``prism-debug scenario run``: one run of them a suite.)"""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ElementTree
+
+import pytest
+
+from prism_debug.runner.paths import SOURCE_ROOT
+
+SCENARIOS = SOURCE_ROOT / "examples" / "scenarios"
+PLUGIN = ("-p", "prism_debug.testing.plugin", "-p", "no:cacheprovider")
+
+
+@pytest.fixture
+def env(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        [str(SOURCE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+
+
+@pytest.mark.slow
+def test_pytest_runs_every_example_scenario_and_each_passes(pytester, env):
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest_subprocess(*PLUGIN, str(SCENARIOS), "-v", "--junitxml",
+                                           str(junit), timeout=1800)
+    result.assert_outcomes(passed=5)
+    result.stdout.fnmatch_lines(["*nan_peer.yaml::nan_peer PASSED*"])
+    cases = {case.get("name"): {p.get("name") + ":" + p.get("value") if p.get("name") != "expect"
+                                else p.get("value") for p in case.iter("property")}
+             for case in ElementTree.parse(junit).getroot().iter("testcase")}
+    assert sorted(cases) == ["degraded_link", "desync_peer", "dp_peer_fail_stop", "nan_peer",
+                             "slow_node_other_stage"]
+    verdicts = [v for props in cases.values() for v in props if v.startswith(("PASS", "FAIL"))]
+    assert len(verdicts) == 12 and all(v.startswith("PASS  ") for v in verdicts)
+    # what each one showed, beyond passing
+    assert ("PASS  flight record shows missing ranks [13]: got missing [13], mismatches none"
+            in cases["dp_peer_fail_stop"])
+    assert ("PASS  flight record shows a size mismatch: got missing [], mismatches ['size']"
+            in cases["desync_peer"])
+    assert "PASS  first NaN/inf the rank sends at iteration 3: got iteration 3" \
+        in cases["nan_peer"]
+    for name in ("slow_node_other_stage", "degraded_link"):
+        (ratio,) = [p for p in cases[name] if p.startswith("predicted_ratio:")]
+        assert float(ratio.split(":")[1]) > 1.05
+    # the NaN reached the loss the script prints, at that iteration (0-based there)
+    (run_dir,) = [p.split(":", 1)[1] for p in cases["nan_peer"] if p.startswith("run_dir:")]
+    log = (pytester.path / run_dir / "run" / "rank.log").read_text()
+    assert "iter 1 loss nan" not in log and "iter 2 loss nan" in log
+
+
+def test_a_file_pattern_picks_the_scenarios_and_other_yaml_is_left_alone(pytester, env):
+    for name in ("nan_peer", "desync_peer"):
+        (pytester.path / f"{name}.yaml").write_text((SCENARIOS / f"{name}.yaml").read_text())
+    (pytester.path / "config.yaml").write_text("name: not a scenario\nvalues: [1, 2]\n")
+    collected = pytester.runpytest_subprocess(*PLUGIN, "--co", "-q", "--prism-scenarios",
+                                              "nan_*.yaml")
+    collected.stdout.fnmatch_lines(["nan_peer.yaml::nan_peer", "1 test collected*"])
+    everything = pytester.runpytest_subprocess(*PLUGIN, "--co", "-q")
+    everything.stdout.fnmatch_lines(["desync_peer.yaml::desync_peer", "nan_peer.yaml::nan_peer",
+                                     "2 tests collected*"])
+
+
+def test_a_broken_scenario_fails_its_item_naming_its_lines(pytester, env):
+    (pytester.path / "broken.yaml").write_text(
+        "name: broken\nworld: {size: 64, rank: 5}\nrun:\n  example: {iterations: 4, tp: 3}\n"
+        "  graph: profile\nexpect:\n  - exit_code: 0\n")
+    result = pytester.runpytest_subprocess(*PLUGIN)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*broken.yaml:4:32: run.example.tp: heads 8 is not divisible "
+                                 "by tp 3*"])
+
+
+def test_the_clis_junit_report_has_a_case_per_expectation(tmp_path):
+    """(``scenario run --junit``; its end-to-end run was the test this file replaced.)"""
+    from prism_debug.runner.scenario_run import ScenarioResult, junit_xml
+    from prism_debug.scenario import load_scenario
+    from prism_debug.scenario.plan import Verdict
+
+    scenario = load_scenario(SCENARIOS / "nan_peer.yaml")
+    verdicts = [Verdict(scenario.expect[0], True, "exit code 0: got 0"),
+                Verdict(scenario.expect[1], False, "first NaN/inf at iteration 3: got none")]
+    suite = ElementTree.fromstring(junit_xml([ScenarioResult(scenario, verdicts, tmp_path, 2.5)]))
+    assert (suite.get("tests"), suite.get("failures"), suite.get("time")) == ("2", "1", "2.500")
+    cases = [(c.get("classname"), c.get("name"), [f.get("message") for f in c.iter("failure")])
+             for c in suite.iter("testcase")]
+    assert cases == [("scenario.nan-peer", "exit_code (line 18)", []),
+                     ("scenario.nan-peer", "nan_at (line 19)",
+                      ["first NaN/inf at iteration 3: got none"])]
