@@ -174,3 +174,31 @@ def test_the_plugin_loads_by_entry_point_and_by_p_at_once(pytester, monkeypatch)
         result.assert_outcomes(passed=1)
     help_text = pytester.runpytest_subprocess(*PLUGIN, "--help").stdout.str()
     assert "--prism-update" in help_text and "--prism-scenarios=GLOB" in help_text
+
+
+@pytest.mark.slow
+def test_the_readme_example_file_passes_and_its_golden_holds_bit_for_bit(pytester, session):
+    """``examples/test_regression.py`` as the README shows it: its three
+    restore tests pass here, and refreshing its golden changes no digest and
+    no collective (only times may move: the committed ones are a quiet
+    machine's, held to ±50 %, which a busy test machine need not meet)."""
+    examples = SOURCE_ROOT / "examples"
+    name = "test_iterations_4_and_5_match_the_golden.prism.json"
+    committed = json.loads((examples / "__snapshots__" / "test_regression" / name).read_text())
+    (pytester.path / "test_regression.py").write_text(
+        (examples / "test_regression.py").read_text())
+    (pytester.path / "__snapshots__" / "test_regression").mkdir(parents=True)
+    golden = pytester.path / "__snapshots__" / "test_regression" / name
+    golden.write_text(json.dumps(committed))
+
+    # (-k also matches this test's folder name: select by the golden test's own)
+    session("-k", "not match_the_golden").assert_outcomes(passed=3, deselected=1)
+    session("-k", "match_the_golden", "--prism-update").assert_outcomes(passed=1,
+                                                                         deselected=3)
+    refreshed = json.loads(golden.read_text())
+
+    def untimed(view: dict) -> dict:
+        return {**view, "iterations": [{k: v for k, v in it.items() if k != "time_s"}
+                                       for it in view["iterations"]]}
+    assert untimed(refreshed) == untimed(committed)
+    assert [it["iteration"] for it in refreshed["iterations"]] == [4, 5]
