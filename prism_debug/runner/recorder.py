@@ -10,6 +10,9 @@ parent's page index, so the parent's record must be over first (its dump
 need not: CRIU's dump of the child reads nothing of the parent's).  Whoever
 needs a snapshot recorded waits for the recorder (:meth:`Recorder.wait`):
 the answers to whoever asked for a snapshot, the end of a run, a restore.
+A rank that comes to boundaries faster than its snapshots are recorded
+waits for room before its next dump, so that the staged dumps waiting to be
+recorded (each a copy of its memory on disk) stay few.
 """
 
 from __future__ import annotations
@@ -66,6 +69,11 @@ class Recorder:
         with self._changed:
             target = self._submitted
             return self._changed.wait_for(lambda: self._finished >= target, timeout_s)
+
+    def make_room(self, most: int) -> None:
+        """Until fewer than ``most`` records are under way or queued."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._submitted - self._finished < most)
 
     @property
     def busy(self) -> bool:

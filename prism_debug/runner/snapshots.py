@@ -76,6 +76,12 @@ def _environment_digest(options: RunOptions) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
+# dumps staged and not yet recorded before the next dump waits for room: the
+# one being recorded and one more (a snapshot at every boundary, --history,
+# keeps up whenever an iteration lasts longer than a record)
+MAX_RECORDS_BEHIND = 2
+
+
 @dataclasses.dataclass
 class Snapshotter:
     store: Store
@@ -157,6 +163,9 @@ class Snapshotter:
                 criu_api.cuda_action(tool, "lock", pid)
                 cuda_locked = tool
                 criu_api.cuda_action(tool, "checkpoint", pid)
+            waited = time.perf_counter()
+            self.recorder.make_room(MAX_RECORDS_BEHIND)  # (the rank is held meanwhile)
+            phases["room"] = time.perf_counter() - waited
             staging = self.store.staging(snapshot_id)
             if self.tracked and self.incremental:
                 # CRIU reads the parent's images as it dumps: they must be in place
