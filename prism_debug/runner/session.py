@@ -291,6 +291,7 @@ class Session:
         raise Deferred(answer)
 
     def _snapshots(self, client: bytes, args: dict) -> dict:
+        self._records_done()  # those dumped already are listed (a record: ≈0.4 s/GiB)
         manifests = self.store.list()
         return {"snapshots": [{"id": m.id, "iteration": m.iteration, "parent": m.parent,
                                "image_bytes": m.image_bytes, "created": m.created,
