@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import os
 import threading
 from typing import Callable, TypeVar
 
 R = TypeVar("R")
+RECORDER_NICENESS = 10  # the recorder's thread's (at least): a record yields to a dump
 
 
 class Recorder:
@@ -47,6 +49,15 @@ class Recorder:
         return future
 
     def _work(self) -> None:
+        # below the dumps in the CPU's favour: the next snapshot's CRIU dump
+        # (the rank held) runs beside this record, and the threads the commit
+        # starts (its fsyncs) inherit the niceness
+        try:
+            me = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, me, max(RECORDER_NICENESS,
+                                                    os.getpriority(os.PRIO_PROCESS, me)))
+        except OSError:
+            pass
         while True:
             with self._changed:
                 if not self._jobs:

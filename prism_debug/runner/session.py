@@ -6,9 +6,12 @@ left to say once the rank is gone.
 
 Everything here runs on the controller's main loop, between relaying the
 rank's output and reading its events: :meth:`Session.poll` stands in for the
-loop's sleep.  One thing runs beside it: the checks before a restore (every
-image's checksum: seconds for a large rank), so the bus goes on answering —
-breakpoints, status, the rank's heartbeats — while they run.  The restore
+loop's sleep.  Two things run beside it, so the bus goes on answering —
+breakpoints, status, the rank's heartbeats — and the rank's next snapshot
+is dumped at once: the checks before a restore (every image's checksum:
+seconds for a large rank), and the record of each snapshot once the rank
+was let go (``runner/recorder.py``), whose askers are answered when it is
+over, in the order the snapshots were taken.  The restore
 itself comes back to the loop (its thread is the copy's parent, and the
 copy dies with that thread).  A restore never loses the running rank to a
 failure: a copy that can run beside it (its pids are free: a rank isolated in

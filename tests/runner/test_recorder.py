@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prism_debug.runner.recorder import Recorder
+from prism_debug.runner.recorder import RECORDER_NICENESS, Recorder
 
 
 @settings(max_examples=30, deadline=None)
@@ -51,8 +52,10 @@ def test_wait_is_for_the_records_submitted_so_far_and_make_room_bounds_the_queue
     room.join(5)
     assert not room.is_alive() and first.result() is True
     assert recorder.wait(5) and not recorder.busy
-    # a second round starts a thread again
-    assert recorder.submit(lambda: 7).result(timeout=5) == 7
+    # a second round starts a thread again, below the dumps in the CPU's favour
+    niceness = recorder.submit(lambda: os.getpriority(os.PRIO_PROCESS,
+                                                      threading.get_native_id()))
+    assert niceness.result(timeout=5) >= RECORDER_NICENESS
 
 
 def test_a_record_that_raises_still_counts_as_finished():
