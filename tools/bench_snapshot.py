@@ -23,9 +23,13 @@ dump) — what ``criu dump`` does for the CLI.  *recorded*: from the same
 moment to the snapshot on disk: dump + an increment's comparison with its
 parent + the commit (checksums, page index, fsync, manifest), which run
 while the rank already goes on; the CLI neither compares, hashes nor
-fsyncs.  The handshake of a snapshot taken while the previous one is still
-being recorded includes that wait.  *restore*: the restore's check of the images (stat facts) + CRIU's
-restore; the CLI: ``criu restore -d``.  Memory is touched once first: a
+fsyncs.  Records run on the controller's recorder thread in the order of
+the dumps, so a snapshot taken while the previous one is still being
+recorded is dumped at once, and its record starts once the previous one's
+is over: that wait is *queued*, shown apart (the rank does not wait for it).
+*restore*: the restore's check of the images (stat facts) + CRIU's eager
+restore (``--eager``: every page loaded before the rank runs, as ``criu
+restore -d`` does for the CLI; lazy restores are ``tools/bench_restore.py``'s).  Memory is touched once first: a
 VM's first touch of a page costs more than the dump itself (≈ 1.8 s/GiB).
 
 Last line: ``snapshot: dump_s_per_gib=X restore_s_per_gib=Y overhead_vs_criu_pct=Z``
@@ -56,6 +60,7 @@ from prism_debug.snapshot.store import Store  # noqa: E402
 
 _SNAPSHOT = re.compile(r"^snapshot (\S+): iteration \d+, ([\d.]+) MiB in ([\d.]+) s", re.M)
 _RESTORED = re.compile(r"^restored pid \d+ in ([\d.]+) s", re.M)
+_RESTORED_LINE = re.compile(r"^restored pid .*$", re.M)
 
 
 def prism(*args: str) -> str:
@@ -111,7 +116,7 @@ def prism_round(gib: float, frozen: float, work: Path) -> dict[str, float]:
         phases = manifest.phases
         row[f"{kind} MiB"] = float(mib)
         row[f"{kind} dump"] = phases["pause"]
-        for name in ("handshake", "criu", "compare", "hash", "fsync_wait", "commit"):
+        for name in ("handshake", "criu", "queued", "compare", "hash", "fsync_wait", "commit"):
             row[f"{kind} · {name}"] = phases.get(name, 0.0)
         for name, value in criu_log(store_dir / snapshot_id / "dump.log",
                                     phases["criu"]).items():
@@ -120,8 +125,13 @@ def prism_round(gib: float, frozen: float, work: Path) -> dict[str, float]:
         row[f"{kind} · verify, stat facts"] = timed(lambda: store.verify(snapshot_id))
         row[f"{kind} · verify, re-hash"] = timed(
             lambda: store.verify(snapshot_id, rehash=True))
+        # eager, like for like with `criu restore` (a full snapshot restores
+        # lazily by default where the kernel can)
         restored = prism("snapshot", "restore", snapshot_id, "--store", str(store_dir),
-                         "--iterations", "1", "--run-dir", str(work / f"restored-{kind}"))
+                         "--iterations", "1", "--eager", "--no-bus",
+                         "--run-dir", str(work / f"restored-{kind}"))
+        if "eagerly" not in _RESTORED_LINE.search(restored).group(0):
+            sys.exit(f"bench_snapshot: the restore was not eager:\n{restored[-2000:]}")
         row[f"{kind} · criu restore"] = float(_RESTORED.search(restored).group(1))
         row[f"{kind} restore"] = row[f"{kind} · criu restore"] + row[
             f"{kind} · verify, stat facts"]
@@ -224,10 +234,16 @@ def report(gib: float, prism_rows: list[dict], criu_rows: list[dict]) -> tuple[f
         line("recorded (+ compare + commit)", f"{kind} recorded", "criu dump")
         for name in ("compare", "hash", "fsync_wait", "commit"):
             line(f"  · {name}", f"{kind} · {name}")
+        line("queued behind the previous record", f"{kind} · queued")
         line("restore", f"{kind} restore", "criu restore")
         for name in ("verify, stat facts", "criu restore", "verify, re-hash"):
             line(f"  · {name}", f"{kind} · {name}")
     print(f"  torch.save of the state: {show(criu_rows, 'torch.save')}")
+    for what in ("dump", "recorded", "restore"):
+        ratios = [r[f"incr {what}"] / r[f"full {what}"] for r in prism_rows]
+        print(f"  incremental / full, {what:8}: {statistics.median(ratios):5.2f} "
+              f"±{(max(ratios) - min(ratios)) / 2:.2f}   ["
+              + " ".join(f"{x:.2f}" for x in ratios) + "]")
     return (median(prism_rows, "full MiB"), median(prism_rows, "full dump"),
             median(prism_rows, "full restore"), median(criu_rows, "criu dump"))
 

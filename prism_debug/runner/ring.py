@@ -5,7 +5,9 @@ controller's session."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
+import threading
 from typing import Callable
 
 from prism_debug.errors import PrismError
@@ -19,30 +21,38 @@ class Ring:
         self.history = History(size)
         self.store = store
         self._message = message
+        # snapshots join the timeline on the recorder's thread (in the order
+        # they were dumped, each before the next one's parent is chosen); the
+        # rest happens on the controller's loop
+        self._lock = threading.RLock()
 
     @property
     def size(self) -> int:
         return self.history.size
 
     def take(self, snapshotter: Snapshotter, pid: int, iteration: int, cuda: bool,
-             release: Release) -> tuple[Manifest | None, str]:
+             release: Release) -> concurrent.futures.Future:
         """Dump the rank for the ring, as ``snapshotter`` dumps (the run's CRIU,
-        facts and files) but marked as the ring's, an increment only where
-        ``--incremental`` asked and the ring's chain allows, and quiet on the
-        terminal but for warnings (a dump every iteration is no news)."""
-        parent = self.history.parent() if snapshotter.incremental else None
+        facts, files and recorder) but marked as the ring's, an increment only
+        where ``--incremental`` asked and the ring's chain allows, and quiet
+        on the terminal but for warnings (a dump every iteration is no news).
+        The future of :meth:`Snapshotter.take`; the snapshot joins the
+        timeline once recorded."""
         ring = dataclasses.replace(
             snapshotter, base={**snapshotter.base, "history": True},
             # a list of its own: the user's snapshots chain on theirs alone, so
             # none of them ever needs a ring snapshot the ring gives up
-            taken=[parent] if parent else [], incremental=parent is not None,
+            taken=[],
             # by page comparison, right on any parent (CRIU's memory tracking
             # is right only on the process's last dump, which a restore is not)
             tracked=False, message=self._warnings)
-        manifest, error = ring.take(pid, iteration, cuda, release)
-        if manifest is not None:
-            self.taken(manifest)
-        return manifest, error
+        # chosen as it is recorded: every snapshot dumped before is in the timeline then
+        parent = self._parent if snapshotter.incremental else (lambda: None)
+        return ring.take(pid, iteration, cuda, release, parent=parent, recorded=self.taken)
+
+    def _parent(self) -> str | None:
+        with self._lock:
+            return self.history.parent()
 
     def _warnings(self, line: str) -> None:
         if line.startswith("prism-debug:"):
@@ -50,10 +60,12 @@ class Ring:
 
     def taken(self, manifest: Manifest) -> None:
         """A snapshot of the rank (the ring's or the user's) joins the timeline."""
-        self._remove(self.history.taken(_kept(manifest)))
+        with self._lock:
+            self._remove(self.history.taken(_kept(manifest)))
 
     def hit(self, where: dict) -> None:
-        self.history.hit(where)
+        with self._lock:
+            self.history.hit(where)
 
     def restored(self, manifest: Manifest, target: Position | None = None) -> None:
         """The rank was replaced by a copy of ``manifest``: the timeline is cut
@@ -62,13 +74,15 @@ class Ring:
             ancestors = {m.id for m in self.store.chain(manifest.id)[1:]}
         except PrismError:
             ancestors = set()
-        self._remove(self.history.restored(_kept(manifest), ancestors, target))
+        with self._lock:
+            self._remove(self.history.restored(_kept(manifest), ancestors, target))
 
     def plan(self, here: Position, iterations: int | None) -> Plan:
         """``back ITERATIONS`` (None: ``reverse-continue``) from ``here``."""
-        if iterations is None:
-            return self.history.reverse_continue(here)
-        return self.history.back(here, iterations)
+        with self._lock:
+            if iterations is None:
+                return self.history.reverse_continue(here)
+            return self.history.back(here, iterations)
 
     def _remove(self, ids: list[str]) -> None:
         # newest first: an increment goes before the parent it needs

@@ -6,9 +6,12 @@ left to say once the rank is gone.
 
 Everything here runs on the controller's main loop, between relaying the
 rank's output and reading its events: :meth:`Session.poll` stands in for the
-loop's sleep.  One thing runs beside it: the checks before a restore (every
-image's checksum: seconds for a large rank), so the bus goes on answering —
-breakpoints, status, the rank's heartbeats — while they run.  The restore
+loop's sleep.  Two things run beside it, so the bus goes on answering —
+breakpoints, status, the rank's heartbeats — and the rank's next snapshot
+is dumped at once: the checks before a restore (every image's checksum:
+seconds for a large rank), and the record of each snapshot once the rank
+was let go (``runner/recorder.py``), whose askers are answered when it is
+over, in the order the snapshots were taken.  The restore
 itself comes back to the loop (its thread is the copy's parent, and the
 copy dies with that thread).  A restore never loses the running rank to a
 failure: a copy that can run beside it (its pids are free: a rank isolated in
@@ -20,11 +23,10 @@ rank is given up.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
-import functools
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -42,6 +44,7 @@ from prism_debug.errors import (
 from prism_debug.runner import snapshots
 from prism_debug.runner.children import RankProcess, RestoredChild
 from prism_debug.runner.history import Plan, Position
+from prism_debug.runner.no_session import NoSession
 from prism_debug.runner.ring import Ring
 from prism_debug.runner.snapshots import Release, Snapshotter, release_rank
 from prism_debug.snapshot import criu as criu_api
@@ -103,12 +106,15 @@ class Session:
         # restores that step back: where to stop, and the breakpoints to hand over
         self._plans: dict[Pending, tuple[Plan, list]] = {}
         self._taken: dict[int, dict] = {}  # iteration -> the snapshot taken there, this rank
+        # snapshots dumped (the user's), answered once recorded: (iteration, future)
+        self._recording: collections.deque = collections.deque()
         self._told_pause = 0  # the last pause this terminal was told of (they are numbered)
 
     # -- the loop's side ------------------------------------------------------------
 
     def poll(self, timeout_s: float) -> None:
         self.server.poll(timeout_s)
+        self._answer_recorded()
         if self._checking is not None and self._checking[1].done():
             pending, checks = self._checking
             self._checking = None
@@ -123,6 +129,7 @@ class Session:
 
     def exited(self, exit_code: int) -> None:
         self.exit_code = exit_code
+        self._records_done()  # its last snapshots are answered for, and in the run's result
         self.server.agent_gone()
         for pending, _ in self._restores:
             self.server.fail(pending, RankUnavailable(
@@ -138,6 +145,8 @@ class Session:
         self._snapshot_waiters.clear()
 
     def close(self) -> None:
+        if self._snapshotter is not None:
+            self._snapshotter.recorder.wait()  # a snapshot dumped is a snapshot kept
         sessions.withdraw(self.info)
         self.server.close()
 
@@ -151,10 +160,15 @@ class Session:
 
     @property
     def snapshots_taken(self) -> list[str]:
-        return list(self._snapshotter.taken) if self._snapshotter is not None else []
+        """The run's snapshots (not its history's), in order, once recorded."""
+        if self._snapshotter is None:
+            return []
+        self._snapshotter.recorder.wait()
+        return list(self._snapshotter.taken)
 
     def take_snapshot(self, event: dict) -> None:
-        """The rank idles at a boundary for a snapshot: dump it, tell who asked."""
+        """The rank idles at a boundary for a snapshot: dump it and let it go;
+        who asked is told once it is recorded (off the loop, in order)."""
         iteration = event["iteration"]
         self.server.agent_away()  # it closed its end of the bus for the dump
         self.snapshotting = True
@@ -166,16 +180,38 @@ class Session:
             # no CRIU: the rank must still be let go
             release_rank(self.child.pid, self.run_files["control"], Release.of(event),
                          self._message)
-            manifest, error = None, str(exc)
+            recording: concurrent.futures.Future = concurrent.futures.Future()
+            recording.set_result((None, str(exc)))
         else:
-            take = snapshotter.take if ring is None else functools.partial(ring.take,
-                                                                             snapshotter)
-            manifest, error = take(self.child.pid, iteration, bool(event.get("cuda")),
-                                   Release.of(event))
+            if ring is not None:
+                recording = ring.take(snapshotter, self.child.pid, iteration,
+                                      bool(event.get("cuda")), Release.of(event))
+            else:  # a restore point of the ring too, never removed
+                recording = snapshotter.take(
+                    self.child.pid, iteration, bool(event.get("cuda")), Release.of(event),
+                    recorded=self.ring.taken if self.ring is not None else None)
         finally:
             self.snapshotting = False
-        if ring is not None:
-            return
+        if ring is None:
+            self._recording.append((iteration, recording))
+
+    def _answer_recorded(self) -> None:
+        """Tell who asked of the snapshots recorded since, in the order taken."""
+        while self._recording and self._recording[0][1].done():
+            iteration, recording = self._recording.popleft()
+            try:
+                manifest, error = recording.result()
+            except Exception as exc:  # a bug in the record must not end the session
+                manifest, error = None, f"{type(exc).__name__}: {exc}"
+            self._recorded(iteration, manifest, error)
+
+    def _records_done(self) -> None:
+        """Wait for the snapshots dumped so far to be recorded, and answer for them."""
+        if self._snapshotter is not None:
+            self._snapshotter.recorder.wait()
+        self._answer_recorded()
+
+    def _recorded(self, iteration: int, manifest: Manifest | None, error: str) -> None:
         # a request for an earlier iteration that the rank served late is served here
         waiters = [pending for asked in sorted(self._snapshot_waiters) if asked <= iteration
                    for pending in self._snapshot_waiters.pop(asked)]
@@ -188,10 +224,8 @@ class Session:
             return
         result = {"id": manifest.id, "iteration": manifest.iteration,
                   "bytes": manifest.image_bytes, "dump_s": manifest.dump_s,
-                  "path": str(snapshotter.store.path(manifest.id))}
+                  "path": str(self.store.path(manifest.id))}
         self._taken[iteration] = result
-        if self.ring is not None:
-            self.ring.taken(manifest)  # a restore point too, never removed
         self.server.publish("snapshot", result)
         for pending in waiters:
             self.server.reply(pending, result)
@@ -260,6 +294,7 @@ class Session:
         raise Deferred(answer)
 
     def _snapshots(self, client: bytes, args: dict) -> dict:
+        self._records_done()  # those dumped already are listed (a record: ≈0.4 s/GiB)
         manifests = self.store.list()
         return {"snapshots": [{"id": m.id, "iteration": m.iteration, "parent": m.parent,
                                "image_bytes": m.image_bytes, "created": m.created,
@@ -292,7 +327,10 @@ class Session:
 
     def _restorable(self, snapshot_id: str) -> tuple[Manifest, criu_api.Criu, set[int]]:
         """Everything a restore needs, checked before anything is given up (off
-        the loop): the manifest, the CRIU to use, and the pids the copy takes."""
+        the loop): the manifest, the CRIU to use, and the pids the copy takes.
+        A snapshot still being recorded is waited for."""
+        if self._snapshotter is not None:
+            self._snapshotter.recorder.wait()
         try:
             manifest = self.store.verify(snapshot_id)
             snapshots.check_unchanged(manifest)
@@ -311,6 +349,8 @@ class Session:
 
     def _replace_rank(self, pending: Pending, checks: concurrent.futures.Future) -> None:
         """The checks passed (or not): restore the copy, then give up the rank."""
+        # snapshots the rank took meanwhile join its timeline before a restore cuts it
+        self._records_done()
         try:
             manifest, criu, needed = checks.result()
         except PrismError as exc:
@@ -413,6 +453,7 @@ class Session:
                     if status.get("paused_at") is None:
                         raise InvalidState(f"{verb} goes back from a paused rank: pause it "
                                            "first (pause, or a breakpoint)")
+                    self._records_done()  # the ring's newest snapshot may be the nearest
                     plan = self.ring.plan(Position.of(status["paused_at"]), iterations)
                 except PrismError as exc:
                     self.server.fail(pending, exc)
@@ -514,46 +555,6 @@ class Session:
         else:
             self._message(f"prism-debug: no console is attached and rank {self.rank} stays "
                           f"{describe_pause(where)}: {how_to_resume(self.rank)}")
-
-
-class NoSession:
-    """What the loop uses when the run has no bus (``--no-bus``): snapshots
-    still, nothing else."""
-
-    commands_endpoint = None
-    agent_curve = None
-    agent_secret = None
-    restoring = False
-
-    def __init__(self, snapshotter_factory: Callable[[], Snapshotter],
-                 run_files: dict[str, Path]) -> None:
-        self._snapshotter_factory = snapshotter_factory
-        self._snapshotter: Snapshotter | None = None
-        self.child: RankProcess | None = None
-        self.run_files = run_files
-
-    def poll(self, timeout_s: float) -> None:
-        time.sleep(timeout_s)
-
-    def output(self, line: str) -> None:
-        pass
-
-    def exited(self, exit_code: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    @property
-    def snapshots_taken(self) -> list[str]:
-        return list(self._snapshotter.taken) if self._snapshotter is not None else []
-
-    def take_snapshot(self, event: dict) -> None:
-        if self._snapshotter is None:
-            self._snapshotter = self._snapshotter_factory()
-            self._snapshotter.open_files = dict(self.run_files)
-        self._snapshotter.take(self.child.pid, event["iteration"], bool(event.get("cuda")),
-                               Release.of(event))
 
 
 def _ids(pids: set[int]) -> str:

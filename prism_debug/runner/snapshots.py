@@ -17,10 +17,13 @@ each on its own, so that nothing that befalls one skips another:
   the control file is rewritten in place, never truncated first (it keeps
   its blocks, so a full disk cannot fail the write), and where even that
   fails the release signal the rank named ends its wait.
-* **Recording** (checksums, manifest, the move out of the staging folder)
-  comes last, while the rank already runs: a full disk there costs the
-  snapshot, never the run, and a controller killed there leaves only a
-  ``.tmp-`` staging folder, which no listing shows.
+* **Recording** (an increment's comparison with its parent, checksums,
+  manifest, the move out of the staging folder) comes last, while the rank
+  already runs, on the recorder's thread (``runner/recorder.py``), in the
+  order of the dumps: the loop is free for the rank's next snapshot at
+  once.  A full disk there costs the snapshot, never the run, and a
+  controller killed there leaves only a ``.tmp-`` staging folder, which no
+  listing shows.
 
 A restore starts the process again from the images as the controller's child
 (``rst_sibling``), with its log, event log and control file replaced —
@@ -36,6 +39,7 @@ fails on the way is undone and done again eagerly.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import hashlib
 import errno
@@ -51,6 +55,7 @@ from prism_debug.reload import plan as plan_reload
 from prism_debug.reload import sources as kept_sources
 from prism_debug.runner.children import continue_rank, die_with_controller
 from prism_debug.runner.options import RunOptions, script_of
+from prism_debug.runner.recorder import Recorder
 from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot import incremental
 from prism_debug.snapshot import lazy as lazy_pages
@@ -71,6 +76,12 @@ def _environment_digest(options: RunOptions) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
+# dumps staged and not yet recorded before the next dump waits for room: the
+# one being recorded and one more (a snapshot at every boundary, --history,
+# keeps up whenever an iteration lasts longer than a record)
+MAX_RECORDS_BEHIND = 2
+
+
 @dataclasses.dataclass
 class Snapshotter:
     store: Store
@@ -78,8 +89,10 @@ class Snapshotter:
     base: dict  # manifest fields fixed for the run
     message: Callable[[str], None]
     open_files: dict[str, Path] = dataclasses.field(default_factory=dict)
-    taken: list[str] = dataclasses.field(default_factory=list)
-    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # the last take's
+    taken: list[str] = dataclasses.field(default_factory=list)  # recorded, in order
+    # records in the order of the dumps, off the controller's loop (shared
+    # by the copies the history's ring makes)
+    recorder: Recorder = dataclasses.field(default_factory=Recorder)
     # each dump after the first holds only the pages that changed since the
     # last, on top of its parent
     incremental: bool = False
@@ -116,23 +129,30 @@ class Snapshotter:
         return cls(store, criu_api.locate(), base, message)
 
     def take(self, pid: int, iteration: int, cuda: bool = False,
-             release: "Release | None" = None) -> tuple[Manifest | None, str]:
-        """Dump the rank idling at an iteration boundary, let it go, then
-        record the snapshot; the rank goes on whatever the dump's fate.
+             release: "Release | None" = None, *,
+             parent: Callable[[], str | None] | None = None,
+             recorded: Callable[[Manifest], None] | None = None
+             ) -> concurrent.futures.Future:
+        """Dump the rank idling at an iteration boundary and let it go; the
+        rank goes on whatever the dump's fate.  The snapshot is recorded
+        after every snapshot dumped before it, by the recorder's thread: the
+        future of its manifest, or of None and why there is none.
 
         A CUDA rank's state is locked and checkpointed to host memory first
         (cuda-checkpoint hangs on a frozen process), then the process is
         dumped, let go, and its CUDA state goes back to the GPU and is
         unlocked (CRIU's CUDA plugin's order).  ``release``: how the rank asked
-        to be let go (its snapshot event).  Returns the snapshot's manifest,
-        or None and why there is none.
+        to be let go (its snapshot event).  ``parent``: what an increment is
+        on, asked as it is recorded (default: this snapshotter's last
+        snapshot recorded, where it is incremental); ``recorded``: told of
+        the manifest on the recorder's thread, before the next record starts.
         """
         release = release or Release(iteration)
         snapshot_id = new_id(self.base["rank"], iteration)
-        staging = parent = None
+        staging = tracked_parent = None
         dump_s = 0.0
         # seconds per step, from the rank's announcement (the event log's
-        # last write) to its release; the commit adds its own
+        # last write) to its release; the record adds its own
         phases = {"handshake": _since_announced(self.open_files.get("events"))}
         cuda_locked: Path | None = None
         error = ""
@@ -143,12 +163,18 @@ class Snapshotter:
                 criu_api.cuda_action(tool, "lock", pid)
                 cuda_locked = tool
                 criu_api.cuda_action(tool, "checkpoint", pid)
+            waited = time.perf_counter()
+            self.recorder.make_room(MAX_RECORDS_BEHIND)  # (the rank is held meanwhile)
+            phases["room"] = time.perf_counter() - waited
             staging = self.store.staging(snapshot_id)
-            parent = self.taken[-1] if self.incremental and self.taken else None
+            if self.tracked and self.incremental:
+                # CRIU reads the parent's images as it dumps: they must be in place
+                self.recorder.wait()
+                tracked_parent = self.taken[-1] if self.taken else None
             step = time.perf_counter()
             criu_api.dump(self.criu, pid, staging, leave_running=True,
                           track_mem=self.tracked,
-                          parent=self.store.path(parent) if parent and self.tracked else None)
+                          parent=self.store.path(tracked_parent) if tracked_parent else None)
             phases["criu"] = time.perf_counter() - step
             dump_s = time.perf_counter() - started
         except (criu_api.CriuError, SnapshotError, OSError) as exc:
@@ -157,23 +183,33 @@ class Snapshotter:
         phases["pause"] = phases["handshake"] + time.perf_counter() - started
         if cuda_locked is not None:
             _resume_cuda(cuda_locked, pid, self.message)
-        if not error:
-            try:
-                if parent and not self.tracked:
-                    # on the images alone, so while the rank already runs, as
-                    # the commit's checksums do: it holds the rank no longer
-                    # than a full dump
-                    parent = self._increment(staging, snapshot_id, parent, phases)
-                self.phases = {k: round(v, 4) for k, v in phases.items()}
-                return self._record(staging, snapshot_id, parent, iteration, dump_s, cuda,
-                                    release.sources), ""
-            except (SnapshotError, OSError) as exc:
-                error = str(exc)
-        if staging is not None:
-            self.store.discard(staging)
-        # the run goes on: a failed snapshot costs the snapshot, not the run
-        self.message(f"prism-debug: warning: no snapshot at iteration {iteration}: {error}")
-        return None, error
+        released = time.perf_counter()
+
+        def record() -> tuple[Manifest | None, str]:
+            phases["queued"] = time.perf_counter() - released  # behind earlier records
+            why = error
+            if not why:
+                try:
+                    on = tracked_parent if self.tracked else (
+                        parent() if parent is not None else
+                        self.taken[-1] if self.incremental and self.taken else None)
+                    manifest = self._record(staging, snapshot_id, on, iteration, dump_s,
+                                            cuda, release.sources, phases)
+                except (SnapshotError, OSError) as exc:
+                    why = str(exc)
+                except Exception as exc:  # a bug costs the snapshot, not the run
+                    why = f"{type(exc).__name__}: {exc}"
+                else:
+                    if recorded is not None:
+                        recorded(manifest)  # (the ring's: it says what fails itself)
+                    return manifest, ""
+            if staging is not None:
+                self.store.discard(staging)
+            # the run goes on: a failed snapshot costs the snapshot, not the run
+            self.message(f"prism-debug: warning: no snapshot at iteration {iteration}: {why}")
+            return None, why
+
+        return self.recorder.submit(record)
 
     def _increment(self, staging: Path, snapshot_id: str, parent: str,
                    phases: dict[str, float]) -> str | None:
@@ -191,12 +227,18 @@ class Snapshotter:
         return None
 
     def _record(self, staging: Path, snapshot_id: str, parent: str | None, iteration: int,
-                dump_s: float, cuda: bool, sources: dict) -> Manifest:
+                dump_s: float, cuda: bool, sources: dict, phases: dict[str, float]
+                ) -> Manifest:
+        """Compare an increment with its parent (on the images alone, while
+        the rank already runs, as the commit's checksums are), then commit."""
+        if parent and not self.tracked:
+            parent = self._increment(staging, snapshot_id, parent, phases)
         manifest = Manifest(
             id=snapshot_id, parent=parent, iteration=iteration, **self.base,
             open_files={role: str(path.resolve()) for role, path in self.open_files.items()},
             image_bytes=0, dump_s=dump_s, created=now_text(), cuda=cuda,
-            sources=kept_sources.keep(staging, sources), phases=self.phases)
+            sources=kept_sources.keep(staging, sources),
+            phases={k: round(v, 4) for k, v in phases.items()})
         path = self.store.commit(staging, manifest)
         self.taken.append(snapshot_id)
         manifest = self.store.get(snapshot_id)
