@@ -183,7 +183,7 @@ class BusServer:
         self._forwarded: dict[str, _Forwarded] = {}
         self._ids = itertools.count(1)
         # in every id we give the agent: unlike a count, never this session's and another's
-        self._nonce = secrets.token_hex(4)
+        self._nonce = secrets.token_hex(8)
         self.resent = 0  # requests sent again to the agent's next connection (status, tests)
         self._seq = 0
         self.clients: dict[bytes, float] = {}  # identity -> last request (wall)

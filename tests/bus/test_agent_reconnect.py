@@ -127,9 +127,9 @@ def test_the_ids_given_to_the_agent_are_this_servers_alone(short_dir):
     ids = []
     for name in ("a", "b"):
         made = bus_server.BusServer(5, directory=short_dir / name)
-        ids.append(f"{made._nonce}")
+        ids.append(made._nonce)
         made.close()
-    assert ids[0] != ids[1] and len(ids[0]) == 8
+    assert ids[0] != ids[1] and len(ids[0]) == 16
 
 
 # -- the agent's side ------------------------------------------------------------------------
