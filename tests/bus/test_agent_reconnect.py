@@ -127,8 +127,10 @@ def test_the_ids_given_to_the_agent_are_this_servers_alone(short_dir):
     ids = []
     for name in ("a", "b"):
         made = bus_server.BusServer(5, directory=short_dir / name)
-        ids.append(made._nonce)
-        made.close()
+        try:
+            ids.append(made._nonce)
+        finally:
+            made.close()
     assert ids[0] != ids[1] and len(ids[0]) == 16
 
 
