@@ -184,7 +184,7 @@ class BusServer:
         self._ids = itertools.count(1)
         # in every id we give the agent: unlike a count, never this session's and another's
         self._nonce = secrets.token_hex(8)
-        self.resent = 0  # requests sent again to the agent's next connection (status, tests)
+        self.resent = 0  # requests sent again to a later connection of the agent (tests)
         self._seq = 0
         self.clients: dict[bytes, float] = {}  # identity -> last request (wall)
         # the connection that proved itself the agent (None: none yet, or it left)
