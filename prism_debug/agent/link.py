@@ -17,6 +17,16 @@ terminated, its threads gone — because CRIU cannot dump half of a connection
 (TCP or Unix); afterwards (in the original and in every restored copy) a new
 link starts, to the endpoint the controller then names.  A controller that
 stops answering is reported once and the rank runs on.
+
+A command the controller forwarded as the link closed may be unread, or read
+and done with its reply lost: the controller sends what is unanswered again on
+the next link (under the same id).  So the link keeps the replies it sent last,
+by id, across restarts, and answers an id it has seen with the reply it gave —
+a ``break`` or ``perturb`` is done once however often it arrives.  Bounded: the
+controller holds at most ``MAX_FORWARDED`` requests unanswered, and a reply is
+lost only with those sent after it, so the last that many replies are enough
+(and a reply over the byte bound is not kept: its id is, and a repeat of it is
+refused rather than done again).
 """
 
 from __future__ import annotations
@@ -51,6 +61,9 @@ CONTROLLER_SILENT_S = 5.0  # no word from the controller for this long: it is lo
 _OUTBOX = 10_000  # events kept while the bus falls behind; older ones are dropped
 _POLL_MS = 10
 _BATCH = 2000  # events per frame, at most; halved while the frame is over the limit
+# replies kept for a repeated request (the controller's MAX_FORWARDED), and their bytes
+ANSWERED_KEPT = 1024
+ANSWERED_BYTES = 16 << 20
 
 
 class BusLink:
@@ -67,6 +80,11 @@ class BusLink:
         self.secret = secret  # the session's, shown in the hello
         self._refused = False  # the controller refused our hello: say it again
         self._outbox: collections.deque = collections.deque(maxlen=_OUTBOX)
+        # request id -> the reply sent (None: too large to keep), oldest first; only
+        # the link's thread touches it, and it outlives the thread (a snapshot's restart)
+        self._answered: collections.OrderedDict[str, bytes | None] = collections.OrderedDict()
+        self._answered_bytes = 0
+        self.repeats = 0  # requests answered again from _answered (tests)
         self.dropped = 0
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -162,6 +180,13 @@ class BusLink:
                 return
             _send(socket, encode_error(exc.request_id, exc))
             return
+        if request.id in self._answered:  # sent again: done already, its reply was lost
+            self.repeats += 1
+            reply = self._answered[request.id]
+            _send(socket, reply if reply is not None else encode_error(request.id, InternalError(
+                f"{request.verb} was done already and its reply, too large to keep, was lost "
+                "as the rank's bus link closed for a snapshot: ask what it changed")))
+            return
         try:
             result = self._handle(request.verb, request.args)
             reply = encode_reply(request.id, result)
@@ -170,7 +195,17 @@ class BusLink:
         except Exception as exc:  # a bug in a command must not kill the rank
             log.exception("prism-debug: %s failed", request.verb)
             reply = encode_error(request.id, InternalError(f"{type(exc).__name__}: {exc}"))
+        self._keep(request.id, reply)
         _send(socket, reply)
+
+    def _keep(self, request_id: str, reply: bytes) -> None:
+        """Remember ``reply`` as the answer to ``request_id``, within the bounds."""
+        kept = reply if len(reply) <= ANSWERED_BYTES // 64 else None
+        self._answered[request_id] = kept
+        self._answered_bytes += len(kept or b"")
+        while len(self._answered) > ANSWERED_KEPT or self._answered_bytes > ANSWERED_BYTES:
+            _, dropped = self._answered.popitem(last=False)
+            self._answered_bytes -= len(dropped or b"")
 
     def _flush(self, socket) -> None:
         """Send what queued up, in batches: one frame (one JSON encoding, one

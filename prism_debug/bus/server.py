@@ -18,6 +18,16 @@ agent connection has an identity of its own, so no other connection can take ove
 the agent's (no ``ROUTER_HANDOVER``).  ZeroMQ drops frames over ``MAX_WIRE_BYTES``
 before allocating them, and every table is bounded.
 
+The agent closes its connection for every snapshot (CRIU cannot dump a live
+socket) and says hello again on a new one after: a request forwarded as it
+closed may never have been read, or its reply not sent.  Nothing is lost for
+that: a request the agent has not answered when a new connection of the same
+rank says hello is sent again on it, under the same id, and the agent answers
+an id it has answered before with its first reply, without doing it twice
+(:mod:`prism_debug.agent.link`), so re-sending is right for every verb, ``break``
+and ``perturb`` too.  The ids carry this server's nonce: a copy restored from a
+snapshot another session took has seen none of them.
+
 Single-threaded: the controller's main loop calls :meth:`BusServer.poll`
 between its other duties, so handlers run with no locks.  Nothing a client
 sends can raise out of :meth:`poll`: a malformed frame gets a typed error
@@ -84,6 +94,15 @@ class Pending:
     """A client's request whose reply comes later (a snapshot being dumped)."""
     client: bytes
     request_id: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Forwarded:
+    """A request sent to the agent and not answered yet."""
+    on_reply: Callable[[dict], None]
+    due: float  # monotonic: it fails then
+    frame: bytes  # as sent, id included: sent again as is
+    connection: bytes  # the agent connection it was last sent on
 
 
 class Deferred(Exception):
@@ -160,9 +179,12 @@ class BusServer:
             self.close()
             raise
         self._handlers: dict[str, Handler] = {}
-        # agent request id -> (what to do with the reply, when to give up)
-        self._forwarded: dict[str, tuple[Callable[[dict], None], float]] = {}
+        # agent request id -> what was sent, on which connection, who waits for the reply
+        self._forwarded: dict[str, _Forwarded] = {}
         self._ids = itertools.count(1)
+        # in every id we give the agent: unlike a count, never this session's and another's
+        self._nonce = secrets.token_hex(8)
+        self.resent = 0  # requests sent again to a later connection of the agent (tests)
         self._seq = 0
         self.clients: dict[bytes, float] = {}  # identity -> last request (wall)
         # the connection that proved itself the agent (None: none yet, or it left)
@@ -247,16 +269,17 @@ class BusServer:
         if len(self._forwarded) >= MAX_FORWARDED:
             raise Busy(f"the rank has {MAX_FORWARDED} requests unanswered already: wait for "
                        "them (or for their timeout) and ask again")
-        agent_id = f"f{next(self._ids)}"
+        agent_id = f"f{self._nonce}.{next(self._ids)}"
+        frame = encode_request(verb, args, id=agent_id)
         try:
-            self._router.send_multipart([self._agent, encode_request(verb, args, id=agent_id)],
-                                        zmq.NOBLOCK)
+            self._router.send_multipart([self._agent, frame], zmq.NOBLOCK)
         except zmq.ZMQError:
             # it has just closed its end (a snapshot) and not said so yet
             self.agent_away()
             self._queue(verb, args, on_reply, due)
             return
-        self._forwarded[agent_id] = (on_reply, due)
+        # kept until answered: sent again if this connection goes before it answers
+        self._forwarded[agent_id] = _Forwarded(on_reply, due, frame, self._agent)
 
     def _queue(self, verb: str, args: dict, on_reply: Callable[[dict], None],
                due: float) -> None:
@@ -276,7 +299,7 @@ class BusServer:
         self.agent_connected = False
         self._agent = None
         self.agent_expected = False
-        failed = [on_reply for on_reply, _ in self._forwarded.values()]
+        failed = [forwarded.on_reply for forwarded in self._forwarded.values()]
         failed += [on_reply for _, _, on_reply, _ in self._queued]
         self._forwarded.clear()
         self._queued.clear()
@@ -428,10 +451,28 @@ class BusServer:
             self.agent_connected = True
             self.agent_expected = True
             self.agent_pid = pid  # the kernel's word, as this controller sees it
+            self._resend(sender)
             queued, self._queued = self._queued, []
             for verb, args, on_reply, _ in queued:
                 self.ask_agent(verb, args, on_reply)
             self.on_agent_hello(pid)
+
+    def _resend(self, connection: bytes) -> None:
+        """Send the requests an earlier connection of the agent left unanswered
+        again, first and in their order, on ``connection``.  Only the same
+        process's: a rank replaced by a restore failed what it owed
+        (:meth:`agent_gone`).  The agent may have done one already and lost
+        only the reply as it closed: it answers a known id with that reply."""
+        for agent_id, forwarded in self._forwarded.items():
+            if forwarded.connection == connection:
+                continue
+            try:
+                self._router.send_multipart([connection, forwarded.frame], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                return  # gone again already: the next hello sends them
+            self._forwarded[agent_id] = dataclasses.replace(forwarded, connection=connection)
+            self.resent += 1
+            log.info("sent %s again to the rank's new bus connection", agent_id)
 
     def _relay_agent_reply(self, frame: bytes) -> bool:
         """Pass the agent's reply to a forwarded request on to its client;
@@ -445,7 +486,7 @@ class BusServer:
         self._agent_seen = time.monotonic()
         forwarded = self._forwarded.pop(message.get("id"), None)
         if forwarded is not None:  # else: late, for a request that already timed out
-            forwarded[0](message)
+            forwarded.on_reply(message)
         return True
 
     def _expire(self) -> None:
@@ -460,10 +501,10 @@ class BusServer:
             for _, _, on_reply, _ in late:
                 on_reply(_error_message(BusTimeout(
                     f"the rank did not come back to the bus within {FORWARD_TIMEOUT_S:.0f} s")))
-        for agent_id, (on_reply, due) in list(self._forwarded.items()):
-            if now > due:
+        for agent_id, forwarded in list(self._forwarded.items()):
+            if now > forwarded.due:
                 del self._forwarded[agent_id]
-                on_reply(_error_message(BusTimeout(
+                forwarded.on_reply(_error_message(BusTimeout(
                     f"the rank did not answer within {FORWARD_TIMEOUT_S:.0f} s: it may be "
                     "stuck outside Python (where shows its stack)")))
         if (self.agent_connected and not self._agent_lost_reported
