@@ -5,21 +5,21 @@ pages: it runs at once and faults its pages in).
 
 Each size runs ``tools/restore_workload.py`` as rank 1 of 8 under
 ``prism-debug run --snapshot-at 2`` (a full snapshot: lazy pages serve only
-snapshots without a parent), then restores it ``--repeats`` times each way,
+snapshots without a parent), then restores it ``--repeat`` times each way,
 eager and lazy interleaved (the order alternates), through ``api.restore``
 in this process, one iteration each.  The rank prints the wall clock as its
 collectives complete, so each restore is timed in four spans:
 
 * ``options→coll``: from ``api.restore(RestoreOptions)`` to the first
   collective — what a user waits for (it includes ``store.verify``, timed on
-  its own once per repeat: today a SHA-256 of every image);
+  its own once per repeat: a stat() of every image once it has been hashed);
 * ``criu→coll``: from the CRIU restore call to the first collective;
 * ``criu→running``: prism-debug's own "restored pid … in X s" line (CRIU's
   restore until the copy said it resumed);
 * ``criu→step``: to the end of the first optimizer step after the restore,
   which reads and writes the whole state (lazily, the pages' faults land here).
 
-Memory is touched once before measuring (``--prefault-gib``): in a VM the
+Memory is touched once before measuring (``--pretouch-gib``): in a VM the
 first touch of guest memory costs ~1.8 s/GiB and would go to whichever
 restore came first.
 
@@ -111,12 +111,13 @@ def spread(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gib", type=float, nargs="*", default=[0.2, 1.0, 4.0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--prefault-gib", type=float, default=None,
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="restores per size and way (median)")
+    parser.add_argument("--pretouch-gib", type=float, default=None,
                         help="memory to touch once first [default: twice the largest size]")
     args = parser.parse_args()
     os.umask(PRIVATE_UMASK)  # as the CLI: the store and run folders are the user's alone
-    prefault(2 * max(args.gib) if args.prefault_gib is None else args.prefault_gib)
+    prefault(2 * max(args.gib) if args.pretouch_gib is None else args.pretouch_gib)
     spans = ["options→coll", "criu→coll", "criu→running", "criu→step"]
     rows = []
     for gib in args.gib:
@@ -126,7 +127,7 @@ def main() -> None:
             store, snapshot_id, mib = record(gib, work)
             times: dict[str, dict[str, list[float]]] = {"eager": {}, "lazy": {}}
             verify_s = []
-            for repeat in range(args.repeats):
+            for repeat in range(args.repeat):
                 started = now()
                 open_store(store).verify(snapshot_id)  # what every restore does first
                 verify_s.append(now() - started)
@@ -144,7 +145,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
         print(f"  store.verify: {spread(verify_s)} s", flush=True)
         rows.append((gib, mib, times))
-    print(f"\nmedian [min–max] of {args.repeats} restores, seconds")
+    print(f"\nmedian [min–max] of {args.repeat} restores, seconds")
     print(f"{'GiB':>5} {'image MiB':>10} {'way':>6} " + " ".join(f"{s:>21}" for s in spans)
           + f" {'criu→coll s/GiB':>16}")
     for gib, mib, times in rows:
