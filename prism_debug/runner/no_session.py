@@ -40,10 +40,7 @@ class NoSession:
 
     @property
     def snapshots_taken(self) -> list[str]:
-        if self._snapshotter is None:
-            return []
-        self._snapshotter.recorder.wait()
-        return list(self._snapshotter.taken)
+        return [] if self._snapshotter is None else self._snapshotter.recorded()
 
     def take_snapshot(self, event: dict) -> None:
         if self._snapshotter is None:

@@ -161,10 +161,7 @@ class Session:
     @property
     def snapshots_taken(self) -> list[str]:
         """The run's snapshots (not its history's), in order, once recorded."""
-        if self._snapshotter is None:
-            return []
-        self._snapshotter.recorder.wait()
-        return list(self._snapshotter.taken)
+        return [] if self._snapshotter is None else self._snapshotter.recorded()
 
     def take_snapshot(self, event: dict) -> None:
         """The rank idles at a boundary for a snapshot: dump it and let it go;

@@ -128,6 +128,11 @@ class Snapshotter:
             "environment_digest", "hardware", "cwd")}
         return cls(store, criu_api.locate(), base, message)
 
+    def recorded(self) -> list[str]:
+        """The ids taken, in order, once every record submitted so far is over."""
+        self.recorder.wait()
+        return list(self.taken)
+
     def take(self, pid: int, iteration: int, cuda: bool = False,
              release: "Release | None" = None, *,
              parent: Callable[[], str | None] | None = None,

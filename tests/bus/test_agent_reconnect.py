@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -21,13 +19,6 @@ import zmq
 from prism_debug.agent.link import BusLink
 from prism_debug.bus import server as bus_server
 from prism_debug.bus.protocol import encode_reply, encode_request
-
-
-@pytest.fixture
-def short_dir():
-    path = Path(tempfile.mkdtemp(prefix="pd-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,14 +17,6 @@ from prism_debug.bus import runtime, server as bus_server
 from prism_debug.bus.client import BusClient
 from prism_debug.bus.protocol import MAX_WIRE_BYTES, decode_event, encode_request
 from prism_debug.errors import ConfigError
-
-
-@pytest.fixture
-def short_dir():
-    """A short directory for sockets (tmp_path can pass a Unix socket's length)."""
-    path = Path(tempfile.mkdtemp(prefix="pd-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -1,0 +1,17 @@
+"""Fixtures the bus tests share."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def short_dir():
+    """A short directory for sockets (tmp_path can pass a Unix socket's length)."""
+    path = Path(tempfile.mkdtemp(prefix="pd-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
