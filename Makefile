@@ -23,6 +23,8 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python tools/bench_overhead.py
 	$(BIN)/python tools/bench_snapshot.py
+	$(BIN)/python tools/bench_restore.py
+	$(BIN)/python tools/bench_regression.py
 	$(BIN)/python tools/bench_bus.py
 	$(BIN)/python tools/bench_engine.py
 	$(BIN)/python tools/bench_fidelity.py
