@@ -29,7 +29,7 @@ import prism_debug
 from prism_debug.errors import ConfigError, GraphError
 from prism_debug.graph.execution import GRAPH_VERSION
 from prism_debug.runner.options import RunOptions, check_command, script_of
-from prism_debug.runner.paths import default_run_dir
+from prism_debug.runner.paths import default_run_dir, user_cache_dir
 from prism_debug.runner.profile import ProfileOptions, profile
 from prism_debug.snapshot.store import sha256_file
 
@@ -41,11 +41,7 @@ MAX_REASON = 2000  # characters of a .unprofilable file read back
 
 def cache_dir() -> Path:
     """``$PRISM_DEBUG_GRAPH_CACHE``, else ``$XDG_CACHE_HOME/prism-debug/graphs``."""
-    named = os.environ.get(CACHE_ENV)
-    if named:
-        return Path(named)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
-        / "prism-debug" / "graphs"
+    return user_cache_dir(CACHE_ENV, "graphs")
 
 
 def cache_key(command: list[str], world_size: int, gpus_per_node: int,
@@ -58,7 +54,7 @@ def cache_key(command: list[str], world_size: int, gpus_per_node: int,
         "command": [_canonical(word, script) for word in command],
         "script": sha256_file(script) if script is not None and script.is_file() else "",
         "world_size": world_size, "gpus_per_node": gpus_per_node, "iterations": iterations,
-        "torch": _version("torch"), "prism_debug": prism_debug.__version__,
+        "torch": package_version("torch"), "prism_debug": prism_debug.__version__,
         "graph_format": GRAPH_VERSION,
     }
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
@@ -173,7 +169,8 @@ def _private_dirs(folder: Path) -> None:
         made.chmod(0o700)  # whatever the umask took away
 
 
-def _version(package: str) -> str:
+def package_version(package: str) -> str:
+    """The installed version of ``package`` ("" when it is not installed)."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:

@@ -73,6 +73,15 @@ def _tighten(folder: Path) -> None:
         os.chmod(folder, 0o700)
 
 
+def user_cache_dir(env_var: str, name: str) -> Path:
+    """``$env_var``, else ``$XDG_CACHE_HOME/prism-debug/name`` (``~/.cache`` when unset):
+    where the graph cache and the test snapshots' cache live."""
+    named = os.environ.get(env_var)
+    if named:
+        return Path(named)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "prism-debug" / name
+
+
 def default_run_dir() -> Path:
     state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
     return state / "prism-debug" / "runs" / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

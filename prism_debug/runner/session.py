@@ -237,6 +237,15 @@ class Session:
     def _status(self, client: bytes, args: dict) -> dict:
         return self._ask_rank("status")
 
+    def _result(self, pending: Pending, message: dict) -> dict | None:
+        """The agent's result in ``message``, or None once ``pending`` has been
+        failed with the error the message carries."""
+        try:
+            return result_of(message)
+        except PrismError as exc:
+            self.server.fail(pending, exc)
+            return None
+
     def _ask_rank(self, verb: str, then: Callable[[dict], None] = lambda result: None) -> dict:
         """The rank's answer to ``verb`` with the session's fields (the answer
         is deferred), or, while the rank is off the bus, what the controller
@@ -246,11 +255,9 @@ class Session:
         if self.server.agent_connected:
             def answer(pending: Pending) -> None:
                 def reply(message: dict) -> None:
-                    try:
-                        result = {**result_of(message), **extra}
-                    except PrismError as exc:
-                        self.server.fail(pending, exc)
+                    if (result := self._result(pending, message)) is None:
                         return
+                    result = {**result, **extra}
                     self.server.reply(pending, result)
                     then(result)
                 self.server.ask_agent(verb, {}, reply)
@@ -269,10 +276,7 @@ class Session:
                                   "snapshot to go on")
         def answer(pending: Pending) -> None:
             def scheduled(message: dict) -> None:
-                try:
-                    result = result_of(message)
-                except PrismError as exc:
-                    self.server.fail(pending, exc)
+                if (result := self._result(pending, message)) is None:
                     return
                 iteration = result["iteration"]
                 if result.get("when") == "scheduled":
@@ -482,10 +486,7 @@ class Session:
             args["seq"] = target.seq
 
         def running(message: dict) -> None:
-            try:
-                result = result_of(message)
-            except PrismError as exc:
-                self.server.fail(pending, exc)
+            if (result := self._result(pending, message)) is None:
                 return
             self.server.reply(pending, {**restored, **result, "target": target.iteration,
                                         "target_seq": target.seq or None,

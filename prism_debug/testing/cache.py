@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import fcntl
 import hashlib
-import importlib.metadata
 import json
 import os
 from pathlib import Path
@@ -33,8 +32,8 @@ from typing import Callable, Iterator
 import prism_debug
 from prism_debug import api
 from prism_debug.errors import ConfigError, SnapshotError
-from prism_debug.runner.graph_cache import PROFILE_ITERATIONS, cache_key
-from prism_debug.runner.paths import PACKAGE_ROOT, open_store
+from prism_debug.runner.graph_cache import PROFILE_ITERATIONS, cache_key, package_version
+from prism_debug.runner.paths import PACKAGE_ROOT, open_store, user_cache_dir
 from prism_debug.snapshot.store import Manifest, make_private_dir, sha256_file
 
 CACHE_ENV = "PRISM_DEBUG_TEST_CACHE"
@@ -44,11 +43,7 @@ Message = Callable[[str], None]
 
 def cache_dir() -> Path:
     """``$PRISM_DEBUG_TEST_CACHE``, else ``$XDG_CACHE_HOME/prism-debug/test-snapshots``."""
-    named = os.environ.get(CACHE_ENV)
-    if named:
-        return Path(named)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") \
-        / "prism-debug" / "test-snapshots"
+    return user_cache_dir(CACHE_ENV, "test-snapshots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,23 +73,15 @@ class Job:
             # command, script contents, world, layout, torch and prism-debug versions
             "job": cache_key(list(self.command), self.world_size, layout, PROFILE_ITERATIONS)
             if by_contents else {"command": list(self.command), "world_size": self.world_size,
-                                 "layout": layout, "torch": torch_version()},
+                                 "layout": layout, "torch": package_version("torch")},
             "profile_job": self.profile_command and cache_key(
-                list(self.profile_command), self.world_size,
-                self.gpus_per_node or profile.gpus_per_node, PROFILE_ITERATIONS),
+                list(self.profile_command), self.world_size, layout, PROFILE_ITERATIONS),
             "rank": self.rank, "iteration": self.iteration, "hardware": profile.to_dict(),
             "seed": self.seed, "env": sorted(self.env),
             "collective_timeout_s": self.collective_timeout_s, "prism_debug": prism_debug.__version__,
             "prism_debug_source": source_digest(),
         }
         return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def torch_version() -> str:
-    try:
-        return importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return ""
 
 
 _source_digest: str | None = None
@@ -194,7 +181,7 @@ class SnapshotCache:
 def _sources_changed(manifest: Manifest) -> bool:
     """Whether a module the snapshot's rank imported from the user's files
     (its manifest's sources: the script's contents are in the key) changed."""
-    for path, digest in getattr(manifest, "sources", {}).items():
+    for path, digest in manifest.sources.items():
         try:
             if sha256_file(Path(path)) != digest:
                 return True
