@@ -84,6 +84,12 @@ class ScenarioError(ConfigError):
         super().__init__(message or "\n".join(map(str, self.problems)))
 
 
+class VariabilityError(ConfigError):
+    """Raised for a variability statement (``--variability``, a variability
+    file, a scenario's ``variability``) that cannot be read or does not fit
+    the graph it is used with; the message names the term and what to give."""
+
+
 def key_path(path: tuple) -> str:
     """A key path as people read it: ``faults[0].select.ranks``."""
     out = ""
