@@ -431,9 +431,9 @@ class _Reader:
             term = self._read_text(node, path, None)
         else:
             pairs = self._mapping(node, path, list(VARIABILITY_KEYS))
-            if pairs is None:
+            if pairs is None or len(pairs) < len(node.value):  # (a key reported)
                 return _INVALID
-            if not pairs:
+            if not node.value:
                 self._report(path, f"an empty rule: give {', '.join(VARIABILITY_KEYS)}", node)
                 return _INVALID
             words = [self._read_text(value, path + (key,), None)
