@@ -134,3 +134,39 @@ def test_replay_draws_the_peers_from_the_seed(graph):
     result = json.loads(proc.stdout)
     assert result["unperturbed_times_s"]["0"] == pytest.approx(same["0"])
     assert result["ends_later_s"]["0"][-1] == pytest.approx(4 * 0.5, rel=0.05)
+
+
+SCENARIO = """\
+name: stochastic
+world: {{size: 8, rank: 0}}
+seed: 3
+run:
+  command: [python, {script}, --compute-ms, "{compute_ms}", --iterations, "5"]
+  graph: {graph}
+variability:
+  - {{cv: 0.2}}
+expect:
+  - exit_code: 0
+  - iteration_time: {{percentile: 99, max_s: {max_s}}}
+"""
+
+
+@pytest.mark.parametrize("max_s, passed", [(1.0, True), (0.005, False)])
+def test_a_scenario_with_variability_bounds_a_percentile(graph, tmp_path, max_s, passed):
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO.format(script=SCRIPT, compute_ms=COMPUTE_MS, graph=graph,
+                                    max_s=max_s))
+    out = tmp_path / "verdicts.json"
+    proc = cli("scenario", "run", str(path), "--report", str(out), "--run-dir",
+               str(tmp_path / "run"))
+    assert proc.returncode == (0 if passed else 1), proc.stdout + proc.stderr
+    assert "scenario: variability cv=0.2" in proc.stdout
+    report = json.loads((tmp_path / "run" / "1-stochastic" / "report.json").read_text())
+    times = [it["time_s"] for it in report["iterations"] if it["iteration"] > 1]
+    p99 = np.percentile(times, 99)
+    assert p99 > 0.02  # the script sleeps 20 ms an iteration
+    (verdict,) = [e for e in json.loads(out.read_text())[0]["expectations"]
+                  if e["kind"] == "iteration_time"]
+    assert verdict["line"] == 11 and verdict["passed"] is passed
+    assert verdict["detail"] == (f"p99 of iteration times <= {max_s * 1e3:.1f} ms: got "
+                                 f"{p99 * 1e3:.1f} ms over 4 iterations")
