@@ -1,0 +1,11 @@
+"""Variability: compute that differs between ranks and iterations (pure core).
+
+distributions (relative factors: draw, fit), spec (the ``--variability``
+language and files), model (:class:`StochasticCompute`, the engine's
+ComputeModel that draws them), order_stats (the maximum of n normals, the
+closed form the Monte Carlo is checked against).
+"""
+
+from prism_debug.variability.distributions import FAMILIES, Distribution, Fit, fit
+
+__all__ = ["FAMILIES", "Distribution", "Fit", "fit"]
