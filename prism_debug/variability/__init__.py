@@ -7,5 +7,7 @@ closed form the Monte Carlo is checked against).
 """
 
 from prism_debug.variability.distributions import FAMILIES, Distribution, Fit, fit
+from prism_debug.variability.spec import Rule, Variability, load_variability, parse_variability
 
-__all__ = ["FAMILIES", "Distribution", "Fit", "fit"]
+__all__ = ["FAMILIES", "Distribution", "Fit", "Rule", "Variability", "fit", "load_variability",
+           "parse_variability"]
