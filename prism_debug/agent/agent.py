@@ -49,7 +49,8 @@ from prism_debug.errors import ConfigError, PrismError
 from prism_debug.faults import Fault, Injection, fault_from_dict, fault_text, resolve
 from prism_debug.graph import ExecutionGraph, FamilyRecorder
 from prism_debug.graph.messages import NEEDS_MESSAGES_EXIT, MessageBook, MissingMessage, PeerMessage
-from prism_debug.variability import StochasticCompute, Variability
+from prism_debug.variability import Variability
+from prism_debug.variability.model import StochasticCompute
 
 log = logging.getLogger(__name__)
 

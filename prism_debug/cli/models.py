@@ -90,7 +90,8 @@ def replay(path, iterations, hardware, ranks_text, perturbations, scenario_path,
     from prism_debug.faults import fault_text, parse_fault, resolve
     from prism_debug.graph import ExecutionGraph
     from prism_debug.graph.build import representatives
-    from prism_debug.variability import StochasticCompute, parse_variability
+    from prism_debug.variability import parse_variability
+    from prism_debug.variability.model import StochasticCompute
 
     g = ExecutionGraph.load(path)
     ranks = (rank_list(ranks_text, g.world_size, g.gpus_per_node, "--ranks")

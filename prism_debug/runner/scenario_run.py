@@ -31,7 +31,7 @@ from prism_debug.runner.paths import default_run_dir, make_run_dir, open_store
 from prism_debug.scenario import Scenario, plan
 from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt, Run
 from prism_debug.snapshot.store import Manifest, sha256_file
-from prism_debug.variability import StochasticCompute
+from prism_debug.variability.model import StochasticCompute
 
 _FR_TRACE_TIMEOUT_S = 300
 Message = Callable[[str], None]
