@@ -117,7 +117,7 @@ class _Reader:
     def __init__(self, source: str, machine: surroundings.Machine | None = None) -> None:
         self.source = source
         self.machine = machine
-        self.world = self.run = None  # what could be read of them
+        self.world = self.run = self.variability = None  # what could be read of them
         self.problems: list[Problem] = []
         self.nodes: dict[tuple, yaml.Node] = {}  # key path -> value node
         self.keys: dict[tuple, yaml.Node] = {}  # key path -> key node
@@ -159,7 +159,7 @@ class _Reader:
         scenario = self._scenario(root)
         if self.machine is not None:
             read = surroundings.Read(self.world, self.run, self.selects, self.triggers,
-                                     self.actions, self.families)
+                                     self.actions, self.families, self.variability)
             for path, message in surroundings.problems(read, self.source, self.machine):
                 self._report(path, message)
         # one rule may find a fault's problem twice: as the fault is built, and
@@ -172,6 +172,7 @@ class _Reader:
         if values is None:
             return None
         self.world, self.run = values.get("world"), values.get("run")
+        self.variability = values.get("variability")
         if values.pop(_INVALID, False) or self.problems:
             for path, message in cross_rules(values.get("world"), values.get("run"),
                                              self.selects, self.triggers, self.expectations):
