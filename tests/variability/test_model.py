@@ -13,6 +13,7 @@ from prism_debug.engine.replay import ReplayEngine
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, Mesh, OpSpec
 from prism_debug.variability import parse_variability
 from prism_debug.variability.model import StochasticCompute
+from prism_debug.variability.order_stats import expected_max_normal, std_max_normal
 from tests.engine.test_replay import constant_cost, end, issue, pipeline_graph, wait
 
 SHAPE = (64, 8)
@@ -123,9 +124,10 @@ def test_the_engine_waits_for_the_expected_maximum_of_normals():
     engine.run(iterations)
     times = np.asarray(engine.iteration_times(0))
     assert len(times) == iterations
-    expected = 1 + 0.1 * 1.42360 + 0.1 + 0.25  # max of the compute, the op's cost, the end
-    # the max of 8 normals has std 0.1 × 0.6052: 5 standard errors of the mean
-    assert abs(times.mean() - expected) < 5 * 0.1 * 0.6052 / math.sqrt(iterations)
+    expected = 1 + 0.1 * 1.4236003 + 0.1 + 0.25  # max of the compute, the op's cost, the end
+    assert expected_max_normal(8, 1.0, 0.1) == pytest.approx(1 + 0.1 * 1.4236003, abs=1e-7)
+    # 5 standard errors of the mean (the max of 8 normals has std 0.1 × 0.6107)
+    assert abs(times.mean() - expected) < 5 * std_max_normal(8, 1.0, 0.1) / math.sqrt(iterations)
     again = ReplayEngine(graph, constant_cost, seed=5, compute=StochasticCompute(
         graph, parse_variability(["op=all_reduce cv=0.1 dist=normal"])))
     again.run(iterations)
