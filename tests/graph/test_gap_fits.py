@@ -182,3 +182,17 @@ def test_the_example_profiles_to_a_version_3_graph_with_fits(example_graph):
             assert isinstance(fit, GapFit) and fit.family in FAMILIES
             assert 0 <= fit.ks <= 1 and fit.samples >= MIN_SAMPLES
             assert fit.pooled in ("op", "kind", "class")
+
+
+def test_graph_show_says_what_was_fitted():
+    from prism_debug.graph.fits import fits_line, fits_summary
+
+    graph = fitted_graph()
+    made = [f for f in graph.gap_fits[0] if f is not None]
+    summary = fits_summary(graph.gap_fits, 3)
+    assert summary["fitted"] == 2 and summary["pooled"] == {"op": 2, "kind": 0, "class": 0}
+    families = ", ".join(f"{name} {n}" for name in FAMILIES
+                         if (n := sum(f.family == name for f in made)))
+    assert fits_line(summary) == (f"fits: 2 of 3 steady gaps ({families}; samples pooled by op "
+                                  f"2); median KS distance {max(f.ks for f in made):.3f}")
+    assert fits_line(fits_summary({}, 3)).startswith("fits: none")
