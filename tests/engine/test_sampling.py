@@ -65,6 +65,23 @@ def run_times(graph, *, compress=True, sample_columns=None, seed=0, before=(), a
     return all_times(engine)
 
 
+def pipeline_with_dp(dp: int) -> ExecutionGraph:
+    """Two stages on pp=2 × dp × tp=2: TP all-reduce, stage-to-stage p2p, a
+    DP all-reduce and a world all-reduce (across the stages), uneven gaps."""
+    tp_op, dp_op = OpSpec("all_reduce", "tp", 64), OpSpec("all_reduce", "dp", 64)
+    world = OpSpec("all_reduce", "world", 64)
+    stage0 = ClassProgram(0, (tp_op, OpSpec("send", "pp", 64, peer=1), dp_op, world), (), (
+        issue(0, 1.0), wait(0), issue(1, 0.2), issue(2, 0.5), wait(1), wait(2),
+        issue(3, 0.3), wait(3), end(0.2)))
+    stage1 = ClassProgram(1, (OpSpec("recv", "pp", 64, peer=-1), tp_op, dp_op, world), (), (
+        issue(0), wait(0), issue(1, 1.0), wait(1), issue(2, 0.5), wait(2), issue(3, 0.3),
+        wait(3), end(0.2)))
+    return ExecutionGraph(mesh=Mesh((2, dp, 2), ("pp", "dp", "tp")),
+                          families={"tp": ("tp",), "dp": ("dp",), "pp": ("pp",),
+                                    "world": ("pp", "dp", "tp")},
+                          class_axis="pp", programs=(stage0, stage1), gpus_per_node=2)
+
+
 # -- every column simulated: the per-rank engine, exactly ------------------------------------
 
 
@@ -79,8 +96,9 @@ def test_with_every_column_sampled_the_engine_is_the_per_rank_engine(job):
 
 
 @pytest.mark.parametrize("slowed", [(), ((3, 1.5), (2 * 6 * 2 - 1, 2.0))])
-def test_pipeline_of_six_columns_sampled_whole_equals_the_per_rank_engine(slowed):
-    graph = pipeline_of(dp=6)
+@pytest.mark.parametrize("make", [pipeline_of, pipeline_with_dp])
+def test_pipelines_of_six_columns_sampled_whole_equal_the_per_rank_engine(make, slowed):
+    graph = make(6)
     before = [("slow", rank, factor) for rank, factor in slowed]
     exact = run_times(graph, compress=False, before=before, seed=4, iterations=4)
     sampled = run_times(graph, sample_columns=6, before=before, seed=4, iterations=4)
@@ -185,7 +203,7 @@ def test_the_last_arrival_at_a_sampled_group_may_be_an_unsampled_rank():
 
 
 def test_a_sampled_replay_followed_op_by_op_by_a_real_rank_gives_the_run_replays_times():
-    graph = pipeline_of(dp=24)
+    graph = pipeline_with_dp(24)
     real = 2 * 24 + 2 * 13 + 1  # stage 1, column 13
     at_once = ReplayEngine(graph, constant_cost, compute=PerRankJitter(), seed=11,
                            sample_columns=6, record=True)
@@ -212,25 +230,39 @@ def test_a_sampled_replay_followed_op_by_op_by_a_real_rank_gives_the_run_replays
             at_once.iteration_times(rank)[:2], rel=1e-12)
 
 
-def sampled_starts(graph, before, after):
-    engine = ReplayEngine(graph, constant_cost, compute=PerRankJitter(), seed=3,
+def sampled_starts(graph, before, after, seed=3):
+    engine = ReplayEngine(graph, constant_cost, compute=PerRankJitter(), seed=seed,
                           sample_columns=2)
     perturb(engine, before)
     engine.run(1)
     perturb(engine, after)
     engine.run(3)
-    return [t for rank in range(graph.world_size) for t in engine.iteration_starts(rank)]
+    return np.array([engine.iteration_starts(rank) for rank in range(graph.world_size)])
+
+
+def population_check(graph, before=(), after=(), seed=3):
+    """Every rank's iteration starts with the population, and with the same
+    draws but the unsampled columns' maxima left out."""
+    with_population = sampled_starts(graph, before, after, seed)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sampling, "unsampled_max", lambda per_column, layout, uniform: -np.inf)
+        sample_only = sampled_starts(graph, before, after, seed)
+    return with_population, sample_only
+
+
+# The replay is max-plus: raising a group max never lets anything end sooner.
 
 
 @settings(max_examples=40, deadline=None)
 @given(pipeline_jobs())
 def test_the_population_only_ever_delays_the_sampled_timeline(job):
-    # The replay is max-plus: raising a group max never lets anything end
-    # sooner.  The same draws with the unsampled columns' maxima left out
-    # must give every rank's iterations starting no later.
     graph, before, after = job
-    with_population = sampled_starts(graph, before, after)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sampling, "unsampled_max", lambda per_column, layout, uniform: -np.inf)
-        sample_only = sampled_starts(graph, before, after)
-    assert all(a >= b - 1e-12 for a, b in zip(with_population, sample_only))
+    with_population, sample_only = population_check(graph, before, after)
+    assert (with_population >= sample_only - 1e-12).all()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_unsampled_columns_delay_a_pipeline_with_dp_and_world_ops(seed):
+    with_population, sample_only = population_check(pipeline_with_dp(40), seed=seed)
+    assert (with_population >= sample_only - 1e-12).all()
+    assert (with_population[:, -1] > sample_only[:, -1] + 1e-3).all()  # 36 columns unseen
