@@ -7,20 +7,21 @@ before its first gaps, the model's persistent per-rank factors."""
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
 
 from prism_debug.engine.compute import ComputeModel
 from prism_debug.engine.layout import Layout
-from prism_debug.engine.sampling import lay_out
+from prism_debug.engine.sampling import Draws, lay_out
 from prism_debug.engine.state import ClassState
 from prism_debug.engine.times import Time
 from prism_debug.graph.execution import ClassProgram
 
 # what a class takes for one iteration: its gaps, each gap's largest value
-# (per-rank models only), and the uniform of each op that needs one
-Drawn = tuple[Sequence[Time], Sequence[float] | None, dict[int, float]]
+# (per-rank models only), and the draws of each op that needs them
+Drawn = tuple[Sequence[Time], Sequence[float] | None, dict[int, Draws]]
 
 
 class GapSource:
@@ -84,16 +85,27 @@ class GapSource:
         gaps, tops = lay_out(gaps, shape, self.layout)
         return gaps, tops, self._uniforms(program, iteration, key)
 
-    def _uniforms(self, program: ClassProgram, iteration: int, key: tuple) -> dict[int, float]:
-        """One uniform in (0, 1] per op whose groups span sampled columns."""
+    def _uniforms(self, program: ClassProgram, iteration: int, key: tuple) -> dict[int, Draws]:
+        """The draws of each op whose groups span sampled columns (see
+        :mod:`.sampling`): one normal for the op, one per group."""
         if not self.layout.sampled:
             return {}
         needing = self._needing.get(key)
         if needing is None:
             ops = self._states[program.class_id].ops
-            needing = self._needing[key] = [e.op for e in program.events(iteration)
-                                            if e.action == "issue" and ops[e.op].population]
-        return dict(zip(needing, (1.0 - self._uniform_rng.random(len(needing))).tolist()))
+            last = len(self.layout.order) - 1
+            needing = self._needing[key] = [
+                (e.op, tuple(1 if a in ops[e.op].axes or a == last else n
+                             for a, n in enumerate(self.layout.class_shape)))
+                for e in program.events(iteration)
+                if e.action == "issue" and ops[e.op].population]
+        normals = self._uniform_rng.standard_normal(sum(1 + math.prod(s) for _, s in needing))
+        draws, at = {}, 0
+        for op, shape in needing:
+            size = math.prod(shape)
+            draws[op] = (float(normals[at]), normals[at + 1:at + 1 + size].reshape(shape))
+            at += 1 + size
+        return draws
 
 
 def map_drawn(state: ClassState, column_map) -> None:

@@ -92,7 +92,7 @@ class ClassState:
         self.events: tuple[Event, ...] = program.events(1)
         self.gaps: Sequence[Time] | None = ()
         self.gap_tops: Sequence[float] | None = None  # each gap's largest value (per-rank models)
-        self.uniforms: dict[int, float] = {}  # op -> its population maximum's uniform
+        self.uniforms: dict[int, tuple] = {}  # op -> its population maximum's draws
         # the compute model's persistent per-rank factors (internal order), if any
         self.rank_factors: Time | None = None
         self.gap_applied = False
