@@ -68,13 +68,34 @@ class EveryRankLognormal:
         return gaps
 
 
+class Timed:
+    """A compute model, and the time spent in its draws."""
+
+    per_rank = True
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.draw_s = 0.0
+
+    def gaps_s(self, *args):
+        start = time.perf_counter()
+        gaps = self.model.gaps_s(*args)
+        self.draw_s += time.perf_counter() - start
+        return gaps
+
+    def rank_factors(self, *args):
+        return self.model.rank_factors(*args)
+
+
 def stochastic(graph: ExecutionGraph):
-    """Every rank's gaps × a lognormal of cv 0.05."""
+    """Every rank's gaps × a lognormal of cv 0.05 (the variability package's
+    StochasticCompute for ``--variability "cv=0.05 dist=lognormal"``)."""
     try:
-        from prism_debug.variability import StochasticCompute, parse_variability
+        from prism_debug.variability import parse_variability
+        from prism_debug.variability.model import StochasticCompute
     except ImportError:  # (before the variability package lands)
         return EveryRankLognormal(0.05)
-    return StochasticCompute(graph, parse_variability(["cv=0.05 dist=lognormal"]))
+    return Timed(StochasticCompute(graph, parse_variability(["cv=0.05 dist=lognormal"])))
 
 
 def measure(graph: ExecutionGraph, perturbed: float, iterations: int, compute=None,

@@ -266,3 +266,20 @@ def test_the_unsampled_columns_delay_a_pipeline_with_dp_and_world_ops(seed):
     with_population, sample_only = population_check(pipeline_with_dp(40), seed=seed)
     assert (with_population >= sample_only - 1e-12).all()
     assert (with_population[:, -1] > sample_only[:, -1] + 1e-3).all()  # 36 columns unseen
+
+
+@pytest.mark.parametrize("terms", [["cv=0.1"], ["cv=0.05 dist=gamma", "rank-cv=0.03"]])
+def test_the_variability_models_replay_sampled_whole_is_the_per_rank_engines(terms):
+    from prism_debug.variability import parse_variability
+    from prism_debug.variability.model import StochasticCompute
+
+    graph = pipeline_with_dp(6)
+    times = []
+    for options in ({"compress": False}, {"sample_columns": 6}):
+        engine = ReplayEngine(graph, constant_cost, seed=2, **options,
+                              compute=StochasticCompute(graph, parse_variability(terms)))
+        engine.slow([5], 1.5)
+        engine.run(3)
+        times.append(all_times(engine))
+    assert times[1] == pytest.approx(times[0], rel=1e-12)
+    assert len(set(np.round(times[0], 12))) > 10
