@@ -6,7 +6,7 @@ size with ``prism-debug profile`` (graphs are kept in ``--graph-dir`` and
 reused).  Each world size replays unperturbed and with 1 % of the ranks
 slowed ×1.2, then with every rank stochastic (every gap × a lognormal draw
 of cv 0.05 per rank, op and iteration: the variability package's
-StochasticCompute, or the same model here until it lands), alone and with
+StochasticCompute), alone and with
 1 % slowed; the engine runs alone, as in ``prism-debug replay``.  Its time
 includes the compute model's draws (``model ms`` says how much).
 
@@ -37,6 +37,8 @@ import numpy as np
 from prism_debug.cost import CostModel, load_profile
 from prism_debug.engine import ReplayEngine
 from prism_debug.graph import ExecutionGraph
+from prism_debug.variability import parse_variability
+from prism_debug.variability.model import StochasticCompute
 
 
 def example_graph(world: int, graph_dir: Path) -> ExecutionGraph:
@@ -47,25 +49,6 @@ def example_graph(world: int, graph_dir: Path) -> ExecutionGraph:
                         str(world), "--out", str(path)], check=True, stdin=subprocess.DEVNULL,
                        stdout=subprocess.DEVNULL)
     return ExecutionGraph.load(path)
-
-
-class EveryRankLognormal:
-    """Every gap × exp(μ + σZ), mean 1 and coefficient of variation ``cv``,
-    drawn per rank, op and iteration (StochasticCompute's "cv=0.05")."""
-
-    per_rank = True
-
-    def __init__(self, cv: float) -> None:
-        self.sigma = math.sqrt(math.log1p(cv * cv))
-        self.draw_s = 0.0  # time spent drawing
-
-    def gaps_s(self, class_id, iteration, base_gaps_s, shape, rng):
-        start = time.perf_counter()
-        base = np.asarray(base_gaps_s).reshape((-1,) + (1,) * len(shape))
-        z = rng.standard_normal((len(base_gaps_s), *shape))
-        gaps = base * np.exp(z * self.sigma - self.sigma ** 2 / 2)
-        self.draw_s += time.perf_counter() - start
-        return gaps
 
 
 class Timed:
@@ -90,11 +73,6 @@ class Timed:
 def stochastic(graph: ExecutionGraph):
     """Every rank's gaps × a lognormal of cv 0.05 (the variability package's
     StochasticCompute for ``--variability "cv=0.05 dist=lognormal"``)."""
-    try:
-        from prism_debug.variability import parse_variability
-        from prism_debug.variability.model import StochasticCompute
-    except ImportError:  # (before the variability package lands)
-        return EveryRankLognormal(0.05)
     return Timed(StochasticCompute(graph, parse_variability(["cv=0.05 dist=lognormal"])))
 
 
