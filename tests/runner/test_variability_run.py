@@ -170,3 +170,15 @@ def test_a_scenario_with_variability_bounds_a_percentile(graph, tmp_path, max_s,
     assert verdict["line"] == 11 and verdict["passed"] is passed
     assert verdict["detail"] == (f"p99 of iteration times <= {max_s * 1e3:.1f} ms: got "
                                  f"{p99 * 1e3:.1f} ms over 4 iterations")
+
+
+def test_replay_takes_a_scenarios_variability_and_seed(graph, tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(SCENARIO.format(script=SCRIPT, compute_ms=COMPUTE_MS, graph=graph,
+                                    max_s=1.0))
+    args = ("replay", str(graph), "--ranks", "0", "--iterations", "4", "--json")
+    from_scenario = cli(*args, "--scenario", str(path))
+    stated = cli(*args, "--variability", "cv=0.2", "--seed", "3")
+    assert from_scenario.returncode == 0 == stated.returncode, from_scenario.stderr
+    assert json.loads(from_scenario.stdout) == json.loads(stated.stdout)
+    assert json.loads(stated.stdout) != json.loads(cli(*args, "--seed", "3").stdout)
