@@ -96,9 +96,10 @@ def main() -> None:
     total = time.perf_counter() - start
     for line in prediction_lines(p, f"the bundled example at {args.world_size:,} ranks"):
         print(line)
-    print(f"predict: samples {p.seconds:.1f} s ({p.seconds / p.samples * 1e3 * p.jobs:.1f} ms of "
-          f"a process per sample of {p.iterations} iterations), attribution "
-          f"{p.attribution.seconds:.1f} s, the whole call {total:.1f} s")
+    print(f"predict: samples {p.seconds:.1f} s wall, {p.cpu_seconds:.1f} s CPU over {p.jobs} "
+          f"processes ({p.cpu_seconds / p.samples * 1e3:.1f} ms of CPU per sample of "
+          f"{p.iterations} iterations: {p.cpu_seconds / p.jobs:.1f} s on {p.jobs} idle cores); "
+          f"attribution {p.attribution.seconds:.1f} s; the whole call {total:.1f} s")
     print(f"predict: world={args.world_size} samples={args.samples} seconds={p.seconds:.1f}")
 
 

@@ -61,6 +61,7 @@ class Prediction:
     attribution: Attribution | None
     jobs: int
     seconds: float  # the samples' wall time (attribution's is its own)
+    cpu_seconds: float  # their CPU time, summed over the processes (what a quiet machine needs)
     times_s: np.ndarray = dataclasses.field(compare=False, repr=False)  # (samples, K)
 
     def to_dict(self) -> dict:
@@ -100,8 +101,9 @@ def sample(graph: ExecutionGraph, cost: CostFn, compute, description: str, *,
     deterministic = job.deterministic()
 
     start = time.perf_counter()
-    times = np.concatenate(_run(job, [(None, a, b) for a, b in _chunks(samples, jobs)], jobs))
+    chunks = _run(job, [(None, a, b) for a, b in _chunks(samples, jobs)], jobs)
     seconds = time.perf_counter() - start
+    times = np.concatenate([t for t, _ in chunks])
 
     slowdowns = tuple(slowdowns)
     found = None
@@ -118,7 +120,7 @@ def sample(graph: ExecutionGraph, cost: CostFn, compute, description: str, *,
         iteration=summarize(times, float(np.mean(deterministic)), slowdowns),
         total=summarize(times.sum(axis=1), float(np.sum(deterministic)), slowdowns),
         deterministic_times_s=tuple(float(t) for t in deterministic), attribution=found,
-        jobs=jobs, seconds=seconds, times_s=times)
+        jobs=jobs, seconds=seconds, cpu_seconds=sum(cpu for _, cpu in chunks), times_s=times)
 
 
 def _check(graph, samples, iterations, rank, slowdowns, injections) -> None:
@@ -152,7 +154,8 @@ def _replay_removals(job: "_Job", removals: Sequence[Removal], count: int,
     tasks = [(r, a, b) for r in removals for a, b in _chunks(count, jobs)]
     results = _run(job, tasks, jobs)
     per = len(_chunks(count, jobs))
-    return [np.concatenate(results[i * per:(i + 1) * per]) for i in range(len(removals))]
+    return [np.concatenate([t for t, _ in results[i * per:(i + 1) * per]])
+            for i in range(len(removals))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,12 +193,16 @@ class _Job:
 _JOB: _Job | None = None  # the job a worker replays (set before the pool forks)
 
 
-def _run_chunk(task: tuple[Removal | None, int, int]) -> np.ndarray:
+def _run_chunk(task: tuple[Removal | None, int, int]) -> tuple[np.ndarray, float]:
+    """Samples first..stop-1 without ``removal``'s variance, and the CPU they took."""
     removal, first, stop = task
-    return np.stack([_JOB.sample(i, removal) for i in range(first, stop)])
+    start = time.process_time()
+    times = np.stack([_JOB.sample(i, removal) for i in range(first, stop)])
+    return times, time.process_time() - start
 
 
-def _run(job: _Job, tasks: list[tuple[Removal | None, int, int]], jobs: int) -> list[np.ndarray]:
+def _run(job: _Job, tasks: list[tuple[Removal | None, int, int]],
+         jobs: int) -> list[tuple[np.ndarray, float]]:
     global _JOB
     _JOB = job
     try:

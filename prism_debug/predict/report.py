@@ -16,7 +16,8 @@ def prediction_lines(prediction, graph_name: str = "the graph") -> list[str]:
     lines = [
         f"predict: {graph_name}, world {p.graph_world:,}, rank {p.rank} (class {p.class_id}); "
         f"{p.samples:,} samples × {p.iterations} iterations{warm}, seed {p.seed}; "
-        f"{p.seconds:.1f} s on {p.jobs} process{'es' if p.jobs > 1 else ''}",
+        f"{p.seconds:.1f} s on {p.jobs} process{'es' if p.jobs > 1 else ''} "
+        f"({p.cpu_seconds:.1f} s of CPU)",
         f"variability: {p.variability}",
     ]
     lines += [f"what-if: {text} (hits {count:,})" for text, count in p.faults]
@@ -72,6 +73,6 @@ def prediction_dict(prediction) -> dict:
         "iteration": summary(p.iteration), "total": summary(p.total),
         "deterministic_times_s": list(p.deterministic_times_s),
         "attribution": None if p.attribution is None else dataclasses.asdict(p.attribution),
-        "jobs": p.jobs, "seconds": p.seconds,
+        "jobs": p.jobs, "seconds": p.seconds, "cpu_seconds": p.cpu_seconds,
         "times_s": p.times_s.tolist(),
     }
