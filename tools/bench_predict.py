@@ -99,7 +99,8 @@ def main() -> None:
     print(f"predict: samples {p.seconds:.1f} s wall, {p.cpu_seconds:.1f} s CPU over {p.jobs} "
           f"processes ({p.cpu_seconds / p.samples * 1e3:.1f} ms of CPU per sample of "
           f"{p.iterations} iterations: {p.cpu_seconds / p.jobs:.1f} s on {p.jobs} idle cores); "
-          f"attribution {p.attribution.seconds:.1f} s; the whole call {total:.1f} s")
+          f"attribution {p.attribution.seconds:.1f} s wall, {p.attribution.cpu_seconds:.1f} s CPU; "
+          f"the whole call {total:.1f} s")
     print(f"predict: world={args.world_size} samples={args.samples} seconds={p.seconds:.1f}")
 
 

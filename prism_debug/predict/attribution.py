@@ -31,6 +31,7 @@ class Attribution:
     samples: int  # replayed once more for each contribution
     replays: int  # samples × contributions: what attribution cost, in replays
     seconds: float
+    cpu_seconds: float  # summed over the processes
     p99_s: float  # p99 of the iteration time over those samples, with every variance
     mean_s: float
     contributions: tuple[Contribution, ...]
@@ -57,11 +58,12 @@ def variance_shares(graph: ExecutionGraph, moments: GapMoments
 
 
 def attribute(graph: ExecutionGraph, base_times: np.ndarray, moments: GapMoments,
-              replay: Callable[[Sequence[Removal]], list[np.ndarray]]) -> Attribution:
+              replay: Callable[[Sequence[Removal]], tuple[list[np.ndarray], float]]
+              ) -> Attribution:
     """The contributions of every class with variance and of the
     :data:`TOP_OP_KINDS` op kinds with the most; ``base_times`` are the
     samples' times with every variance, ``replay`` replays the same samples
-    without each removal's."""
+    without each removal's (and says how much CPU that took)."""
     start = time.perf_counter()
     by_class, by_kind = variance_shares(graph, moments)
     kinds = sorted((k for k, v in by_kind.items() if v > 0), key=lambda k: -by_kind[k])
@@ -70,11 +72,13 @@ def attribute(graph: ExecutionGraph, base_times: np.ndarray, moments: GapMoments
     shares = [by_class[next(iter(r.classes))] if r.classes else by_kind[next(iter(r.op_kinds))]
               for r in removals]
     p99, mean = percentile(base_times, 99), float(np.mean(base_times))
+    replayed, cpu = replay(removals) if removals else ([], 0.0)
     contributions = []
-    for removal, share, times in zip(removals, shares, replay(removals) if removals else []):
+    for removal, share, times in zip(removals, shares, replayed):
         contributions.append(Contribution(removal.describe(), share,
                                           percentile(times, 99) - p99,
                                           float(np.mean(times)) - mean))
     return Attribution(samples=len(base_times), replays=len(base_times) * len(removals),
-                       seconds=time.perf_counter() - start, p99_s=p99, mean_s=mean,
+                       seconds=time.perf_counter() - start, cpu_seconds=cpu, p99_s=p99,
+                       mean_s=mean,
                        contributions=tuple(contributions))

@@ -34,7 +34,8 @@ from prism_debug.graph.execution import ExecutionGraph
 from prism_debug.predict.attribution import Attribution, attribute
 from prism_debug.predict.draws import Removal, SampleCompute, probe_moments
 from prism_debug.predict.stats import Summary, summarize
-from prism_debug.variability import StochasticCompute, Variability
+from prism_debug.variability import Variability
+from prism_debug.variability.model import StochasticCompute
 
 DEFAULT_SAMPLES = 1000
 DEFAULT_ITERATIONS = 5
@@ -149,13 +150,14 @@ def _chunks(samples: int, jobs: int) -> list[tuple[int, int]]:
 
 
 def _replay_removals(job: "_Job", removals: Sequence[Removal], count: int,
-                     jobs: int) -> list[np.ndarray]:
-    """Each removal's times over samples 0..count-1, every replay in one pool."""
+                     jobs: int) -> tuple[list[np.ndarray], float]:
+    """Each removal's times over samples 0..count-1, every replay in one
+    pool, and the CPU they took."""
     tasks = [(r, a, b) for r in removals for a, b in _chunks(count, jobs)]
     results = _run(job, tasks, jobs)
     per = len(_chunks(count, jobs))
-    return [np.concatenate([t for t, _ in results[i * per:(i + 1) * per]])
-            for i in range(len(removals))]
+    return ([np.concatenate([t for t, _ in results[i * per:(i + 1) * per]])
+             for i in range(len(removals))], sum(cpu for _, cpu in results))
 
 
 @dataclasses.dataclass(frozen=True)

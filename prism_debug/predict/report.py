@@ -41,7 +41,8 @@ def prediction_lines(prediction, graph_name: str = "the graph") -> list[str]:
         lines.append("tail attribution: no gap varies: nothing to attribute")
         return lines
     lines.append(f"tail attribution: the first {a.samples:,} samples again without one variance "
-                 f"at a time (same draws otherwise: {a.replays:,} replays, {a.seconds:.1f} s); "
+                 f"at a time (same draws otherwise: {a.replays:,} replays, {a.seconds:.1f} s, "
+                 f"{a.cpu_seconds:.1f} s of CPU); "
                  f"their iteration p99 {a.p99_s * 1e3:.3f} ms, mean {a.mean_s * 1e3:.3f} ms")
     lines.append(f"  {'variance removed':<24} {'share':>7} {'Δ p99 ms':>10} {'Δ mean ms':>10}")
     for c in sorted(a.contributions, key=lambda c: c.p99_change_s):
