@@ -65,7 +65,7 @@ class Slowdown(click.ParamType):
 @click.option("--jobs", type=Number("--ranks"), default=None,
               help="Processes that replay samples [default: the CPU count].")
 @click.option("--no-attribution", "no_attribution", is_flag=True,
-              help="Skip the tail attribution (it replays up to 200 samples once more per "
+              help="Skip the tail attribution (it replays up to 100 samples once more per "
                    "class and top op kind).")
 def predict_command(path, samples, iterations, variability_terms, perturbations, hardware,
                     rank, seed, slowdowns, as_json, plot_path, jobs, no_attribution) -> None:

@@ -41,7 +41,7 @@ DEFAULT_SAMPLES = 1000
 DEFAULT_ITERATIONS = 5
 DEFAULT_SLOWDOWNS = (1.05, 1.1, 1.2)
 # attribution replays this many samples (at most) once per class and top op kind
-ATTRIBUTION_SAMPLES = 200
+ATTRIBUTION_SAMPLES = 100
 CHUNKS_PER_JOB = 4  # work units per process: an uneven chunk costs less at the end
 
 

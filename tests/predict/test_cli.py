@@ -74,6 +74,9 @@ def test_predict_json_and_plot(ddp_file, tmp_path):
     (["GRAPH", "--variability", "cv=0.05", "--plot", "no/such/dir/cdf.png"], None),
     (["GRAPH"], "GRAPH holds no fitted distributions (profile the job again for them, with "
                 "repeated steady iterations): give --variability, e.g. --variability cv=0.05"),
+    (["GRAPH", "--variability", "class=3 cv=0.1"],
+     "--variability 'class=3 cv=0.1 dist=lognormal': class 3 is not in the graph: it has "
+     "classes 0-0"),
     (["GRAPH", "--variability", "cv=0.05", "--slowdown", "0"],
      "--slowdown must be a positive number, got 0"),
 ])

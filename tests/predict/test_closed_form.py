@@ -15,7 +15,7 @@ GAP_S = 0.1
 CV = 0.05
 
 
-@pytest.mark.parametrize(("ranks", "samples"), [(8, 300), (1024, 60)])
+@pytest.mark.parametrize(("ranks", "samples"), [(8, 300), (1024, 60), (65536, 16)])
 def test_the_mean_iteration_is_the_expected_maximum_of_normals(ranks, samples):
     model = CostModel(load_profile("h100-ib400"))
     graph = ddp_graph(ranks, GAP_S)
