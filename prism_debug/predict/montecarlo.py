@@ -34,8 +34,7 @@ from prism_debug.graph.execution import ExecutionGraph
 from prism_debug.predict.attribution import Attribution, attribute
 from prism_debug.predict.draws import Removal, SampleCompute, probe_moments
 from prism_debug.predict.stats import Summary, summarize
-from prism_debug.variability import Variability
-from prism_debug.variability.model import StochasticCompute
+from prism_debug.variability import StochasticCompute, Variability
 
 DEFAULT_SAMPLES = 1000
 DEFAULT_ITERATIONS = 5

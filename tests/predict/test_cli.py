@@ -55,14 +55,14 @@ def test_predict_json_and_plot(ddp_file, tmp_path):
     picture = tmp_path / "cdf.png"
     result = invoke(ddp_file, "--samples", "5", "--iterations", "3", "--variability",
                     "cv=0.05", "--json", "--plot", str(picture), "--perturb",
-                    "slow 3 1.5", "--seed", "4", "--no-attribution")
+                    "slow fraction:0.01 1.2", "--seed", "4", "--no-attribution")
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)
     assert (data["samples"], data["iterations"], data["seed"]) == (5, 3, 4)
     assert len(data["times_s"]) == 5 and all(len(row) == 3 for row in data["times_s"])
-    # rank 3 computes 1.5 g: the whole world waits for it at the all-reduce
-    assert data["deterministic_times_s"] == pytest.approx([1.5 * GAP_S + cost_s(64)] * 3)
-    assert data["perturbations"] == [{"text": "slow 3 1.5", "hits": 1}]
+    # one rank in 64 computes 1.2 g: the whole world waits for it at the all-reduce
+    assert data["deterministic_times_s"] == pytest.approx([1.2 * GAP_S + cost_s(64)] * 3)
+    assert data["perturbations"] == [{"text": "slow fraction:0.01 1.2", "hits": 1}]
     assert data["attribution"] is None
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
