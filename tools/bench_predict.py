@@ -42,7 +42,7 @@ HARDWARE = "h100-ib400"
 GAP_S = 0.1
 CLOSED_FORM_CV = 0.05
 # samples per world size: the standard error falls as 1/√(samples × K)
-CLOSED_FORM_SAMPLES = {8: 2000, 1024: 500, 65536: 200}
+CLOSED_FORM_SAMPLES = {8: 2000, 1024: 500, 65536: 100}
 
 
 def closed_form(jobs: int, scale: float) -> bool:
