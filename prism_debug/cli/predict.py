@@ -13,13 +13,6 @@ import click
 from prism_debug.cli.params import Number
 from prism_debug.cost import DEFAULT_PROFILE, CostModel, load_profile
 from prism_debug.errors import ConfigError, VariabilityError
-from prism_debug.predict import (
-    DEFAULT_ITERATIONS,
-    DEFAULT_SAMPLES,
-    DEFAULT_SLOWDOWNS,
-    predict,
-    prediction_lines,
-)
 
 
 class Slowdown(click.ParamType):
@@ -40,10 +33,12 @@ class Slowdown(click.ParamType):
 
 @click.command("predict")
 @click.argument("path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--samples", type=Number("--ranks"), default=DEFAULT_SAMPLES, show_default=True,
-              help="Monte Carlo samples: replays of the whole world.")
-@click.option("--iterations", type=Number("replay --iterations"), default=DEFAULT_ITERATIONS,
-              show_default=True, help="Steady iterations per sample (K), after the warm-up.")
+# (the defaults are the core's, read when the command runs: importing the
+# engine for every prism-debug command would slow them all)
+@click.option("--samples", type=Number("--ranks"), default=None,
+              help="Monte Carlo samples: replays of the whole world [default: 1000].")
+@click.option("--iterations", type=Number("replay --iterations"), default=None,
+              help="Steady iterations per sample (K), after the warm-up [default: 5].")
 @click.option("--variability", "variability_terms", multiple=True,
               help="How the compute varies, e.g. 'cv=0.05', 'class=3 cv=0.1 dist=gamma', "
                    "'op=all_reduce cv=0.02', 'rank-cv=0.03', 'fitted' or a YAML file; "
@@ -58,7 +53,7 @@ class Slowdown(click.ParamType):
               help="Same seed, same prediction.")
 @click.option("--slowdown", "slowdowns", type=Slowdown(), multiple=True,
               help="x of P(iteration time > x × the deterministic replay's); repeatable "
-                   f"[default: {', '.join(map(str, DEFAULT_SLOWDOWNS))}].")
+                   "[default: 1.05, 1.1, 1.2].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with every sample's times).")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the CDF and histogram of the iteration time here (png, svg, pdf).")
@@ -76,6 +71,13 @@ def predict_command(path, samples, iterations, variability_terms, perturbations,
     """
     from prism_debug.faults import parse_fault, resolve
     from prism_debug.graph import ExecutionGraph
+    from prism_debug.predict import (
+        DEFAULT_ITERATIONS,
+        DEFAULT_SAMPLES,
+        DEFAULT_SLOWDOWNS,
+        predict,
+        prediction_lines,
+    )
     from prism_debug.variability import parse_variability
 
     if plot_path is not None and not plot_path.resolve().parent.is_dir():
@@ -96,7 +98,8 @@ def predict_command(path, samples, iterations, variability_terms, perturbations,
     injections = [(text, resolve(parse_fault(text, graph.world_size, graph.gpus_per_node),
                                  graph.world_size, graph.gpus_per_node, graph))
                   for text in perturbations]
-    prediction = predict(graph, cost_fn, variability, samples=samples, iterations=iterations,
+    prediction = predict(graph, cost_fn, variability, samples=samples or DEFAULT_SAMPLES,
+                         iterations=iterations or DEFAULT_ITERATIONS,
                          rank=rank, seed=seed, injections=injections,
                          slowdowns=slowdowns or DEFAULT_SLOWDOWNS,
                          attribution=not no_attribution, jobs=jobs)

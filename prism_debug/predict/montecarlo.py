@@ -33,6 +33,7 @@ from prism_debug.faults import MISSING_ACTIONS, Action, Injection
 from prism_debug.graph.execution import ExecutionGraph
 from prism_debug.predict.attribution import Attribution, attribute
 from prism_debug.predict.draws import Removal, SampleCompute, probe_moments
+from prism_debug.predict.report import prediction_dict
 from prism_debug.predict.stats import Summary, summarize
 from prism_debug.variability import StochasticCompute, Variability
 
@@ -65,8 +66,6 @@ class Prediction:
     times_s: np.ndarray = dataclasses.field(compare=False, repr=False)  # (samples, K)
 
     def to_dict(self) -> dict:
-        from prism_debug.predict.report import prediction_dict
-
         return prediction_dict(self)
 
 

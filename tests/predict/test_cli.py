@@ -89,3 +89,14 @@ def test_bad_input_is_one_line(ddp_file, tmp_path, monkeypatch, args, message):
     message = message.replace("GRAPH", ddp_file)
     result = invoke(*args)
     assert (result.exit_code, result.stderr) == (2, f"prism-debug: error: {message}\n")
+
+
+def test_the_help_states_the_cores_defaults():
+    from prism_debug.predict import (ATTRIBUTION_SAMPLES, DEFAULT_ITERATIONS, DEFAULT_SAMPLES,
+                                     DEFAULT_SLOWDOWNS)
+
+    text = " ".join(CliRunner().invoke(main, ["predict", "--help"]).output.split())
+    assert f"whole world [default: {DEFAULT_SAMPLES}]" in text
+    assert f"after the warm-up [default: {DEFAULT_ITERATIONS}]" in text
+    assert f"[default: {', '.join(map(str, DEFAULT_SLOWDOWNS))}]" in text
+    assert f"up to {ATTRIBUTION_SAMPLES} samples" in text
