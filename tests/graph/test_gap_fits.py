@@ -1,5 +1,5 @@
 """Graph version 3: fitted gap distributions made by the builder (per op,
-pooled by op kind, pooled by class; gaps under 1 µs left deterministic),
+pooled by op kind, pooled by class; gaps under 10 µs left deterministic),
 kept by a file's round trip, each malformed one refused with its key path,
 and older graphs still read with none."""
 
