@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from prism_debug.engine.replay import generator
 from prism_debug.graph.execution import ExecutionGraph
 
 # how many draws per event the variance probe takes: its means (what a gap
@@ -66,7 +67,7 @@ def probe_moments(graph: ExecutionGraph, compute, seed: int = 0) -> GapMoments:
     ranks are drawn afresh by repeating the call instead)."""
     steady = 1 + max(len(p.warmup) for p in graph.programs)
     means, variances = {}, {}
-    rng = np.random.default_rng([seed, 0x9E37])
+    rng = generator([seed, 0x9E37])
     for program in graph.programs:
         for iteration in range(1, steady + 1):
             base = tuple(e.gap_s for e in program.events(iteration))
@@ -110,7 +111,7 @@ class SampleCompute:
 
     def gaps_s(self, class_id: int, iteration: int, base_gaps_s: tuple[float, ...],
                shape: tuple[int, ...], rng: np.random.Generator) -> Sequence:
-        own = np.random.default_rng([*self.entropy, class_id, iteration])
+        own = generator([*self.entropy, class_id, iteration])
         gaps = self.inner.gaps_s(class_id, iteration, base_gaps_s, shape, own)
         if self.removal is None:
             return gaps
@@ -128,8 +129,7 @@ class SampleCompute:
         found = getattr(self.inner, "rank_factors", None)
         if found is None:
             return None
-        factors = found(class_id, shape, np.random.default_rng(
-            [*self.entropy, class_id, _RANK_FACTORS]))
+        factors = found(class_id, shape, generator([*self.entropy, class_id, _RANK_FACTORS]))
         if self.removal is not None and class_id in self.removal.classes:
             return None
         return factors
