@@ -49,6 +49,8 @@ from prism_debug.errors import ConfigError, PrismError
 from prism_debug.faults import Fault, Injection, fault_from_dict, fault_text, resolve
 from prism_debug.graph import ExecutionGraph, FamilyRecorder
 from prism_debug.graph.messages import NEEDS_MESSAGES_EXIT, MessageBook, MissingMessage, PeerMessage
+from prism_debug.variability import Variability
+from prism_debug.variability.model import StochasticCompute
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +76,12 @@ class Agent:
         if config.graph_path:
             graph = ExecutionGraph.load(Path(config.graph_path))
             model = CostModel(profile)
+            # --variability: every virtual peer's compute drawn from the engine's generator
+            compute = None if config.variability is None else StochasticCompute(
+                graph, Variability.from_dict(config.variability))
             replay = ReplayEngine(graph, model.op_time_s, real_rank=config.rank,
-                                  record=bool(config.trace_ranks), seed=config.seed)
+                                  record=bool(config.trace_ranks), compute=compute,
+                                  seed=config.seed)
             engine = self.graph_engine = GraphEngine(graph, replay, self._fatal)
         else:
             engine = LockstepEngine(CostModel(profile), profile.gpus_per_node)
@@ -213,7 +219,8 @@ class Agent:
         if self.runtime.recorder is not None:
             self.runtime.recorder = ProgramRecorder(now)
         self._emit({"kind": "init", "backend": requested_backend, "rank": self.config.rank,
-                    "world_size": self.config.world_size, "time_s": now})
+                    "world_size": self.config.world_size, "time_s": now,
+                    "variability": self.config.variability})
         if self.debugger is not None:
             self._publish("iteration.start", {"iteration": 1, "time_s": now})
             if self.config.start_paused:
@@ -455,7 +462,7 @@ class Agent:
                         "backend": self._backend, "rank": self.config.rank,
                         "world_size": self.config.world_size, "snapshot": control.get("snapshot"),
                         "families": self._families(), "faults_added": added,
-                        "time_s": self.clock.now()})
+                        "variability": self.config.variability, "time_s": self.clock.now()})
             self.config = dataclasses.replace(
                 self.config, iterations=control.get("iterations"),
                 record_ops=bool(control.get("record_ops")),

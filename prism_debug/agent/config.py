@@ -44,6 +44,9 @@ class AgentConfig:
     bus_secret: str | None = None  # proves the rank's hello (this file is 0600)
     start_paused: bool = False  # pause at init_process_group until a client continues
     faults: tuple[dict, ...] = ()  # Fault.to_dict()s put in force at the start
+    # Variability.to_dict(): the peers' compute drawn from the engine's generator
+    # (seeded with ``seed``); None: the graph's own gaps
+    variability: dict | None = None
     collective_timeout_s: float | None = None  # overrides every group's timeout
     watch_nonfinite: bool = False  # report the first iteration the rank sends NaN/inf
 

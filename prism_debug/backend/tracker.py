@@ -59,6 +59,9 @@ class IterationTracker:
         # values differ (a copy of the running hash: about a microsecond)
         self.op_digests: list[str] = []
         self.waits: list[tuple[float, float]] = []  # (start, end) when recording
+        # every op's kind, arrival and completion (a float, or the graph
+        # engine's deferred answer): the report's distribution of waits
+        self.spans: list[tuple[str, float, object]] = []
 
     # -- the collective path (hot) ---------------------------------------------
 
@@ -66,6 +69,7 @@ class IterationTracker:
         """``done``: when the op completes, or the graph engine's deferred
         answer; the record (when recording) for the op's Work to complete."""
         self.num_collectives += 1
+        self.spans.append((op, arrival, done))
         if self.record_ops or self.keep_last_ops:
             record = OpRecord(op, ref.family, ref.index, nbytes, arrival, done)
             self.ops.append(record)
@@ -84,6 +88,18 @@ class IterationTracker:
 
     # -- boundaries -------------------------------------------------------------
 
+    def _op_waits(self) -> dict[str, list[float]]:
+        """How long each of the iteration's ops took from the rank's arrival
+        to its completion, on the emulated clock, by op kind (an op that never
+        completes — a failed peer's — is left out).  At a boundary every
+        op's completion is known: asking the engine again costs no draw."""
+        waits: dict[str, list[float]] = {}
+        for op, arrival, done in self.spans:
+            done_s = done() if callable(done) else done
+            if done_s != float("inf"):
+                waits.setdefault(op, []).append(round(max(0.0, done_s - arrival), 9))
+        return waits
+
     def boundary(self, now: float, extra: dict) -> dict:
         """Close the iteration in progress at ``now``; return and emit its record."""
         with self._lock:
@@ -97,6 +113,7 @@ class IterationTracker:
                 "comm_wait_s": self.comm_wait_s,
                 "num_collectives": self.num_collectives,
                 "digest": self.hasher.hexdigest()[:32],
+                "op_waits": self._op_waits(),
                 **extra,
             }
             if self.record_ops:

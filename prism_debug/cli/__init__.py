@@ -25,6 +25,7 @@ from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.graph.selectors import number_list, rank_list
 from prism_debug.runner.options import python_command
+from prism_debug.variability import parse_variability
 
 
 @click.group(cls=ErrorsAsLines, context_settings={"help_option_names": ["-h", "--help"]})
@@ -97,6 +98,10 @@ _no_bus_option = click.option(
 @click.option("--perturb", "perturbations", multiple=True,
               help="Perturb virtual peers (not with --lockstep), e.g. 'fail 4099 at 3', "
                    "'slow node:512 1.16', 'delay 4100 0.005 family dp'; repeatable.")
+@click.option("--variability", "variability_terms", multiple=True,
+              help="Draw virtual peers' compute (not with --lockstep), seeded by --seed, e.g. "
+                   "'cv=0.05', 'class=3 cv=0.1 dist=gamma', 'rank-cv=0.02', 'fitted', or a "
+                   "YAML file of such terms; repeatable (later terms win where they overlap).")
 @click.option("--collective-timeout", type=NUMBER, default=None,
               help="Seconds before NCCL's watchdog gives up on a collective [default: the "
                    "script's process-group timeout].")
@@ -104,8 +109,8 @@ _no_bus_option = click.option(
               help="Pause the rank at init_process_group until prism-debug attach continues it.")
 def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path,
         trace_ranks, seed, values, no_digest, graph_path, lockstep, snapshot_at, snapshot_every,
-        incremental, history, isolate, store, run_dir, bind, no_bus, perturbations, collective_timeout,
-        paused, command) -> None:
+        incremental, history, isolate, store, run_dir, bind, no_bus, perturbations,
+        variability_terms, collective_timeout, paused, command) -> None:
     """Run COMMAND as one real rank of a WORLD_SIZE job.
 
     \b
@@ -148,6 +153,7 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
         snapshot_every=snapshot_every, incremental=incremental, history=history,
         isolate=isolate, store=store,
         bind=None if no_bus else bind, paused=paused, faults=faults,
+        variability=parse_variability(variability_terms) if variability_terms else None,
         collective_timeout_s=collective_timeout)
     result = api.run(options, click.echo)
     store_option = f" --store {store}" if store else ""

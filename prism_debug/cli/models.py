@@ -78,9 +78,12 @@ def graph_show(path, hardware, as_json) -> None:
               help="The replay engine's seed, as run --seed gives it (stochastic compute "
                    "models draw from it; the graph's own gaps draw nothing) [default: the "
                    "scenario's, else 0].")
+@click.option("--variability", "variability_terms", multiple=True,
+              help="Stochastic peers, as run --variability (e.g. 'cv=0.05'), drawn from the "
+                   "seed; with --perturb both replays draw alike [default: the scenario's].")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def replay(path, iterations, hardware, ranks_text, perturbations, scenario_path, seed,
-           as_json) -> None:
+           variability_terms, as_json) -> None:
     """Replay the whole world from a graph, with no real rank: what-if questions.
 
     \b
@@ -91,6 +94,8 @@ def replay(path, iterations, hardware, ranks_text, perturbations, scenario_path,
     from prism_debug.faults import fault_text, parse_fault, resolve
     from prism_debug.graph import ExecutionGraph
     from prism_debug.graph.build import representatives
+    from prism_debug.variability import parse_variability
+    from prism_debug.variability.model import StochasticCompute
 
     g = ExecutionGraph.load(path)
     ranks = (rank_list(ranks_text, g.world_size, g.gpus_per_node, "--ranks")
@@ -105,19 +110,25 @@ def replay(path, iterations, hardware, ranks_text, perturbations, scenario_path,
         ranks = list(dict.fromkeys([*ranks, scenario.world.rank])) if not ranks_text else ranks
         seed = scenario.seed if seed is None else seed
     seed = seed or 0
+    variability = parse_variability(variability_terms) if variability_terms else (
+        scenario.variability if scenario_path is not None else None)
+    compute = None
+    if variability is not None:
+        variability.check(g)
+        compute = StochasticCompute(g, variability)
     if faults:
         from prism_debug.engine.whatif import what_if, what_if_lines
 
         injections = [(text, resolve(fault, g.world_size, g.gpus_per_node, g))
                       for text, fault in faults]
-        result = what_if(g, cost_fn, injections, iterations, ranks, seed=seed)
+        result = what_if(g, cost_fn, injections, iterations, ranks, seed=seed, compute=compute)
         if as_json:
             click.echo(json.dumps(result.to_dict()))
             return
         for line in what_if_lines(result):
             click.echo(line)
         return
-    engine = ReplayEngine(g, cost_fn, seed=seed)
+    engine = ReplayEngine(g, cost_fn, compute=compute, seed=seed)
     engine.run(iterations)
     times = {rank: engine.iteration_times(rank)[:iterations] for rank in ranks}
     if as_json:

@@ -18,6 +18,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from prism_debug.engine.compute import ComputeModel
 from prism_debug.engine.injection import apply_fault
 from prism_debug.engine.loop import CostFn, describe_op
 from prism_debug.engine.replay import ReplayEngine
@@ -91,12 +92,15 @@ class WhatIf:
 
 
 def what_if(graph: ExecutionGraph, cost: CostFn, injections: Sequence[tuple[str, Injection]],
-            iterations: int, ranks: Sequence[int], *, seed: int = 0) -> WhatIf:
+            iterations: int, ranks: Sequence[int], *, seed: int = 0,
+            compute: ComputeModel | None = None) -> WhatIf:
     """Replay ``graph`` for ``iterations`` without and with ``injections``
-    (each fault as written, resolved); report ``ranks``."""
-    base = ReplayEngine(graph, cost, seed=seed)
+    (each fault as written, resolved); report ``ranks``.  ``compute`` (e.g.
+    stochastic peers) acts on both sides, seeded alike, so the faults are the
+    only difference."""
+    base = ReplayEngine(graph, cost, compute=compute, seed=seed)
     base.run(iterations)
-    engine = ReplayEngine(graph, cost, record=True, seed=seed)
+    engine = ReplayEngine(graph, cost, record=True, compute=compute, seed=seed)
     for _, injection in injections:
         apply_fault(engine, injection)
     engine.run(iterations)

@@ -39,7 +39,13 @@ from prism_debug.runner.children import (
     supervise,
 )
 from prism_debug.runner.interpreter import check_interpreter, never_loaded, with_interpreter
-from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, check_command
+from prism_debug.runner.options import (
+    VARIABILITY_NEEDS_GRAPH,
+    RestoreOptions,
+    RunOptions,
+    RunResult,
+    check_command,
+)
 from prism_debug.runner.paths import (
     HOOKS_DIR,
     SOURCE_ROOT,
@@ -94,6 +100,9 @@ def run(options: RunOptions, message: Message = _quiet,
             snapshot_tools()  # CRIU missing or unusable: say so before profiling
         options = find_graph(options, message)
     graph = load_graph(options)
+    if options.variability is not None and graph is None:
+        # (profiling found no graph that can describe the job: peers in lockstep)
+        raise ConfigError(VARIABILITY_NEEDS_GRAPH)
     snapshotter = None
     if options.takes_snapshots:
         # CRIU missing or unusable: say so before the run starts
@@ -127,6 +136,9 @@ def load_graph(options: RunOptions) -> ExecutionGraph | None:
                          f"per node; this run places {options.profile.gpus_per_node}")
     for fault in options.faults:
         resolve(fault, options.world_size, options.profile.gpus_per_node, graph)
+    if options.variability is not None:
+        # a class or op kind the graph lacks: one clear error, before anything starts
+        options.variability.check(graph)
     return graph
 
 
@@ -176,6 +188,7 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
         bus_secret=session.agent_secret, start_paused=options.paused, faults=tuple(f.to_dict() for f in options.faults),
         collective_timeout_s=options.collective_timeout_s,
         watch_nonfinite=options.watch_nonfinite,
+        variability=options.variability.to_dict() if options.variability else None,
     )
     config_path = run_dir / "agent.json"
     config.write(config_path)  # 0600: it holds the bus secret

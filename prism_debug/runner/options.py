@@ -23,10 +23,14 @@ from prism_debug.errors import ConfigError
 from prism_debug.faults import Fault
 from prism_debug.graph import ExecutionGraph
 from prism_debug.runner.interpreter import is_python
+from prism_debug.variability import Variability
 
 
 # snapshots a --history ring keeps: each is a dump of the rank on disk
 MAX_HISTORY = 1000
+VARIABILITY_NEEDS_GRAPH = (
+    "--variability needs a graph, not --lockstep: it draws the compute of virtual peers "
+    "replayed from an execution graph (give --graph FILE, or leave both out to profile one)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -68,6 +72,9 @@ class RunOptions:
     bind: str | None = "127.0.0.1"  # the debugger bus's address (None: no bus)
     paused: bool = False  # the rank waits at init_process_group for a client to continue it
     faults: tuple[Fault, ...] = ()  # virtual peers' faults (needs a graph)
+    # virtual peers' compute drawn per rank, op and iteration (needs a graph;
+    # the draws are seeded with ``seed``: same seed, same peers)
+    variability: Variability | None = None
     collective_timeout_s: float | None = None  # overrides the script's group timeouts
     watch_nonfinite: bool = False  # report the first iteration the rank sends NaN or inf
     env: tuple[tuple[str, str], ...] = ()  # set in the rank's environment (scenarios)
@@ -112,6 +119,8 @@ class RunOptions:
         if self.faults and not replayed:
             raise ConfigError("--perturb needs a graph, not --lockstep: perturbations act on "
                               "virtual peers replayed from an execution graph")
+        if self.variability is not None and not replayed:
+            raise ConfigError(VARIABILITY_NEEDS_GRAPH)
         if self.collective_timeout_s is not None \
                 and not 0 < self.collective_timeout_s <= MAX_TIMEOUT_S:  # (NaN too)
             raise ConfigError(f"--collective-timeout must be a number of seconds in (0, "

@@ -7,6 +7,10 @@ import json
 import statistics
 from pathlib import Path
 
+import numpy as np
+
+from prism_debug.variability import Variability
+
 REPORT_VERSION = 1
 
 _TABLE_HEADER = (f"{'iter':>5} {'time ms':>10} {'compute ms':>11} {'comm wait ms':>13} "
@@ -67,12 +71,13 @@ def build_report(*, events: list[dict], world_size: int, rank: int, command: lis
             iterations = [it for it in iterations if it["iteration"] <= event["iteration"]]
     families: list[dict] = []
     peak_rss = child_peak_rss
-    backend = None
+    backend = variability = None
     for event in events:
         if "families" in event:
             families = event["families"]
         if event["kind"] in ("init", "resumed"):
             backend = event["backend"]
+            variability = event.get("variability")
         peak_rss = max(peak_rss, event.get("peak_rss_bytes", 0))
     return {
         "version": REPORT_VERSION,
@@ -89,7 +94,52 @@ def build_report(*, events: list[dict], world_size: int, rank: int, command: lis
             for it in iterations
         ],
         "peak_rss_bytes": peak_rss,
+        "variability": None if variability is None else {
+            "describe": Variability.from_dict(variability).describe(), "statement": variability},
+        # iteration 1 is the warm-up (a restored run resumes after it)
+        "waits": waits_distribution([it for it in iterations if it["iteration"] > 1]
+                                    or iterations),
     }
+
+
+WAIT_PERCENTILES = (50, 95, 99)
+
+
+def waits_distribution(iterations: list[dict]) -> dict:
+    """The real rank's waits in its collectives over ``iterations``: each op
+    from the rank's arrival to its completion on the emulated clock (the
+    wait for the last member, plus the transfer), by op kind and over all
+    ops — count, p50, p95, p99 (numpy's linear interpolation) and max, in
+    seconds."""
+    by_op: dict[str, list[float]] = {}
+    for it in iterations:
+        for op, waits in it.get("op_waits", {}).items():
+            by_op.setdefault(op, []).extend(waits)
+    every = [w for waits in by_op.values() for w in waits]
+    ops = {op: _spread(by_op[op]) for op in sorted(by_op)}
+    return {"iterations": [it["iteration"] for it in iterations],
+            "ops": ops, "all": _spread(every) if every else None}
+
+
+def _spread(waits: list[float]) -> dict:
+    values = np.asarray(waits, dtype=float)
+    p50, p95, p99 = (float(v) for v in np.percentile(values, WAIT_PERCENTILES))
+    return {"count": int(values.size), "p50_s": p50, "p95_s": p95, "p99_s": p99,
+            "max_s": float(values.max())}
+
+
+def waits_lines(waits: dict) -> list[str]:
+    """The waits distribution as the run prints it: a row per op kind, then all."""
+    if not waits or waits.get("all") is None:
+        return []
+    shown = waits["iterations"]
+    span = f"iteration {shown[0]}" if len(shown) == 1 else f"iterations {shown[0]}-{shown[-1]}"
+    lines = [f"waits in collectives, arrival to completion ({span}):",
+             f"  {'op':<20} {'count':>7} {'p50 ms':>9} {'p95 ms':>9} {'p99 ms':>9} {'max ms':>9}"]
+    for op, row in [*waits["ops"].items(), ("all", waits["all"])]:
+        lines.append(f"  {op:<20} {row['count']:>7} " + " ".join(
+            f"{row[k] * 1e3:>9.3f}" for k in ("p50_s", "p95_s", "p99_s", "max_s")))
+    return lines
 
 
 def table_header() -> str:
@@ -115,6 +165,8 @@ def summary_lines(report: dict) -> list[str]:
     lines = []
     if report["families"]:
         lines.append(f"families: {describe_families(report['families'])}")
+    if report.get("variability"):
+        lines.append(f"variability: {report['variability']['describe']}")
     if its:
         times = [it["time_s"] for it in its]
         restored = report.get("restored_from")
@@ -131,7 +183,7 @@ def summary_lines(report: dict) -> list[str]:
     else:
         lines.append(f"summary: no iteration completed · peak RSS "
                      f"{report['peak_rss_bytes'] / 2**20:.0f} MiB · exit {report['exit_code']}")
-    return lines
+    return lines + waits_lines(report.get("waits"))
 
 
 def chrome_trace(events: list[dict], rank: int) -> dict:

@@ -31,6 +31,7 @@ from prism_debug.runner.paths import default_run_dir, make_run_dir, open_store
 from prism_debug.scenario import Scenario, plan
 from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt, Run
 from prism_debug.snapshot.store import Manifest, sha256_file
+from prism_debug.variability.model import StochasticCompute
 
 _FR_TRACE_TIMEOUT_S = 300
 Message = Callable[[str], None]
@@ -80,6 +81,20 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
     if scenario.faults and graph is None:
         raise ConfigError(f"{scenario.source}: faults act on virtual peers replayed from an "
                           "execution graph: give run.graph (a file, or profile)")
+    variability = scenario.variability
+    if variability is not None:
+        if graph is None:
+            raise ConfigError(f"{scenario.source}: variability draws the compute of virtual "
+                              "peers replayed from an execution graph: give run.graph (a "
+                              "file, or profile)")
+        if manifest is not None:
+            raise ConfigError(f"{scenario.source}: a restored snapshot keeps the variability "
+                              f"of the run it was taken in: leave variability out")
+        try:
+            variability.check(graph)
+        except ConfigError as exc:  # a graph profiled just now, which lint could not read
+            raise ConfigError(f"{scenario.source}: variability: {exc}") from exc
+        message(f"scenario: variability {variability.describe()}")
     faults = scenario.seeded_faults()
     for i, fault in enumerate(faults):
         try:
@@ -115,7 +130,7 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
                 iterations=spec.iterations, seed=scenario.seed, graph_path=graph_path,
                 graph=graph, bind=None, collective_timeout_s=spec.timeout_s,
                 run_dir=run_dir / name, report_path=report, env=env,
-                faults=faults if with_faults else (),
+                faults=faults if with_faults else (), variability=variability,
                 watch_nonfinite=watch and with_faults), say)
 
     baseline = None
@@ -130,7 +145,7 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
         predicted = plan.predicted_ratio(
             graph, CostModel(profile).op_time_s, world.rank, faults, horizon,
             first_iteration=manifest.iteration + 1 if manifest is not None else 2,
-            seed=scenario.seed)
+            seed=scenario.seed, compute=variability and StochasticCompute(graph, variability))
         message(f"scenario: the replay engine predicts iterations x{predicted:.3f}")
     message(f"scenario: {scenario.name}: run with the faults")
     observed = observe(start("run", True, run_dir / "report.json", message))

@@ -73,6 +73,10 @@ def _environment_digest(options: RunOptions) -> str:
     facts = {"hardware": options.profile.to_dict(), "seed": options.seed,
              "values": options.values, "digests": options.digests,
              "world_size": options.world_size, "rank": options.rank}
+    if options.variability is not None:
+        # the peers a restored rank meets are drawn from it (a run without one
+        # keeps the digest it always had)
+        facts["variability"] = options.variability.to_dict()
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 

@@ -68,6 +68,11 @@ def accepted_keys(cls, present: Collection[str] = (), action: Action | None = No
             drop |= relative
         if not present & relative:
             drop.add("tolerance")
+        # a percentile is over the run's iterations, within absolute bounds
+        if "percentile" in present:
+            drop |= relative | {"iteration", "tolerance"}
+        if present & (relative | {"iteration"}):
+            drop.add("percentile")
     return [key for key in known_keys(cls) if key not in drop]
 
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import yaml
 
 from prism_debug.checked import InvalidFields, declared_fields, dotted
-from prism_debug.errors import ScenarioError
+from prism_debug.errors import ScenarioError, VariabilityError
 from prism_debug.faults import FAULT_TYPES, Action, Fault
 from prism_debug.scenario import surroundings
 from prism_debug.scenario.keys import accepted_keys
@@ -28,6 +28,7 @@ from prism_debug.scenario.model import (
     cross_rules,
     hex_digest_problem,
 )
+from prism_debug.variability import parse_variability
 
 _TAG = "tag:yaml.org,2002:"
 _NULL, _BOOL, _INT, _FLOAT, _STR = (_TAG + t for t in ("null", "bool", "int", "float", "str"))
@@ -48,6 +49,10 @@ class Problem:
     def __str__(self) -> str:
         return f"{self.source}:{self.line}:{self.column}: {self.message}"
 
+
+# a variability rule's keys in a scenario file, and the --variability words they are
+VARIABILITY_KEYS = {"cv": "cv", "dist": "dist", "class": "class", "op": "op",
+                    "rank_cv": "rank-cv"}
 
 # a scenario is a page of YAML; a file far larger is not one
 MAX_SCENARIO_BYTES = 1 << 20
@@ -112,7 +117,7 @@ class _Reader:
     def __init__(self, source: str, machine: surroundings.Machine | None = None) -> None:
         self.source = source
         self.machine = machine
-        self.world = self.run = None  # what could be read of them
+        self.world = self.run = self.variability = None  # what could be read of them
         self.problems: list[Problem] = []
         self.nodes: dict[tuple, yaml.Node] = {}  # key path -> value node
         self.keys: dict[tuple, yaml.Node] = {}  # key path -> key node
@@ -154,7 +159,7 @@ class _Reader:
         scenario = self._scenario(root)
         if self.machine is not None:
             read = surroundings.Read(self.world, self.run, self.selects, self.triggers,
-                                     self.actions, self.families)
+                                     self.actions, self.families, self.variability)
             for path, message in surroundings.problems(read, self.source, self.machine):
                 self._report(path, message)
         # one rule may find a fault's problem twice: as the fault is built, and
@@ -167,6 +172,7 @@ class _Reader:
         if values is None:
             return None
         self.world, self.run = values.get("world"), values.get("run")
+        self.variability = values.get("variability")
         if values.pop(_INVALID, False) or self.problems:
             for path, message in cross_rules(values.get("world"), values.get("run"),
                                              self.selects, self.triggers, self.expectations):
@@ -401,6 +407,50 @@ class _Reader:
         if values.pop(_INVALID, False) or action is _INVALID:
             return _INVALID
         return self._build(cls, values, path, line=node.start_mark.line + 1)
+
+    def _read_variability(self, node, path, _):
+        """Each item one rule, as ``run --variability`` reads it: a mapping of
+        :data:`VARIABILITY_KEYS` or a term (``fitted``); each item is read on
+        its own, so a bad one is reported at its line."""
+        items = self._items(node, path)
+        if items is None:
+            return _INVALID
+        if not items:
+            self._report(path, "give at least one rule, or leave variability out")
+            return _INVALID
+        terms = [self._variability_term(item, path + (i,)) for i, item in enumerate(items)]
+        if _INVALID in terms:
+            return _INVALID
+        try:
+            return parse_variability(terms)
+        except VariabilityError as exc:  # rules that clash only together
+            self._report(path, str(exc))
+            return _INVALID
+
+    def _variability_term(self, node, path):
+        if isinstance(node, yaml.ScalarNode):
+            term = self._read_text(node, path, None)
+        else:
+            pairs = self._mapping(node, path, list(VARIABILITY_KEYS))
+            if pairs is None or len(pairs) < len(node.value):  # (a key reported)
+                return _INVALID
+            if not node.value:
+                self._report(path, f"an empty rule: give {', '.join(VARIABILITY_KEYS)}", node)
+                return _INVALID
+            words = [self._read_text(value, path + (key,), None)
+                     for key, (_, value) in pairs.items()]
+            if _INVALID in words:
+                return _INVALID
+            term = " ".join(f"{VARIABILITY_KEYS[key]}={word}"
+                            for key, word in zip(pairs, words))
+        if term is _INVALID:
+            return _INVALID
+        try:
+            parse_variability([term])
+        except VariabilityError as exc:
+            self._report(path, str(exc), node)
+            return _INVALID
+        return term
 
     def _read_expect(self, node, path, _):
         items = self._items(node, path)

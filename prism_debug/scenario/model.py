@@ -35,6 +35,12 @@ a file with its line and column, like a compiler.  The schema::
       - iteration_time: {relative: 1.16, tolerance: 0.02}  # vs an unperturbed baseline run
       - iteration_time: {predicted: true, tolerance: 0.05}  # the ratio the engine predicts
         # (relative and predicted without iteration compare the medians after iteration 1)
+      - iteration_time: {percentile: 99, max_s: 0.2}  # and/or min_s: that percentile of the
+        # iterations after iteration 1 (the warm-up; a restored run's all count)
+    variability:                         # stochastic virtual peers (needs run.graph), drawn
+      - {cv: 0.05}                       # with the scenario's seed; each item one rule, as
+      - {class: 3, cv: 0.1, dist: gamma} # run --variability's terms: cv, dist, class, op,
+      - {rank_cv: 0.02}                  # rank_cv; or "fitted" (the graph's distributions)
       - flight_record: {missing_ranks: [4], mismatch: size}  # either or both, as torch's
         # fr_trace prints them: exactly these ranks; its crash or silence fails the verdict
       - nan_at: {iteration: 3}           # the first iteration whose values hold a NaN
@@ -100,6 +106,7 @@ from prism_debug.faults import (
     Trigger,
     resolve,
 )
+from prism_debug.variability import Variability
 
 PROFILE_GRAPH = "profile"  # run.graph: profile the script first, then replay that graph
 DEFAULT_TOLERANCE = 0.02  # iteration_time: relative's default tolerance
@@ -117,6 +124,10 @@ def _exception_name(v: str) -> str | None:
         return None
     return (f"{v!r} is not an exception class name "
             "(DistBackendError, torch.distributed.DistBackendError)")
+
+
+def _percentile(v: float) -> str | None:
+    return None if 0 <= v <= 100 else f"must be in 0..100, got {v:g}"
 
 
 def _regex(v: str) -> str | None:
@@ -241,6 +252,8 @@ class ExpectIterationTime(Expectation):
     min_s: float | None = declare("float", default=None, check=non_negative)
     max_s: float | None = declare("float", default=None, check=positive)
     relative: float | None = declare("float", default=None, check=positive)
+    # min_s/max_s bound this percentile of the run's iterations after the first
+    percentile: float | None = declare("float", default=None, check=_percentile)
     # relative to the baseline by the ratio the replay engine predicts
     predicted: bool | None = declare("bool", default=None)
     tolerance: float | None = declare("float", default=None, check=non_negative)
@@ -267,6 +280,12 @@ class ExpectIterationTime(Expectation):
         return ((self.relative - tolerance) * baseline_s, (self.relative + tolerance) * baseline_s)
 
     def _rules(self):
+        if self.percentile is not None:
+            if self.iteration is not None:
+                yield ("percentile",), ("a percentile is over the run's iterations: give "
+                                        "percentile or iteration, not both")
+            if self.is_relative:
+                yield ("percentile",), "a percentile takes min_s or max_s"
         if self.predicted is False:
             yield ("predicted",), "predicted: true, or leave it out"
         if not self.is_relative and self.min_s is None and self.max_s is None:
@@ -342,6 +361,8 @@ class Scenario(Checked):
     run: Run = declare("object", of=Run)
     seed: int = declare("int", default=0, check=both(at_least(0), at_most(MAX_SEED)))
     faults: tuple[Fault, ...] = declare("faults", default=())
+    # the virtual peers' compute drawn per rank, op and iteration (run --variability)
+    variability: Variability | None = declare("variability", default=None)
     expect: tuple[Expectation, ...] = declare("expect", default=())
     source: str = field(default="<string>", compare=False)  # the file it came from
 

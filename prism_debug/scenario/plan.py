@@ -14,6 +14,9 @@ import re
 import statistics
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
+
+from prism_debug.engine.compute import ComputeModel
 from prism_debug.engine.injection import apply_fault
 from prism_debug.engine.replay import CostFn, ReplayEngine
 from prism_debug.faults import DesyncKind, Fault, resolve
@@ -172,6 +175,8 @@ def _exit_code(e: ExpectExitCode, seen: Observed, *_) -> tuple[bool, str]:
 
 def _iteration_time(e: ExpectIterationTime, seen: Observed, baseline: Observed | None,
                     predicted: float | None) -> tuple[bool, str]:
+    if e.percentile is not None:
+        return _iteration_percentile(e, seen)
     if e.iteration is not None:
         label = f"iteration {e.iteration} time"
         value = seen.iteration_times.get(e.iteration)
@@ -203,6 +208,23 @@ def _iteration_time(e: ExpectIterationTime, seen: Observed, baseline: Observed |
                                          + (f"outside: {shown}" if bad else "all within"))
     return low <= value <= high, (f"{label} in [{_ms(low)}, {_ms(high)}]: got "
                                   f"{value * 1e3:.1f} ms")
+
+
+def _iteration_percentile(e: ExpectIterationTime, seen: Observed) -> tuple[bool, str]:
+    """The percentile of the iteration times after iteration 1 (the warm-up:
+    a restored run's iterations all count), numpy's linear interpolation
+    between the closest ranks, within [min_s, max_s]."""
+    low, high = e.bounds()
+    times = [t for k, t in sorted(seen.iteration_times.items()) if k > 1]
+    label = f"p{e.percentile:g} of iteration times"
+    bound = " and ".join(part for part in (
+        f">= {_ms(low)}" if e.min_s is not None else "",
+        f"<= {_ms(high)}" if e.max_s is not None else "") if part)
+    if not times:
+        return False, f"{label} {bound}: the run finished no iteration after the first"
+    value = float(np.percentile(times, e.percentile))
+    return low <= value <= high, (f"{label} {bound}: got {value * 1e3:.1f} ms over "
+                                  f"{len(times)} iterations")
 
 
 def _flight_record(e: ExpectFlightRecord, seen: Observed, *_) -> tuple[bool, str]:
@@ -260,15 +282,17 @@ def _short(text: str, limit: int = 160) -> str:
 
 
 def predicted_ratio(graph: ExecutionGraph, cost: CostFn, rank: int, faults: Sequence[Fault],
-                    iterations: int, *, first_iteration: int = 2, seed: int = 0) -> float:
+                    iterations: int, *, first_iteration: int = 2, seed: int = 0,
+                    compute: ComputeModel | None = None) -> float:
     """How much ``faults`` stretch ``rank``'s iterations, as the replay engine
     predicts from the graph alone: the perturbed replay's median iteration
     time over the unperturbed one's, both over the iterations a run observes
     (``first_iteration`` to ``iterations``: after the first, or after the
-    snapshot a restored run resumes from)."""
+    snapshot a restored run resumes from).  ``compute`` (stochastic peers)
+    acts on both replays, seeded alike."""
     medians = []
     for in_force in ((), faults):
-        engine = ReplayEngine(graph, cost, seed=seed)
+        engine = ReplayEngine(graph, cost, compute=compute, seed=seed)
         for fault in in_force:
             apply_fault(engine, resolve(fault, graph.world_size, graph.gpus_per_node, graph))
         engine.run(iterations)

@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Iterator, Protocol, Sequence
 
 from prism_debug.cost import load_profile
-from prism_debug.errors import ConfigError, GraphError, PrismError
+from prism_debug.errors import ConfigError, GraphError, PrismError, VariabilityError
 from prism_debug.faults import Action, Selector, Trigger, select
 from prism_debug.graph import ExecutionGraph
 from prism_debug.scenario.model import Run, World
+from prism_debug.variability import Variability
 
 
 class Machine(Protocol):
@@ -49,6 +50,7 @@ class Read:
     triggers: Sequence[Trigger | None] = ()
     actions: Sequence[Action | None] = ()
     families: Sequence[str | None] = ()
+    variability: Variability | None = None
 
 
 def graph_file(graph: str, source: str) -> Path:
@@ -96,6 +98,10 @@ def problems(read: Read, source: str, machine: Machine) -> Iterator[tuple[tuple,
     elif run.graph is None and any(a is not None for a in read.actions):
         yield ("run",), ("faults act on virtual peers replayed from an execution graph: add "
                          "graph: profile (or a graph file prism-debug profile wrote)")
+    elif run.graph is None and read.variability is not None:
+        yield ("run",), ("variability draws the compute of virtual peers replayed from an "
+                         "execution graph: add graph: profile (or a graph file prism-debug "
+                         "profile wrote)")
     if graph is None or world is None:
         return
     if graph.world_size != world.size:
@@ -111,7 +117,13 @@ def problems(read: Read, source: str, machine: Machine) -> Iterator[tuple[tuple,
 
 def _against_graph(read: Read, world: World, graph: ExecutionGraph,
                    name: str) -> Iterator[tuple[tuple, str]]:
-    """Each fault's families, group, class and collective, against ``graph``."""
+    """Each fault's families, group, class and collective, and the classes
+    and op kinds the variability names, against ``graph``."""
+    if read.variability is not None:
+        try:
+            read.variability.check(graph)
+        except VariabilityError as exc:
+            yield ("variability",), f"{exc} ({name})"
     for i, action in enumerate(read.actions):
         if action is None:
             continue

@@ -244,8 +244,14 @@ def test_report_schema(tmp_path):
     proc, report = run_script(tmp_path, "ddp.py", "--iterations", "1")
     assert proc.returncode == 0
     assert set(report) == {"version", "world_size", "rank", "command", "exit_code", "hardware",
-                           "backend", "families", "iterations", "peak_rss_bytes"}
+                           "backend", "families", "iterations", "peak_rss_bytes", "variability",
+                           "waits"}
     (it,) = report["iterations"]
+    assert report["variability"] is None
+    # one iteration: its waits count, warm-up though it is; one per collective
+    assert report["waits"]["iterations"] == [1]
+    assert report["waits"]["all"]["count"] == it["num_collectives"]
+    assert sum(row["count"] for row in report["waits"]["ops"].values()) == it["num_collectives"]
     assert set(it) == {"iteration", "time_s", "compute_s", "comm_wait_s", "num_collectives",
                        "digest"}
     assert it["time_s"] == pytest.approx(it["compute_s"] + it["comm_wait_s"])

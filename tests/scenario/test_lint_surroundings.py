@@ -267,3 +267,18 @@ def test_a_selector_a_just_profiled_graph_refuses_names_its_line_when_run(folder
     assert str(caught.value) == (f"{s}:5: faults[0].select: family:dq:0: no family 'dq': the "
                                  "graph has tp, pp")
     assert not (folder / "runs" / "run").exists()
+
+
+def test_variability_needs_a_graph_and_names_classes_and_op_kinds_it_has(folder):
+    s = folder / "s.yaml"
+    assert lint_file(s, HEAD + "run: {command: [python, train.py]}\n"
+                               "variability:\n  - {cv: 0.05}\n") == [
+        f"{s}:3:1: run: variability draws the compute of virtual peers replayed from an "
+        "execution graph: add graph: profile (or a graph file prism-debug profile wrote)"]
+    assert lint_file(s, HEAD + "run: {command: [python, train.py], graph: g.prism}\n"
+                               "variability:\n  - {cv: 0.05}\n  - {class: 1, op: recv, "
+                               "cv: 0.1}\n") == []
+    (found,) = lint_file(s, HEAD + "run: {command: [python, train.py], graph: g.prism}\n"
+                                   "variability:\n  - {class: 2, cv: 0.1}\n")
+    assert found.startswith(f"{s}:4:1: variability: ") and "class 2" in found
+    assert found.endswith("(the graph g.prism)")

@@ -237,7 +237,7 @@ def test_unknown_keys_suggest_the_closest_one_or_list_them():
     assert problems(HEAD + "sede: 3\nfoo: 1\n") == [
         "s.yaml:4:1: unknown key 'sede': did you mean 'seed'?",
         "s.yaml:5:1: unknown key 'foo': expected one of name, description, world, run, seed, "
-        "faults, expect",
+        "faults, variability, expect",
     ]
     assert problems(HEAD.replace("rank: 5", "rank: 5, gpu_per_node: 4")) == [
         "s.yaml:2:28: world: unknown key 'gpu_per_node': did you mean 'gpus_per_node'?"]
@@ -565,7 +565,7 @@ def test_every_error_in_a_file_is_reported_in_file_order():
         "s.yaml:16:16: expect[0].exit_code: must be in -255..255, got 999",
         "s.yaml:17:33: expect[1].iteration_time.iteration: must be >= 1, got 0",
         "s.yaml:18:1: unknown key 'colour': expected one of name, description, world, run, "
-        "seed, faults, expect",
+        "seed, faults, variability, expect",
     ]
     assert problems(text) == expected
     with pytest.raises(ScenarioError) as caught:

@@ -62,6 +62,7 @@ FAULTS = [
 EXPECT = [
     {"iteration_time": {"iteration": 2, "max_s": 1}},
     {"iteration_time": {"relative": 1.1, "tolerance": 0.1}},
+    {"iteration_time": {"percentile": 99, "max_s": 1}},
     {"exception": {"type": "E", "match": "x"}},
     {"flight_record": {"missing_ranks": [1]}},
     {"nan_at": {"iteration": 1}},
@@ -97,7 +98,8 @@ PLACES += [("command", ("expect", i, kind), EXPECTATION_TYPES[kind], None)
 # a valid value for each key, in each class that reads it (beside the base's)
 VALUES = {
     Scenario: {"name": "t", "description": "d", "world": {"size": 64, "rank": 5},
-               "run": {"command": ["prog"]}, "seed": 0, "faults": [], "expect": []},
+               "run": {"command": ["prog"]}, "seed": 0, "faults": [], "expect": [],
+               "variability": [{"cv": 0.05}]},
     World: {"size": 64, "rank": 5, "gpus_per_node": 8},
     Run: {"command": ["prog"], "example": {}, "snapshot": "s1", "graph": "g", "iterations": 2,
           "hardware": "h100-ib400", "timeout_s": 5, "env": {"A": "1"}},
@@ -108,7 +110,7 @@ VALUES = {
     Duration: {"iterations": 1, "time_s": 1},
     Intermittent: {"period_s": 1, "duty": 0.5},
     ExpectIterationTime: {"iteration": 2, "min_s": 0.1, "max_s": 1, "relative": 1.1,
-                          "predicted": True, "tolerance": 0.1},
+                          "predicted": True, "tolerance": 0.1, "percentile": 99},
     ExpectException: {"type": "E", "match": "x"},
     ExpectFlightRecord: {"missing_ranks": [1], "mismatch": "size"},
     ExpectNanAt: {"iteration": 1},

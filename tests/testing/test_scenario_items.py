@@ -27,15 +27,17 @@ def test_pytest_runs_every_example_scenario_and_each_passes(pytester, env):
     junit = pytester.path / "junit.xml"
     result = pytester.runpytest_subprocess(*PLUGIN, str(SCENARIOS), "-v", "--junitxml",
                                            str(junit), timeout=1800)
-    result.assert_outcomes(passed=5)
+    result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines(["*nan_peer.yaml::nan_peer PASSED*"])
     cases = {case.get("name"): {p.get("name") + ":" + p.get("value") if p.get("name") != "expect"
                                 else p.get("value") for p in case.iter("property")}
              for case in ElementTree.parse(junit).getroot().iter("testcase")}
     assert sorted(cases) == ["degraded_link", "desync_peer", "dp_peer_fail_stop", "nan_peer",
-                             "slow_node_other_stage"]
+                             "slow_node_other_stage", "stochastic_stragglers"]
     verdicts = [v for props in cases.values() for v in props if v.startswith(("PASS", "FAIL"))]
-    assert len(verdicts) == 12 and all(v.startswith("PASS  ") for v in verdicts)
+    assert len(verdicts) == 14 and all(v.startswith("PASS  ") for v in verdicts)
+    assert any(v.startswith("PASS  p95 of iteration times >= 100.0 ms and <= 400.0 ms: got ")
+               for v in cases["stochastic_stragglers"])
     # what each one showed, beyond passing
     assert ("PASS  flight record shows missing ranks [13]: got missing [13], mismatches none"
             in cases["dp_peer_fail_stop"])
