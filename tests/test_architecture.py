@@ -10,13 +10,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "prism_debug"
-# graph, engine, cost model, faults, scenarios, the flight-recorder format, and
+# graph, variability, engine, cost model, faults, scenarios, the flight-recorder format, and
 # the small pieces they share: pure Python and numpy
 CORE = ["prism_debug.cost", "prism_debug.graph", "prism_debug.engine", "prism_debug.faults",
         "prism_debug.scenario", "prism_debug.checked", "prism_debug.example",
         "prism_debug.errors", "prism_debug.agent.config", "prism_debug.backend.tracker",
         "prism_debug.backend.hooks", "prism_debug.backend.flight_recorder",
-        "prism_debug.snapshot.store", "prism_debug.reload"]
+        "prism_debug.snapshot.store", "prism_debug.reload", "prism_debug.variability"]
 FORBIDDEN = {"torch", "zmq", "pycriu", "click"}
 MAX_LINES = 600
 
