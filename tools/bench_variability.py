@@ -18,11 +18,11 @@ same variability stated (``--variability "cv=C dist=F"``).  The bench
 3. each round, runs the real job unjittered and once per stated variability
    (each round with other seeds: round k's ranks draw from (seed + k, rank)),
    every rank writing its iteration times to its own file,
-4. predicts each variability on the graph (``--samples`` Monte Carlo samples
-   of ``--iterations`` iterations, the same count as the real runs), and
-   compares p50 and p95 of the iteration time of each reported rank: the
-   real side pools the steady iterations (after ``--warmup``) of every round,
-   the prediction the same rank's steady iterations of every sample.
+4. predicts each variability on the graph (``--samples`` Monte Carlo samples,
+   each as many steady iterations as a real run keeps: ``--iterations``
+   less ``--warmup``), and compares p50 and p95 of the iteration time of
+   each reported rank: the real side pools the steady iterations of every
+   round, the prediction the same rank's steady iterations of every sample.
 
 Which ranks: rank 0 (the first stage: the job's iteration as the first rank
 counts it) and rank 15 (the last stage, which computes x1.5 and where an
@@ -39,8 +39,10 @@ Beside the stochastic figures the deterministic ones: the unjittered real
 job against the deterministic replay of the graph (the emulation's own
 error, which the fidelity benchmark measures: -1 to -3 % here, gloo among 16
 processes on two cores costing more than a calibration among 4 measures).
-The *spread* columns take that offset out: (p - deterministic) on each side,
-the part of the iteration that variability adds.
+The unjittered job's own p95 shows the machine's spread, which the real
+side has and predict does not model.  The *added* columns take the offset
+out: p95 less the deterministic figure on each side (the unjittered job's
+p50, the deterministic replay's), what variability adds to the iteration.
 
 Optional (``--fitted``): profile the jittered job with more iterations
 (graph v3 fits each gap's distribution) and predict with ``--variability

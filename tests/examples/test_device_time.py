@@ -183,3 +183,24 @@ def test_a_jittered_real_job_sleeps_its_ranks_drawn_factors(tmp_path):
     for f in figures:
         steady = f["iteration_s"][1:]
         assert sum(steady) / len(steady) > 0.9 * max(own)
+
+
+@pytest.mark.parametrize("family", ["normal", "gamma", "lognormal"])
+def test_the_jitter_states_what_predicts_variability_states(family):
+    """The job's factors and prism-debug's --variability "cv=C dist=F" are one
+    distribution: the same scipy parameters, and the job's draws pass a
+    Kolmogorov-Smirnov test against prism-debug's distribution."""
+    import numpy as np
+    from scipy import stats
+
+    from prism_debug.variability import Distribution
+
+    dt = _workload_module()
+    cv = 0.2
+    theirs, ours = Distribution.with_cv(family, cv), _stated(family, cv)
+    q = np.linspace(0.001, 0.999, 99)
+    assert np.allclose(theirs.ppf(q), ours.ppf(q), rtol=1e-9)
+    jitter = dt.Jitter(family, cv, 0.0, seed=5, rank=0)
+    draws = np.array([jitter.factor() for _ in range(5000)])
+    cdf = getattr(stats, {"normal": "norm", "gamma": "gamma", "lognormal": "lognorm"}[family])
+    assert stats.kstest(draws, cdf(*theirs.params).cdf).pvalue > 1e-3
