@@ -70,6 +70,8 @@ from pathlib import Path
 
 import numpy as np
 
+from prism_debug.errors import VariabilityError
+
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = ROOT / "examples" / "device_time.py"
 WORLD = 16
@@ -193,6 +195,7 @@ def predicted(graph, cost, terms: list[str], steady: int, ranks, samples: int,
     from prism_debug.variability import parse_variability
 
     variability = parse_variability(terms)
+    variability.check(graph)
     found = {}
     for rank in ranks:
         prediction = predict(graph, cost, variability, samples=samples, iterations=steady,
@@ -278,8 +281,12 @@ def fitted_rows(args, workdir: Path, hardware: Path, stated: list[Stated], round
         graph_path = profile([*LAYOUT, "--activation-kib", str(args.activation_kib),
                               *s.script_args(args.seed)], args.fitted_iterations, out)
         graph, cost = load_cost(graph_path, hardware)
-        pred = predicted(graph, cost, ["fitted"], args.iterations - args.warmup, ranks,
-                         args.samples, args.predict_seed)
+        try:
+            pred = predicted(graph, cost, ["fitted"], args.iterations - args.warmup, ranks,
+                             args.samples, args.predict_seed)
+        except (ImportError, VariabilityError) as error:  # no predict, or a graph without fits
+            print(f"bench_variability: no fitted prediction for {s.name}: {error}", flush=True)
+            continue
         for r in ranks:
             pooled = percentiles([t for rnd in rounds[s.name] for t in rnd[r]])
             rows.append(dict(stated=s.name, rank=r, real=pooled, pred=pred[r],
