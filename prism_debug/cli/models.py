@@ -47,15 +47,19 @@ def graph_show(path, hardware, as_json) -> None:
     from prism_debug.engine.render import graph_summary, graph_summary_lines
     from prism_debug.graph import ExecutionGraph
 
+    from prism_debug.graph.fits import fits_line, fits_summary
+
     g = ExecutionGraph.load(path)
     cost_fn = _cost_fn(hardware, g.gpus_per_node)
     summaries = summarize(g, cost_fn)
     path_segments = critical_path(g, cost_fn)
+    fits = fits_summary(g.gap_fits, sum(len(p.steady) for p in g.programs))
     if as_json:
-        click.echo(json.dumps(graph_summary(g, summaries, path_segments)))
+        click.echo(json.dumps(graph_summary(g, summaries, path_segments) | {"fits": fits}))
         return
     for line in graph_summary_lines(str(path), g, summaries, path_segments):
         click.echo(line)
+    click.echo(fits_line(fits))
 
 
 @click.command()

@@ -8,6 +8,7 @@ from prism_debug.graph.execution import (
     Mesh,
     OpSpec,
 )
+from prism_debug.graph.fits import GapFit
 from prism_debug.graph.families import (
     WORLD_FAMILY,
     FamilyRecorder,
@@ -17,5 +18,5 @@ from prism_debug.graph.families import (
 
 __all__ = [
     "WORLD_FAMILY", "ClassProgram", "Event", "ExecutionGraph", "FamilyRecorder", "FamilySummary",
-    "GraphError", "GroupRef", "Mesh", "OpSpec",
+    "GapFit", "GraphError", "GroupRef", "Mesh", "OpSpec",
 ]

@@ -8,6 +8,12 @@ family point-to-point ops travel on is the *class axis* (one class per
 pipeline stage), and each class's program comes from its slice: the longest
 tail of iterations that repeat exactly is the steady state (median compute
 gaps), what precedes it the warm-up (at least the first iteration).
+
+How the steady gaps spread around their medians is fitted too (graph/fits.py:
+normal, gamma or lognormal, the least Kolmogorov–Smirnov distance): each
+event's own samples where the steady iterations give at least MIN_SAMPLES,
+else its op kind's in the class pooled, else the whole class's; each sample
+divided by its own event's median first, since a draw multiplies that median.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from prism_debug.graph.execution import (
     OpSpec,
 )
 from prism_debug.graph.families import WORLD_FAMILY
+from prism_debug.graph.fits import MIN_GAP_S, MIN_SAMPLES, GapFit, fit_samples
 from prism_debug.graph.messages import PeerMessage
 
 MIN_ITERATIONS = 3  # a warm-up and two steady iterations to compare
@@ -217,6 +224,38 @@ def program(record: SliceRecord, class_id: int, mesh: Mesh,
     return ClassProgram(class_id, tuple(ops), warmup, steady)
 
 
+def gap_fits(record: SliceRecord, built: ClassProgram) -> tuple[GapFit | None, ...]:
+    """One fit per steady event of ``built`` (the program made from
+    ``record``), from the steady iterations' gaps relative to their medians;
+    None where the median is under MIN_GAP_S (0, or bookkeeping)."""
+    runs = record.iterations[steady_start(record):]
+    relative: list[list[float] | None] = []
+    for index, event in enumerate(built.steady):
+        median = event.gap_s
+        relative.append(None if median < MIN_GAP_S else
+                        [run[index].gap_s / median for run in runs])
+    kinds = ["end" if e.action == "end" else built.ops[e.op].kind for e in built.steady]
+    pooled: dict[str, GapFit | None] = {}  # op kind (or "class") -> its pool's fit, made once
+
+    def pool_fit(key: str) -> GapFit | None:
+        if key not in pooled:
+            samples = [x for i, xs in enumerate(relative) if xs is not None
+                       and (key == "class" or kinds[i] == key) for x in xs]
+            pooled[key] = fit_samples(samples, "kind" if key != "class" else "class") \
+                if len(samples) >= MIN_SAMPLES else None
+        return pooled[key]
+
+    fits: list[GapFit | None] = []
+    for index, samples in enumerate(relative):
+        if samples is None:
+            fits.append(None)
+        elif len(samples) >= MIN_SAMPLES:
+            fits.append(fit_samples(samples, "op"))
+        else:
+            fits.append(pool_fit(kinds[index]) or pool_fit("class"))
+    return tuple(fits)
+
+
 def _steps(event: RecordedIssue, mesh: Mesh, family_axes) -> int:
     if event.kind not in P2P_KINDS:
         return 0
@@ -243,9 +282,10 @@ def build_graph(world_size: int, gpus_per_node: int, slices: list[SliceRecord],
         raise GraphError(f"no slice for classes {missing} along {axis!r}: profile one rank of "
                          f"each (e.g. ranks {[representatives(mesh, axis)[c] for c in missing]})")
     programs = tuple(program(by_class[c], c, mesh, family_axes) for c in range(num_classes))
+    fits = {c: gap_fits(by_class[c], programs[c]) for c in range(num_classes)}
     assert math.prod(mesh.shape) == world_size
     messages = {c: by_class[c].messages for c in range(num_classes) if by_class[c].messages}
     return ExecutionGraph(mesh=mesh, families=family_axes, class_axis=axis, programs=programs,
                           gpus_per_node=gpus_per_node, command=tuple(command),
-                          messages=messages,
+                          messages=messages, gap_fits={c: f for c, f in fits.items() if any(f)},
                           message_iterations=max(len(s.iterations) for s in slices))

@@ -17,6 +17,10 @@ pipelines handshake) and a ``steady`` part that repeats after them.
 Point-to-point ops issued by one ``batch_isend_irecv`` carry the batch's
 number (counted from 1 in each iteration): NCCL runs them as one group.
 
+A steady gap is the median of the profiled iterations' gaps; beside it the
+graph keeps how those gaps spread (``gap_fits``, graph/fits.py): a fitted
+distribution of the factor a gap varies by, where the profile had the samples.
+
 Beside the programs, the graph keeps the messages each class sends outside
 the tensor data path (``graph/messages.py``: pipelining's shape metadata),
 so a virtual peer hands the real rank what that stage really sends.  They
@@ -37,15 +41,19 @@ from pathlib import Path
 from prism_debug.checked import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, Untrusted, member_of
 from prism_debug.cost.ops import known_op, op_problem
 from prism_debug.errors import GraphError
+from prism_debug.graph.fits import FAMILIES as FIT_FAMILIES
+from prism_debug.graph.fits import MIN_SAMPLES as MIN_FIT_SAMPLES
+from prism_debug.graph.fits import POOLINGS, GapFit, param_problem
 from prism_debug.graph.messages import KINDS as MESSAGE_KINDS
 from prism_debug.graph.messages import PeerMessage, messages_from_json, messages_to_json
 
 # 2: p2p batches and the messages (peer objects, control tensors) classes send.
 # Version 1 had neither: still read where it has no point-to-point ops
 # (nothing to batch, no messages), refused where it has (its batches would
-# run one by one).
-GRAPH_VERSION = 2
-READABLE_VERSIONS = (1, GRAPH_VERSION)
+# run one by one).  3: fitted gap distributions (gap_fits); versions 1 and 2
+# read with none.
+GRAPH_VERSION = 3
+READABLE_VERSIONS = (1, 2, GRAPH_VERSION)
 P2P_KINDS = ("send", "recv")
 ACTIONS = ("issue", "wait", "end")
 # Caps on what a graph file may hold, checked as it is read (a file is
@@ -169,6 +177,9 @@ class ExecutionGraph:
     # many iterations were profiled (later iterations use the last one's)
     messages: dict[int, tuple[PeerMessage, ...]] = dataclasses.field(default_factory=dict)
     message_iterations: int = 0
+    # class id -> one entry per steady event: how its gap varies (a factor on
+    # it; graph/fits.py), None where it is deterministic or was not fitted
+    gap_fits: dict[int, tuple[GapFit | None, ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name, axes in self.families.items():
@@ -183,6 +194,12 @@ class ExecutionGraph:
                 if op.family not in self.families:
                     raise GraphError(f"class {program.class_id} uses family {op.family!r}, "
                                      f"which the graph does not define")
+        for class_id, fits in self.gap_fits.items():
+            if not 0 <= class_id < len(self.programs):
+                raise GraphError(f"gap fits for class {class_id}, which the graph lacks")
+            if len(fits) != len(self.programs[class_id].steady):
+                raise GraphError(f"class {class_id} has {len(self.programs[class_id].steady)} "
+                                 f"steady events and {len(fits)} gap fits")
 
     @property
     def world_size(self) -> int:
@@ -242,6 +259,8 @@ class ExecutionGraph:
             } for p in self.programs],
             "messages": messages_to_json(self.messages),
             "message_iterations": self.message_iterations,
+            "gap_fits": {str(c): [None if f is None else f.to_json() for f in fits]
+                         for c, fits in sorted(self.gap_fits.items())},
         }
 
     @classmethod
@@ -296,22 +315,25 @@ class ExecutionGraph:
                                              most=1 << 16)))
         message_iterations = read.int(data.get("message_iterations", 0),
                                       ("message_iterations",), 0, 1 << 20)
+        # versions 1 and 2 fitted nothing: whatever such a file says of fits is ignored
+        gap_fits = _gap_fits(read, data.get("gap_fits", {}), programs) \
+            if version == GRAPH_VERSION else {}
         try:
             graph = cls(
                 mesh=Mesh(shape, names), families=families, class_axis=class_axis,
                 gpus_per_node=gpus_per_node, command=command, programs=programs,
                 # version 1 graphs recorded no messages: peers mirror the real rank's
                 messages=messages_from_json(raw_messages),
-                message_iterations=message_iterations,
+                message_iterations=message_iterations, gap_fits=gap_fits,
             )
         except ValueError as exc:  # base64 a row's checks let through
             raise GraphError(f"malformed graph {source}: messages: {exc}{read.advice}") from exc
         except GraphError as exc:  # what only the whole graph shows (axes, classes)
             raise GraphError(f"malformed graph {source}: {exc}{read.advice}") from exc
-        if version != GRAPH_VERSION and any(op.is_p2p for p in graph.programs for op in p.ops):
+        if version == 1 and any(op.is_p2p for p in graph.programs for op in p.ops):
             raise GraphError(f"graph format version {version!r} does not record which "
                              "point-to-point ops form one batch (batch_isend_irecv); this "
-                             f"prism-debug reads version {GRAPH_VERSION}: profile the job again")
+                             "prism-debug reads that from version 2 on: profile the job again")
         return graph
 
     def save(self, path: Path) -> None:
@@ -456,6 +478,41 @@ def _program(read: Untrusted, data: object, index: int, world: int,
         read.items(read.get(data, "warmup", at), at + ("warmup",), most=1 << 10)))
     return ClassProgram(class_id, tuple(ops), warmup,
                         events(read.get(data, "steady", at), at + ("steady",)))
+
+
+def _gap_fits(read: Untrusted, data: object, programs: tuple[ClassProgram, ...]
+              ) -> dict[int, tuple[GapFit | None, ...]]:
+    """The ``gap_fits`` of a version 3 file: per class (a decimal key), one
+    entry per steady event, each null or [family, params, ks, samples, pooled]."""
+    out = {}
+    for key, rows in read.mapping(data, ("gap_fits",)).items():
+        at = ("gap_fits", key)
+        if not (key.isdecimal() and int(key) < len(programs)):
+            read.fail(at, f"must name a class of the graph (0-{len(programs) - 1})")
+        steady = len(programs[int(key)].steady)
+        fits = []
+        for i, row in enumerate(read.items(rows, at, most=MAX_EVENTS, length=steady)):
+            if row is None:
+                fits.append(None)
+                continue
+            here = at + (i,)
+            row = read.items(row, here, most=5, length=5)
+            family = read.text(row[0], here + (0,), most=16, check=member_of(FIT_FAMILIES))
+            params = read.items(row[1], here + (1,), most=3)
+            for j, value in enumerate(params):
+                read.number(value, here + (1, j), check=lambda v: None)
+            if (problem := param_problem(family, params)) is not None:
+                read.fail(here + (1,), problem)
+            ks = read.number(row[2], here + (2,), check=_distance)
+            samples = read.int(row[3], here + (3,), MIN_FIT_SAMPLES, MAX_EVENTS)
+            pooled = read.text(row[4], here + (4,), most=8, check=member_of(POOLINGS))
+            fits.append(GapFit(family, tuple(float(p) for p in params), ks, samples, pooled))
+        out[int(key)] = tuple(fits)
+    return out
+
+
+def _distance(value: float) -> str | None:  # a Kolmogorov–Smirnov distance
+    return None if 0 <= value <= 1 else f"must be in [0, 1], got {value}"
 
 
 def _message_row(read: Untrusted, row: object, at: tuple, world: int) -> None:

@@ -109,3 +109,27 @@ def _fit(stats, family: str, x) -> tuple[float, ...] | None:
         params = getattr(stats, _SCIPY_NAMES[family]).fit(x, floc=0)
     params = tuple(float(p) for p in params)
     return params if param_problem(family, params) is None else None
+
+
+def fits_summary(gap_fits: dict[int, tuple[GapFit | None, ...]], steady_events: int) -> dict:
+    """How many of a graph's ``steady_events`` gaps have fits, by family and
+    pooling, and their median KS distance (``graph show``)."""
+    made = [f for fits in gap_fits.values() for f in fits if f is not None]
+    distances = sorted(f.ks for f in made)
+    return {
+        "fitted": len(made), "steady_gaps": steady_events,
+        "families": {name: sum(f.family == name for f in made) for name in FAMILIES},
+        "pooled": {name: sum(f.pooled == name for f in made) for name in POOLINGS},
+        "median_ks": distances[len(distances) // 2] if distances else None,
+    }
+
+
+def fits_line(summary: dict) -> str:
+    """:func:`fits_summary` as one line of text."""
+    if not summary["fitted"]:
+        return "fits: none (profile again with this prism-debug: graph version 3 fits the " \
+               "steady gaps)"
+    families = ", ".join(f"{name} {n}" for name, n in summary["families"].items() if n)
+    pooled = ", ".join(f"{name} {n}" for name, n in summary["pooled"].items() if n)
+    return (f"fits: {summary['fitted']} of {summary['steady_gaps']} steady gaps ({families}; "
+            f"samples pooled by {pooled}); median KS distance {summary['median_ks']:.3f}")

@@ -180,7 +180,10 @@ def parse_variability(terms: Sequence[str]) -> Variability:
                 raise VariabilityError(
                     f"--variability {term!r}: no such file, and not a term: give cv=0.05, "
                     f"rank-cv=0.02, fitted (with class=, op=, dist=), or a YAML file's path")
-            rules.extend(load_variability(path).rules)
+            try:
+                rules.extend(load_variability(path).rules)
+            except VariabilityError as exc:  # every error of an option names the option
+                raise VariabilityError(f"--variability {term!r}: {exc}") from None
             continue
         rules.append(_term(term))
     return Variability(tuple(rules))

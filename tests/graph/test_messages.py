@@ -126,7 +126,7 @@ def test_an_unknown_version_is_refused(tmp_path):
     data = _graph_with(()).to_dict()
     data["version"] = 9
     with pytest.raises(GraphError, match="graph format version 9; this prism-debug reads "
-                                         "versions 1, 2: profile the job again"):
+                                         "versions 1, 2, 3: profile the job again"):
         ExecutionGraph.from_dict(data)
 
 

@@ -13,6 +13,7 @@ from prism_debug.engine.replay import ReplayEngine
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, Mesh, OpSpec
 from prism_debug.variability import parse_variability
 from prism_debug.variability.model import StochasticCompute
+from prism_debug.variability.order_stats import expected_max_normal, std_max_normal
 from tests.engine.test_replay import constant_cost, end, issue, pipeline_graph, wait
 
 SHAPE = (64, 8)
@@ -123,10 +124,31 @@ def test_the_engine_waits_for_the_expected_maximum_of_normals():
     engine.run(iterations)
     times = np.asarray(engine.iteration_times(0))
     assert len(times) == iterations
-    expected = 1 + 0.1 * 1.42360 + 0.1 + 0.25  # max of the compute, the op's cost, the end
-    # the max of 8 normals has std 0.1 × 0.6052: 5 standard errors of the mean
-    assert abs(times.mean() - expected) < 5 * 0.1 * 0.6052 / math.sqrt(iterations)
+    expected = 1 + 0.1 * 1.4236003 + 0.1 + 0.25  # max of the compute, the op's cost, the end
+    assert expected_max_normal(8, 1.0, 0.1) == pytest.approx(1 + 0.1 * 1.4236003, abs=1e-7)
+    # 5 standard errors of the mean (the max of 8 normals has std 0.1 × 0.6107)
+    assert abs(times.mean() - expected) < 5 * std_max_normal(8, 1.0, 0.1) / math.sqrt(iterations)
     again = ReplayEngine(graph, constant_cost, seed=5, compute=StochasticCompute(
         graph, parse_variability(["op=all_reduce cv=0.1 dist=normal"])))
     again.run(iterations)
     assert again.iteration_times(3) == engine.iteration_times(3)  # same seed, same timeline
+
+
+def test_fitted_draws_each_gap_from_its_fit_and_leaves_the_rest():
+    import dataclasses
+
+    from prism_debug.graph import GapFit
+
+    warmup = ((issue(0, 3.0), wait(0), end(0.5)),)
+    graph = dataclasses.replace(ddp_graph(8, warmup), gap_fits={0: (
+        GapFit("gamma", (4.0, 0.0, 0.25), 0.05, 10, "op"), None, None)})
+    compute = StochasticCompute(graph, parse_variability(["fitted"]))
+    assert gaps(compute, 0, 1, graph) == (3.0, 0.0, 0.5)  # warm-up: nothing was fitted
+    out = gaps(compute, 0, 2, graph, shape=(400, 500))
+    assert np.all(out[2] == 0.25)  # no fit: the graph's gap
+    n = out[0].size  # gamma(4, scale 0.25): mean 1, std 0.5, excess kurtosis 6/4
+    assert abs(out[0].mean() - 1.0) < 5 * 0.5 / math.sqrt(n)
+    assert abs(out[0].std() - 0.5) < 5 * 0.5 * math.sqrt((1.5 + 2) / (4 * n))
+    # a later cv rule overrides the fits where it covers
+    both = StochasticCompute(graph, parse_variability(["fitted", "op=end cv=0.1"]))
+    assert gaps(both, 0, 2, graph, shape=(400, 500))[2].std() == pytest.approx(0.025, rel=0.05)
