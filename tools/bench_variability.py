@@ -209,6 +209,7 @@ def predicted(graph, cost, terms: list[str], steady: int, ranks, samples: int,
 
 def profile(script_args: list[str], iterations: int, out: Path) -> Path:
     graph = out / "graph.prism"
+    out.mkdir(parents=True, exist_ok=True)
     _run(_prism("profile", "--world-size", str(WORLD), "--gpus-per-node", str(WORLD),
                 "--iterations", str(iterations), "--out", str(graph), "--run-dir",
                 str(out / "profile"), "--", sys.executable, str(DEVICE), *script_args,
