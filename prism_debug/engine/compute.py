@@ -33,6 +33,18 @@ class ComputeModel(Protocol):
         the class reaches event ``i``; a lazy sequence that draws then should
         draw from a generator it spawned from ``rng`` in this call, for the
         same reason.
+
+        A model whose ranks all draw their own gaps says so with ``per_rank
+        = True`` (see :mod:`.sampling`).  The engine then simulates only a
+        sample of the columns nothing else sets apart: ``shape`` has the
+        columns' axis (the largest class axis) as wide as the columns
+        simulated, the answer may also be one array of shape
+        ``(n_events, *shape)``, it is laid out once per class and iteration,
+        and the first iteration's draws wait for the replay's first step (so
+        perturbations set before it shape them).  Such a model may have
+        ``rank_factors(class_id, shape, rng)``: persistent per-rank factors
+        (or None), asked once per class before its first gaps, that
+        multiply its compute like ``slow``.
         """
 
 

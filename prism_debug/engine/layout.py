@@ -23,7 +23,8 @@ from prism_debug.graph.execution import ExecutionGraph, OpSpec
 
 
 class Layout:
-    def __init__(self, graph: ExecutionGraph, compress: bool = True) -> None:
+    def __init__(self, graph: ExecutionGraph, compress: bool = True,
+                 sample_columns: int | None = None) -> None:
         self.graph = graph
         self.mesh = graph.mesh
         self.class_axis = self.mesh.axis(graph.class_axis) if graph.class_axis else None
@@ -42,6 +43,20 @@ class Layout:
         self._position = np.arange(0)  # coordinate -> array column
         self._placements: dict[tuple, Placement] = {}
         self._class_shape: tuple[int, ...] | None = None
+        # a sampled layout (see the module's docstring): the array columns of the
+        # sample, how many columns are not simulated, and the first of them
+        self.sample_columns = sample_columns if self.columns_axis is not None else None
+        self.sample = slice(0, 0)
+        self.unsampled = 0
+        self.first_unsampled: int | None = None
+        if self.sample_columns is not None:
+            if self.sample_columns < 2:
+                raise ValueError(f"a sample needs at least 2 columns, got {sample_columns}")
+            self.keep_columns_apart([])
+
+    @property
+    def sampled(self) -> bool:
+        return self.sample_columns is not None
 
     # -- shapes and orders -------------------------------------------------------------
 
@@ -76,6 +91,21 @@ class Layout:
             internal = internal[..., self._picked]
         # contiguous, or every array computed from it keeps the old memory order
         return np.ascontiguousarray(internal)
+
+    @property
+    def model_shape(self) -> tuple[int, ...]:
+        """The ``shape`` a compute model draws a class's gaps in: mesh order,
+        the columns' axis as wide as the columns simulated."""
+        shape = list(self.local_shape)
+        if self.columns_axis is not None:
+            shape[self._local.index(self.columns_axis)] = len(self._picked)
+        return tuple(shape)
+
+    def internal_drawn(self, drawn: np.ndarray, leading: int = 0) -> np.ndarray:
+        """Arrays a compute model drew in :attr:`model_shape` (after
+        ``leading`` axes of their own), in the internal axis order."""
+        axes = [*range(leading), *(leading + self._local.index(a) for a in self.order)]
+        return np.ascontiguousarray(drawn.transpose(axes))
 
     def external(self, times: Time) -> Time:
         """Internal-order times back in mesh order and every column (for records)."""
@@ -113,6 +143,8 @@ class Layout:
         if new == self._explicit and len(self._picked):
             return None
         size = self.mesh.shape[self.columns_axis]
+        if self.sample_columns is not None:
+            return self._sample_apart(new, size)
         kept = set(new)
         # The untouched columns share the column of the first of them.  Array
         # columns stay in coordinate order, so argmax breaks ties (who arrived
@@ -133,6 +165,38 @@ class Layout:
             return None
         return lambda times: times[..., take] if isinstance(times, np.ndarray) and times.ndim \
             and times.shape[-1] == old_width else times
+
+    def _sample_apart(self, explicit: list[int], size: int) -> Callable[[Time], Time] | None:
+        """:meth:`keep_columns_apart` for a sampled layout: the first
+        ``sample_columns`` columns not kept apart are the sample."""
+        others = np.setdiff1d(np.arange(size), np.array(explicit, dtype=np.int64))
+        sample, rest = others[:self.sample_columns], others[self.sample_columns:]
+        if len(rest):  # the sample first, a view; the unsampled columns read it in turn
+            picked = np.concatenate([sample, np.array(explicit, dtype=np.int64)])
+        else:  # every column simulated, in coordinate order: exact
+            picked = np.sort(np.concatenate([sample, explicit]).astype(np.int64))
+        position = np.empty(size, dtype=np.int64)
+        position[picked] = np.arange(len(picked))
+        position[rest] = np.arange(len(rest)) % max(len(sample), 1)
+        old_width = len(self._picked)
+        take = self._position[picked] if old_width else None
+        self._explicit, self._picked, self._position = explicit, picked, position
+        self.sample = slice(0, len(sample) if len(rest) else 0)
+        self.unsampled = len(rest)
+        self.first_unsampled = int(rest[0]) if len(rest) else None
+        self._class_shape = None
+        if take is None:
+            return None
+        return lambda times: times[..., take] if isinstance(times, np.ndarray) and times.ndim \
+            and times.shape[-1] == old_width else times
+
+    def unsampled_rank(self, class_id: int, internal_coords, base_rank: int) -> int:
+        """The rank named for the unsampled columns (the first of them) at
+        ``internal_coords``' place off the columns' axis."""
+        rank = self.rank_of(class_id, internal_coords, base_rank)
+        coords = list(self.mesh.coordinates(rank))
+        coords[self.columns_axis] = self.first_unsampled
+        return self.mesh.rank(coords)
 
     def columns_to_part(self, local: np.ndarray) -> list[int]:
         """The columns to keep apart before ``local`` (a class's slice, mesh

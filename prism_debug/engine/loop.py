@@ -11,18 +11,20 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
 from prism_debug.cost import Placement
 from prism_debug.engine.compute import ComputeModel
+from prism_debug.engine.gaps import GapSource, map_drawn
 from prism_debug.engine.layout import Layout
 from prism_debug.engine.real import issue_alone, real_peer, shared, with_real
-from prism_debug.engine.state import ClassState, OpInfo, OpTiming, RealRank, Unit
+from prism_debug.engine.sampling import group_max
+from prism_debug.engine.state import ClassState, OpInfo, OpTiming, RealRank, Unit, describe_op
 from prism_debug.engine.times import Time, at, least, max_over, maximum, roll, squeeze
 from prism_debug.engine.windows import LinkPerturbation, Perturbation, Windows
-from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, GraphError, OpSpec
+from prism_debug.graph.execution import Event, ExecutionGraph, GraphError, OpSpec
 
 CostFn = Callable[[OpSpec, Placement], float]
 
@@ -38,8 +40,6 @@ class EventLoop:
         self.layout = layout
         self.windows = windows
         self._cost = cost
-        self._compute = compute
-        self._rng = rng
         self.record = record
         self.records: list[OpTiming] = []
         self.real = real
@@ -55,19 +55,27 @@ class EventLoop:
         self._volatile_links = False
         self._rendezvous: dict[tuple, dict] = {}
         self._costs: dict[tuple[int, int], tuple[Time, float]] = {}  # (class, op) -> cost, min
-        self._base_gaps: dict[tuple[int, int], tuple[float, ...]] = {}
-        # iteration -> class id -> the compute model's gaps, until the class takes them
-        self._gaps_ahead: dict[int, dict[int, Sequence[Time]]] = {}
         self.states = [ClassState(p, layout.class_index(p.class_id),
                                   tuple(self._op_info(op) for op in p.ops))
                        for p in graph.programs]
+        self._gaps = GapSource(layout, compute, rng, self.states)
+        # A per-rank model draws in the layout's sampled shape: its first draws
+        # wait for the first advance (perturbations and the real rank set
+        # columns apart before).  Others draw now (a bad model fails here).
+        self._per_rank = self._gaps.per_rank
         for state in self.states:
-            state.gaps = self._gaps(state)
+            if self._per_rank:
+                state.gaps = None
+            else:
+                self._gaps.take(state)
 
     def _op_info(self, op: OpSpec) -> OpInfo:
         spans = self.layout.spans_classes(op.family)
-        return OpInfo(op, self.layout.local_axes(op.family), spans, not op.is_p2p and not spans,
-                      shared(self.graph, op), self._stream_keys(op))
+        axes = self.layout.local_axes(op.family)
+        population = self.layout.sampled and not op.is_p2p \
+            and len(self.layout.order) - 1 in axes
+        return OpInfo(op, axes, spans, not op.is_p2p and not spans, shared(self.graph, op),
+                      self._stream_keys(op), population)
 
     # -- what the replay engine changes between events -----------------------------------
 
@@ -80,24 +88,16 @@ class EventLoop:
         self.settled = False
         if column_map is not None:
             for state in self.states:
-                state.t = column_map(state.t)
-                state.arrivals = {k: column_map(v) for k, v in state.arrivals.items()}
-                state.done = {k: column_map(v) for k, v in state.done.items()}
-                state.streams = {k: column_map(v) for k, v in state.streams.items()}
-                state.p2p_free = {k: column_map(v) for k, v in state.p2p_free.items()}
-                for queue in state.queues.values():
-                    for unit in queue:
-                        unit.relayout(column_map)
-                if state.open_unit is not None:
-                    state.open_unit.relayout(column_map)
-                state.iteration_starts = [column_map(v) for v in state.iteration_starts]
-                state.forget_factors()
+                state.relayout(column_map)
+                if self._per_rank:
+                    map_drawn(state, column_map)
+            self._gaps.relayout(column_map)
             for waiting in self._rendezvous.values():
                 for key, entry in waiting.items():
                     waiting[key] = tuple(column_map(v) for v in entry)
             if self.real is not None:
                 self.real.done = {k: column_map(v) for k, v in self.real.done.items()}
-                self.real.last = {k: (column_map(v[0]), v[1]) if isinstance(v[0], np.ndarray)
+                self.real.last = {k: (column_map(v[0]), *v[1:]) if isinstance(v[0], np.ndarray)
                                   else v for k, v in self.real.last.items()}
             self.windows.forget_parts()
             self._costs.clear()
@@ -142,6 +142,10 @@ class EventLoop:
 
     def advance(self) -> None:
         """Step every class as far as it can go."""
+        if self.states[0].gaps is None:  # a per-rank model's first draws
+            self._gaps.draw_rank_factors()
+            for state in self.states:
+                self._gaps.take(state)
         progress = True
         while progress:
             progress = False
@@ -235,7 +239,7 @@ class EventLoop:
         state.epoch += 1
         state.iteration += 1
         state.events = state.program.events(state.iteration)
-        state.gaps = self._gaps(state)
+        self._gaps.take(state)
         state.pc = 0
         state.issued = 0
         state.arrivals.clear()
@@ -261,34 +265,19 @@ class EventLoop:
 
     # -- compute -----------------------------------------------------------------------------
 
-    def _gaps(self, state: ClassState) -> Sequence[Time]:
-        """The compute model's gaps for the class's iteration; the first class
-        to reach an iteration asks for every class's, in class order."""
-        iteration = state.iteration
-        ahead = self._gaps_ahead.get(iteration)
-        if ahead is None:
-            ahead = self._gaps_ahead[iteration] = {
-                s.program.class_id: self._ask(s.program, iteration) for s in self.states}
-        gaps = ahead.pop(state.program.class_id)
-        if not ahead:
-            del self._gaps_ahead[iteration]
-        return gaps
-
-    def _ask(self, program: ClassProgram, iteration: int) -> Sequence[Time]:
-        key = (program.class_id, min(iteration, len(program.warmup) + 1))
-        base = self._base_gaps.get(key)
-        if base is None:
-            base = self._base_gaps[key] = tuple(float(e.gap_s) for e in program.events(iteration))
-        gaps = self._compute.gaps_s(program.class_id, iteration, base, self.layout.local_shape,
-                                    self._rng)
-        if len(gaps) != len(base):
-            raise ValueError(f"the compute model gave {len(gaps)} gaps for the {len(base)} "
-                             f"events of class {program.class_id} in iteration {iteration}")
-        return gaps
-
     def _apply_gap(self, state: ClassState, gap: Time) -> None:
         """A gap that is not a float: another kind of number, or an array of
         compute that differs between the class's ranks (their times part)."""
+        if self._per_rank:  # laid out when drawn: an add or two per event
+            factor = self._factor(state)
+            if state.pending:
+                gap = gap + state.pending
+            state.t = state.t + (gap if factor.__class__ is float and factor == 1.0
+                                 else gap * factor)
+            state.pending = 0.0
+            state.gap_clock += state.gap_tops[state.pc]
+            state.epoch += 1
+            return
         gap = np.asarray(gap, dtype=float)
         if not gap.ndim:
             state.pending += float(gap)
@@ -321,9 +310,8 @@ class EventLoop:
             # The fast path: no one needs the per-rank arrivals, only the groups' last.
             cost, lowest = self._op_cost(state, event.op)
             self._complete(state, event.op,
-                           self._queue(state, op.family, self._group_last(state, op.family,
-                                                                          info.axes), cost),
-                           slack=lowest)
+                           self._queue(state, op.family, self._group_last(state, info, event.op),
+                                       cost), slack=lowest)
             state.issued += 1
             return
         if real_here and info.local and self.real_shortcuts and not (
@@ -346,14 +334,24 @@ class EventLoop:
             self._issue_across_classes(state, event.op, op)
         else:
             cost, lowest = self._op_cost(state, event.op)
-            self._complete(state, event.op,
-                           self._queue(state, op.family, max_over(arrival, info.axes), cost),
-                           slack=lowest)
+            self._complete(state, event.op, self._queue(
+                state, op.family, self.group_max(state, arrival, info, event.op), cost),
+                slack=lowest)
 
-    def _group_last(self, state: ClassState, family: str, axes: tuple[int, ...]) -> Time:
+    def group_max(self, state: ClassState, times: Time, info: OpInfo, op_index: int) -> Time:
+        """Each group's latest time, over every column of the population when
+        only a sample of them is simulated (see :mod:`.sampling`)."""
+        if info.population:
+            return group_max(times, info.axes, self.layout, state.uniforms.get(op_index))
+        return max_over(times, info.axes)
+
+    def _group_last(self, state: ClassState, info: OpInfo, op_index: int) -> Time:
         """When the last member of each group arrives, without forming per-rank
         arrivals when the class's times already agree within groups."""
+        if info.population:
+            return self.group_max(state, self._now(state), info, op_index)
         t = state.t
+        family, axes = info.spec.family, info.axes
         if not state.pending:
             return max_over(t, axes)
         factor = self._factor(state)
@@ -382,25 +380,33 @@ class EventLoop:
         seq = state.next_sequence(("coll", op.family))
         key = ("coll", op.family, state.iteration, seq)
         waiting = self._rendezvous.setdefault(key, {})
-        waiting[state.program.class_id] = (op_index, state.arrivals[op_index], state.iteration)
+        waiting[state.program.class_id] = (op_index, state.arrivals[op_index], state.iteration,
+                                           state.uniforms.get(op_index))
         if len(waiting) < len(self.states):
             return
         del self._rendezvous[key]
         specs = {class_id: self.states[class_id].program.ops[index]
-                 for class_id, (index, _, _) in waiting.items()}
+                 for class_id, (index, _, _, _) in waiting.items()}
         if len({(s.kind, s.nbytes) for s in specs.values()}) > 1:
             raise GraphError(
                 f"the classes disagree on collective {seq + 1} of iteration {state.iteration} "
                 f"on {op.family}: " + "; ".join(f"class {c} issues {describe_op(s)}"
                                                 for c, s in sorted(specs.items())))
         full = np.empty((len(self.states), *self.layout.class_shape))
-        for class_id, (_, arrival, _) in waiting.items():
+        for class_id, (_, arrival, _, _) in waiting.items():
             full[class_id] = arrival
         local_axes = self.layout.local_axes(op.family)
         done = full.max(axis=(0, *(1 + a for a in local_axes)), keepdims=True)[0]
+        unsampled = None
+        if self.states[0].ops[waiting[0][0]].population:
+            # each class's columns are a population of their own
+            unsampled = np.stack([np.broadcast_to(group_max(
+                full[c], local_axes, self.layout, waiting[c][3]), done.shape)
+                for c in range(len(self.states))])
+            done = np.maximum(done, unsampled.max(axis=0))
         real = waiting.get(self._real_class)
         if real is not None and real[2] == self.states[self._real_class].iteration:
-            self.real.last[real[0]] = (full, local_axes)
+            self.real.last[real[0]] = (full, local_axes, unsampled)
         cause = None
         if self.record:
             latest = int(np.argmax(full.reshape(len(self.states), -1).max(axis=1)))
@@ -412,7 +418,7 @@ class EventLoop:
             free = self.states[class_id].streams.get(op.family)
             if free is not None:
                 start = maximum(start, free)
-        for class_id, (index, arrival, iteration) in waiting.items():
+        for class_id, (index, arrival, iteration, _) in waiting.items():
             other = self.states[class_id]
             cost, lowest = self._op_cost(other, index)
             finish = other.streams[op.family] = start + cost
@@ -592,8 +598,3 @@ class EventLoop:
             found = self._costs[key] = (cost, least(cost))
         return found
 
-
-def describe_op(op: OpSpec) -> str:
-    """An op as error messages name it."""
-    peer = f" with the rank {op.peer:+d} along {op.family}" if op.is_p2p else f" on {op.family}"
-    return f"{op.kind} of {op.nbytes} bytes{peer}"

@@ -20,7 +20,6 @@ from __future__ import annotations
 import numpy as np
 
 from prism_debug.engine.state import ClassState, OpInfo
-from prism_debug.engine.times import max_over
 from prism_debug.graph.execution import Event, ExecutionGraph, OpSpec
 
 
@@ -40,7 +39,7 @@ def issue_alone(loop, state: ClassState, op_index: int, info: OpInfo) -> bool:
         plan = _plan(loop, info.axes, now.shape)
         if plan is None:
             return False
-        last = max_over(now, info.axes)
+        last = loop.group_max(state, now, info, op_index)
         peers = float(last[plan[0]])
     else:
         return False

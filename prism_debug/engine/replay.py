@@ -36,17 +36,26 @@ from prism_debug.engine.times import at
 from prism_debug.engine.windows import LinkPerturbation, Perturbation, Windows
 from prism_debug.graph.execution import ExecutionGraph, GraphError, OpSpec
 
-__all__ = ["CostFn", "ReplayEngine"]
+__all__ = ["CostFn", "ReplayEngine", "SAMPLE_COLUMNS"]
+
+# Columns a per-rank compute model's replay simulates beside the explicit ones
+# by default: the population maxima's error and the engine's cost (measured:
+# tools/bench_engine.py, tests/engine/test_sampling.py)
+SAMPLE_COLUMNS = 64
 
 
 class ReplayEngine:
     def __init__(self, graph: ExecutionGraph, cost: CostFn, *, real_rank: int | None = None,
                  record: bool = False, compress: bool = True,
-                 compute: ComputeModel | None = None, seed: int = 0) -> None:
+                 compute: ComputeModel | None = None, seed: int = 0,
+                 sample_columns: int | None = None) -> None:
         """Replay ``graph`` with op costs from ``cost``; follow the real
         process as ``real_rank``; keep :attr:`records` with ``record``.
         ``compute`` says how long the peers compute (the graph's gaps by
-        default); it draws from one generator seeded with ``seed``."""
+        default); it draws from one generator seeded with ``seed``.  Under a
+        per-rank model (``compute.per_rank``) the engine simulates the
+        explicit columns and at most ``sample_columns`` others
+        (:data:`SAMPLE_COLUMNS` by default; see :mod:`.sampling`)."""
         self.graph = graph
         self.mesh = graph.mesh
         self.real_rank = real_rank
@@ -57,7 +66,11 @@ class ReplayEngine:
                                  f"{self.mesh.world_size}")
             real = RealRank(real_rank, graph.class_of(real_rank))
         self._real_class = None if real is None else real.class_id
-        self._layout = Layout(graph, compress)
+        per_rank = getattr(compute, "per_rank", False)
+        self._layout = Layout(graph, compress, (sample_columns or SAMPLE_COLUMNS) if per_rank
+                              else None)
+        if real_rank is not None:  # (before a per-rank model draws in the layout's shape)
+            self._layout.keep_apart(self._layout.mask([real_rank]))
         self._windows = Windows(self._layout)
         self._loop = EventLoop(graph, cost, self._layout, self._windows,
                                GraphCompute() if compute is None else compute,
@@ -221,7 +234,7 @@ class ReplayEngine:
             found = real.last.get(op_index)
             if found is None:
                 return None
-            full, axes = found
+            full, axes, unsampled = found
             # the class axis leads ``full``; the group varies it and ``axes``
             index = [slice(None), *real.index]
             for axis in axes:
@@ -231,6 +244,11 @@ class ReplayEngine:
             coords = list(real.index)
             for axis, offset in zip(axes, offsets[1:]):
                 coords[axis] = int(offset)
+            if unsampled is not None:  # each class's unsampled columns' max
+                maxima = [at(m, real.index, self.class_shape) for m in unsampled]
+                latest = int(np.argmax(maxima))
+                if maxima[latest] > group.max():
+                    return self._unsampled_rank(latest, coords), maxima[latest]
             return self._rank_of(int(offsets[0]), coords), float(group.max())
         arrival = arrivals_of(state, real, op_index, self.class_shape)
         index = list(real.index)
@@ -241,11 +259,21 @@ class ReplayEngine:
         coords = list(real.index)
         for axis, offset in zip(info.axes, offsets):
             coords[axis] = int(offset)
+        if info.population:  # the group's unsampled columns may have arrived later
+            everyone = at(self._loop.group_max(state, arrival, info, op_index), real.index,
+                          self.class_shape)
+            if everyone > group.max():
+                return self._unsampled_rank(state.program.class_id, coords), everyone
         return self._rank_of(state.program.class_id, coords), float(group.max())
 
     def _rank_of(self, class_id: int, internal_coords) -> int:
         base = self.real_rank if self.real_rank is not None else 0
         return self._layout.rank_of(class_id, internal_coords, base)
+
+    def _unsampled_rank(self, class_id: int, internal_coords) -> int:
+        """The rank named when an unsampled column arrived last: the first
+        unsampled column's, at the real rank's place off the columns' axis."""
+        return self._layout.unsampled_rank(class_id, internal_coords, self.real_rank)
 
     def real_op(self, handle: tuple[int, int]) -> OpSpec:
         return self._states[self._real_class].program.ops[handle[1]]

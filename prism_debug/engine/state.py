@@ -38,6 +38,7 @@ class OpInfo:
     local: bool  # a collective inside the class: the fast path applies
     shared: bool = True  # its groups have more than one member
     streams: tuple = ()  # the streams it may run on (see EventLoop._stream_keys)
+    population: bool = False  # its groups span sampled columns (see :mod:`.sampling`)
 
 
 class Unit:
@@ -89,7 +90,11 @@ class ClassState:
         self.iteration = 1
         # this iteration's events and the compute model's gap before each
         self.events: tuple[Event, ...] = program.events(1)
-        self.gaps: Sequence[Time] = ()
+        self.gaps: Sequence[Time] | None = ()
+        self.gap_tops: Sequence[float] | None = None  # each gap's largest value (per-rank models)
+        self.uniforms: dict[int, tuple] = {}  # op -> its population maximum's draws
+        # the compute model's persistent per-rank factors (internal order), if any
+        self.rank_factors: Time | None = None
         self.gap_applied = False
         self.arrivals: dict[int, Time] = {}
         self.done: dict[int, Time] = {}
@@ -113,6 +118,21 @@ class ClassState:
         n = self.sequence.get(key, 0)
         self.sequence[key] = n + 1
         return n
+
+    def relayout(self, column_map) -> None:
+        """Apply ``column_map`` (see :meth:`.Layout.keep_apart`) to every time array held."""
+        self.t = column_map(self.t)
+        self.arrivals = {k: column_map(v) for k, v in self.arrivals.items()}
+        self.done = {k: column_map(v) for k, v in self.done.items()}
+        self.streams = {k: column_map(v) for k, v in self.streams.items()}
+        self.p2p_free = {k: column_map(v) for k, v in self.p2p_free.items()}
+        for queue in self.queues.values():
+            for unit in queue:
+                unit.relayout(column_map)
+        if self.open_unit is not None:
+            self.open_unit.relayout(column_map)
+        self.iteration_starts = [column_map(v) for v in self.iteration_starts]
+        self.forget_factors()
 
     def forget_factors(self) -> None:
         """The compute factors changed (or their layout did): work them out again."""
@@ -143,3 +163,9 @@ class RealRank:
     # Who arrived last at its ops whose groups span classes (the arrivals of
     # every class, kept until asked) or pair with a peer.
     last: dict[int, tuple] = dataclasses.field(default_factory=dict)
+
+
+def describe_op(op: OpSpec) -> str:
+    """An op as error messages name it."""
+    peer = f" with the rank {op.peer:+d} along {op.family}" if op.is_p2p else f" on {op.family}"
+    return f"{op.kind} of {op.nbytes} bytes{peer}"

@@ -110,8 +110,9 @@ class Windows:
                     yield p, part
 
     def compute_factor(self, state: ClassState) -> Time:
-        """What the class's compute is multiplied by now (per rank once slowed)."""
-        factor: Time = 1.0
+        """What the class's compute is multiplied by now (per rank once slowed,
+        or with a compute model's persistent per-rank factors)."""
+        factor: Time = 1.0 if state.rank_factors is None else state.rank_factors
         for p, part in self.active("slow", state):
             factor = factor * np.where(part, p.value, 1.0)
         return factor
