@@ -83,12 +83,21 @@ def lay_out(gaps, shape: tuple[int, ...], layout: Layout) -> tuple[Sequence[Time
     if isinstance(gaps, np.ndarray) and gaps.ndim == len(shape) + 1:
         block = np.asarray(gaps, dtype=float)
         _check(block.shape[1:], shape)
-    elif gaps and all(type(g) is np.ndarray and g.shape == shape for g in gaps):
-        block = np.stack(gaps).astype(float, copy=False)
-    else:
+        tops = block.reshape(len(block), -1).max(axis=1).tolist()
+        return layout.internal_drawn(block, leading=1), tops
+    # floats (gaps alike on every rank: the fast path) beside arrays of
+    # ``shape``: the arrays laid out together, once
+    drawn = [i for i, g in enumerate(gaps) if g.__class__ is not float]
+    if not drawn or not all(type(gaps[i]) is np.ndarray and gaps[i].shape == shape
+                            for i in drawn):
         return _lay_out_each(gaps, shape, layout)
-    tops = block.reshape(len(block), -1).max(axis=1).tolist()
-    return layout.internal_drawn(block, leading=1), tops
+    block = np.stack([gaps[i] for i in drawn]).astype(float, copy=False)
+    block_tops = block.reshape(len(block), -1).max(axis=1).tolist()
+    block = layout.internal_drawn(block, leading=1)
+    laid, tops = list(gaps), list(gaps)
+    for row, i in enumerate(drawn):
+        laid[i], tops[i] = block[row], block_tops[row]
+    return laid, tops
 
 
 def _lay_out_each(gaps, shape: tuple[int, ...], layout: Layout) -> tuple[list[Time], list[float]]:

@@ -8,9 +8,13 @@ closed form the Monte Carlo is checked against).
 
 from prism_debug.variability.distributions import FAMILIES, Distribution, Fit, fit
 from prism_debug.variability.model import StochasticCompute
-from prism_debug.variability.order_stats import expected_max_normal, max_normal_quantile
+from prism_debug.variability.order_stats import (
+    expected_max_normal,
+    max_normal_quantile,
+    std_max_normal,
+)
 from prism_debug.variability.spec import Rule, Variability, load_variability, parse_variability
 
 __all__ = ["FAMILIES", "Distribution", "Fit", "Rule", "StochasticCompute", "Variability",
            "expected_max_normal", "fit", "load_variability", "max_normal_quantile",
-           "parse_variability"]
+           "parse_variability", "std_max_normal"]

@@ -175,7 +175,10 @@ def parse_variability(terms: Sequence[str]) -> Variability:
     for term in terms:
         words = term.split()
         if len(words) == 1 and "=" not in words[0] and words[0] != FITTED:
-            path = Path(words[0]).expanduser()
+            try:
+                path = Path(words[0]).expanduser()
+            except RuntimeError:  # ~user of no such user: the word as it stands
+                path = Path(words[0])
             if not path.exists():
                 raise VariabilityError(
                     f"--variability {term!r}: no such file, and not a term: give cv=0.05, "

@@ -293,7 +293,7 @@ def test_graph_round_trips_through_its_file_and_rejects_other_versions(tmp_path)
     assert ExecutionGraph.load(path) == graph
     data = graph.to_dict() | {"version": 99}
     with pytest.raises(GraphError, match="graph format version 99; this prism-debug reads "
-                                         "versions 1, 2: profile the job again"):
+                                         "versions 1, 2, 3: profile the job again"):
         ExecutionGraph.from_dict(data)
     # version 1 recorded no batches: read without point-to-point ops only
     with pytest.raises(GraphError, match="graph format version 1 does not record which "
