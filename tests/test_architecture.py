@@ -16,7 +16,8 @@ CORE = ["prism_debug.cost", "prism_debug.graph", "prism_debug.engine", "prism_de
         "prism_debug.scenario", "prism_debug.checked", "prism_debug.example",
         "prism_debug.errors", "prism_debug.agent.config", "prism_debug.backend.tracker",
         "prism_debug.backend.hooks", "prism_debug.backend.flight_recorder",
-        "prism_debug.snapshot.store", "prism_debug.reload", "prism_debug.variability"]
+        "prism_debug.snapshot.store", "prism_debug.reload", "prism_debug.variability",
+        "prism_debug.predict"]
 FORBIDDEN = {"torch", "zmq", "pycriu", "click"}
 MAX_LINES = 600
 

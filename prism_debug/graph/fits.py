@@ -31,7 +31,10 @@ PARAMETERS = {"normal": ("loc", "scale"), "gamma": ("a", "loc", "scale"),
               "lognormal": ("s", "loc", "scale")}
 POOLINGS = ("op", "kind", "class")  # where a fit's samples came from
 MIN_SAMPLES = 8  # fewer samples fit nothing: 8 is where a KS distance starts to mean something
-MIN_GAP_S = 1e-6  # a median gap under 1 µs is bookkeeping, not compute: it stays deterministic
+# A median gap under 10 µs is the host issuing ops back to back (a launch),
+# not device work: it stays deterministic, and its samples — whose relative
+# spread on a busy host runs to 100x — never join a pool that prices real compute.
+MIN_GAP_S = 10e-6
 _SCIPY_NAMES = {"normal": "norm", "gamma": "gamma", "lognormal": "lognorm"}
 
 

@@ -32,11 +32,13 @@ from typing import Sequence
 import numpy as np
 
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph
+from prism_debug.graph.fits import MIN_GAP_S
 from prism_debug.variability.distributions import FAMILIES, Distribution
 from prism_debug.variability.spec import END, Rule, Variability
 
-# Shorter gaps are the host issuing ops, not device work: they do not vary.
-MIN_VARYING_GAP_S = 10e-6
+# Shorter gaps are the host issuing ops, not device work: they do not vary
+# (the graph builder fits none below it either).
+MIN_VARYING_GAP_S = MIN_GAP_S
 
 
 @dataclasses.dataclass(frozen=True)
