@@ -40,9 +40,10 @@ job against the deterministic replay of the graph (the emulation's own
 error, which the fidelity benchmark measures: -1 to -3 % here, gloo among 16
 processes on two cores costing more than a calibration among 4 measures).
 The unjittered job's own p95 shows the machine's spread, which the real
-side has and predict does not model.  The *added* columns take the offset
-out: p95 less the deterministic figure on each side (the unjittered job's
-p50, the deterministic replay's), what variability adds to the iteration.
+side has and predict does not model.  The *added* columns (ms) take the
+offset out: p50 and p95 less the deterministic figure on each side (the
+unjittered job's p50, the deterministic replay's), what variability adds to
+the iteration.
 
 Optional (``--fitted``): profile the jittered job with more iterations
 (graph v3 fits each gap's distribution) and predict with ``--variability
@@ -307,14 +308,14 @@ def print_tables(rows, baseline, fitted) -> None:
           "against predict with the same variability:")
     print(f"{'variability':>24} {'rank':>4} {'real p50':>8} {'pred p50':>8} {'error':>7} "
           f"{'noise':>6} {'real p95':>8} {'pred p95':>8} {'error':>7} {'noise':>6} "
-          f"{'added p95 real/pred ms':>22}")
+          f"{'added p50 real/pred':>19} {'added p95 real/pred':>19}")
     for r in rows:
-        real_add, pred_add = r["spread_p95"]
         print(f"{r['stated']:>24} {r['rank']:>4} {r['real_p50'] * 1e3:>8.2f} "
               f"{r['pred_p50'] * 1e3:>8.2f} {r['error_p50']:>+6.2f}% {r['noise_p50']:>5.2f}% "
               f"{r['real_p95'] * 1e3:>8.2f} {r['pred_p95'] * 1e3:>8.2f} "
-              f"{r['error_p95']:>+6.2f}% {r['noise_p95']:>5.2f}% "
-              f"{real_add:>10.2f} / {pred_add:>9.2f}")
+              f"{r['error_p95']:>+6.2f}% {r['noise_p95']:>5.2f}%"
+              + "".join(f" {r[k][0]:>9.2f} / {r[k][1]:>6.2f}" for k in ("spread_p50",
+                                                                        "spread_p95")))
     if fitted:
         print("\nfitted (informative): predict --variability fitted on a profile of the "
               "jittered job:")
