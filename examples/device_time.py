@@ -19,6 +19,20 @@ Each rank writes its iteration times and peak RSS to ``TIMING_DIR/rank<R>.json``
 (a file per rank: never interleaved with another rank's output).
 ``DEVICE_TIME_SLOW_RANK=R`` (and ``DEVICE_TIME_SLOW_FACTOR``, default 2)
 makes rank R's compute that much slower: a real straggler.
+
+Jittered device time (``--jitter-cv C``, default 0: every sleep exactly as
+configured): each stretch of compute between two communication ops — a
+micro-batch's forward or backward on a stage (each layer's, when tp > 1
+puts an all-reduce after every layer), the optimizer step — is multiplied
+by a fresh draw of a factor with mean 1 and coefficient of variation C from
+``--jitter-dist`` (``normal``: loc 1, scale C, clipped at 0; ``gamma``:
+shape 1/C², scale C²; ``lognormal``: sigma s = sqrt(ln(1 + C²)), median
+exp(-s²/2)).  ``--rank-cv R`` also multiplies all of a rank's compute by a
+factor of the same family and mean 1, drawn once (a slow-GPU lottery).  A
+rank draws from its own generator, seeded with (``--jitter-seed``, rank):
+the same seed gives the same draws.  One stretch of compute is one gap of
+prism-debug's execution graph, so the job's variability is the one that
+``prism-debug predict --variability "cv=C dist=F"`` states.
 """
 
 import argparse
@@ -28,8 +42,11 @@ import resource
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
+
+JITTER_FAMILIES = ("normal", "gamma", "lognormal")
 
 
 def parse_args(argv=None):
@@ -54,7 +71,48 @@ def parse_args(argv=None):
     parser.add_argument("--optimizer-ms", type=float, default=2.0)
     parser.add_argument("--timing-dir", type=Path,
                         help="Write rank<R>.json (iteration times, peak RSS) here.")
-    return parser.parse_args(argv)
+    parser.add_argument("--jitter-cv", type=float, default=0.0,
+                        help="coefficient of variation of a fresh factor (mean 1) on each "
+                             "stretch of compute between communication ops (0: none)")
+    parser.add_argument("--jitter-dist", choices=JITTER_FAMILIES, default="lognormal",
+                        help="family of the factors (normal is clipped at 0)")
+    parser.add_argument("--rank-cv", type=float, default=0.0,
+                        help="coefficient of variation of a persistent per-rank factor "
+                             "(mean 1, the same family), drawn once")
+    parser.add_argument("--jitter-seed", type=int, default=0,
+                        help="a rank's generator is seeded with (this, rank)")
+    args = parser.parse_args(argv)
+    if args.jitter_cv < 0 or args.rank_cv < 0:
+        parser.error("--jitter-cv and --rank-cv must be >= 0")
+    return args
+
+
+def draw_factors(rng, family, cv, size=None):
+    """Factors of mean 1 and coefficient of variation ``cv``, parametrised as
+    prism-debug's Distribution.with_cv (scipy's norm / gamma / lognorm)."""
+    if cv == 0:
+        return np.ones(size) if size is not None else 1.0
+    if family == "normal":
+        return np.maximum(rng.normal(1.0, cv, size), 0.0)
+    if family == "gamma":
+        return rng.gamma(1 / cv**2, cv**2, size)
+    if family == "lognormal":
+        s = np.sqrt(np.log1p(cv**2))
+        return rng.lognormal(-s**2 / 2, s, size)  # scipy lognorm(s, scale=exp(-s²/2))
+    raise ValueError(f"unknown jitter family {family!r}; one of {JITTER_FAMILIES}")
+
+
+class Jitter:
+    """A rank's compute factors: one persistent, one fresh per stretch of compute."""
+
+    def __init__(self, family, cv, rank_cv, seed, rank):
+        self.family, self.cv = family, cv
+        self.rng = np.random.default_rng((seed, rank))
+        # drawn first, once, so that the per-stretch draws follow it alike on every rank
+        self.rank_factor = float(draw_factors(self.rng, family, rank_cv))
+
+    def factor(self):
+        return self.rank_factor * float(draw_factors(self.rng, self.family, self.cv))
 
 
 class Layout:
@@ -92,8 +150,8 @@ class Layout:
 class Stage:
     """One pipeline stage: layers that wait for device time and all-reduce over tp."""
 
-    def __init__(self, args, layout, compute_factor):
-        self.args, self.layout = args, layout
+    def __init__(self, args, layout, compute_factor, jitter):
+        self.args, self.layout, self.jitter = args, layout, jitter
         factor = compute_factor * (args.last_stage_factor if layout.pp_rank == layout.pp - 1
                                    else 1.0)
         self.forward_s = args.forward_ms * factor / 1e3 / args.layers
@@ -102,8 +160,14 @@ class Stage:
         self.activation = torch.zeros(args.activation_kib * 256)
 
     def _layers(self, seconds):
-        for _ in range(self.args.layers):
-            time.sleep(seconds)  # the host waits for the layer's kernels
+        # a fresh factor per stretch of compute between two communication ops
+        # (one gap of an execution graph): per layer when tp all-reduces
+        # after each, else one for the stage's layers
+        factor = self.jitter.factor()
+        for layer in range(self.args.layers):
+            if layer and self.layout.tp > 1:
+                factor = self.jitter.factor()
+            time.sleep(seconds * factor)  # the host waits for the layer's kernels
             if self.layout.tp > 1:  # row-parallel output / column-parallel input grad
                 dist.all_reduce(self.tp_buffer, group=self.layout.tp_group)
 
@@ -160,7 +224,8 @@ def main(argv=None):
     slow = os.environ.get("DEVICE_TIME_SLOW_RANK")
     compute_factor = (float(os.environ.get("DEVICE_TIME_SLOW_FACTOR", "2"))
                       if slow and int(slow) == rank else 1.0)
-    stage = Stage(args, layout, compute_factor)
+    jitter = Jitter(args.jitter_dist, args.jitter_cv, args.rank_cv, args.jitter_seed, rank)
+    stage = Stage(args, layout, compute_factor, jitter)
 
     # the stage's weights: their gradient is what dp all-reduces, in buckets
     weight = torch.nn.Parameter(torch.zeros(args.grad_kib * 256))
@@ -174,7 +239,7 @@ def main(argv=None):
         if layout.dp > 1:
             for start in range(0, weight.numel(), bucket):
                 dist.all_reduce(weight.grad[start:start + bucket], group=layout.dp_group)
-        time.sleep(args.optimizer_ms / 1e3)
+        time.sleep(args.optimizer_ms / 1e3 * jitter.factor())
         optimizer.step()  # an iteration ends here, where prism-debug counts one
         ends.append(time.perf_counter())
 
@@ -186,7 +251,8 @@ def main(argv=None):
         partial = path.with_suffix(".json.partial")
         partial.write_text(json.dumps({"rank": rank, "iteration_s": times,
                                        "peak_rss_bytes": peak_rss,
-                                       "compute_factor": compute_factor}))
+                                       "compute_factor": compute_factor,
+                                       "rank_factor": jitter.rank_factor}))
         partial.replace(path)  # a reader never sees half a file
     dist.destroy_process_group()
 
