@@ -76,7 +76,7 @@ from prism_debug.errors import VariabilityError
 ROOT = Path(__file__).resolve().parent.parent
 DEVICE = ROOT / "examples" / "device_time.py"
 WORLD = 16
-LAYOUT = ["--pp", "4", "--tp", "1"]  # bench_fidelity's first layout: pp=4 x dp=4
+LAYOUT = ["--pp", "4", "--tp", "1"]  # bench_fidelity's first layout: pp=4 x dp=4 (--pp)
 QUANTILES = (50, 95)
 
 
@@ -344,6 +344,9 @@ def main() -> None:
     parser.add_argument("--variability", default="normal:0.1,lognormal:0.1,gamma:0.2",
                         help="Stated variabilities, comma-separated FAMILY:CV[:RANK_CV] "
                              "(families: normal, gamma, lognormal).")
+    parser.add_argument("--pp", type=int, default=4,
+                        help="Pipeline stages (dp = 16 / pp): 1 leaves only the data-parallel "
+                             "all-reduces, no point-to-point ops.")
     parser.add_argument("--rounds", type=int, default=3, help="Interleaved real rounds.")
     parser.add_argument("--iterations", type=int, default=100, help="Iterations per run.")
     parser.add_argument("--warmup", type=int, default=5, help="Iterations left out.")
@@ -376,6 +379,9 @@ def main() -> None:
         args.rounds, args.iterations, args.variability = 2, 40, "normal:0.1"
     if args.iterations <= args.warmup:
         sys.exit("bench_variability: --iterations must exceed --warmup")
+    if args.pp < 1 or 16 % args.pp:
+        sys.exit("bench_variability: --pp must divide the 16 ranks")
+    LAYOUT[1] = str(args.pp)
     stated = [Stated.parse(t) for t in args.variability.split(",") if t]
     ranks = [int(r) for r in args.ranks.split(",")]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="prism-variability-"))

@@ -167,6 +167,8 @@ def summary_lines(report: dict) -> list[str]:
         lines.append(f"families: {describe_families(report['families'])}")
     if report.get("variability"):
         lines.append(f"variability: {report['variability']['describe']}")
+    # the waits before the summary: the summary stays the report's last line
+    lines += waits_lines(report.get("waits"))
     if its:
         times = [it["time_s"] for it in its]
         restored = report.get("restored_from")
@@ -183,7 +185,7 @@ def summary_lines(report: dict) -> list[str]:
     else:
         lines.append(f"summary: no iteration completed · peak RSS "
                      f"{report['peak_rss_bytes'] / 2**20:.0f} MiB · exit {report['exit_code']}")
-    return lines + waits_lines(report.get("waits"))
+    return lines
 
 
 def chrome_trace(events: list[dict], rank: int) -> dict:

@@ -177,9 +177,13 @@ def parse_variability(terms: Sequence[str]) -> Variability:
         if len(words) == 1 and "=" not in words[0] and words[0] != FITTED:
             try:
                 path = Path(words[0]).expanduser()
-            except RuntimeError:  # ~user of no such user: the word as it stands
+            except (RuntimeError, ValueError):  # ~user of no such user (or a NUL in it)
                 path = Path(words[0])
-            if not path.exists():
+            try:
+                found = path.exists()
+            except (OSError, ValueError):  # a name no file can have (a NUL, too long)
+                found = False
+            if not found:
                 raise VariabilityError(
                     f"--variability {term!r}: no such file, and not a term: give cv=0.05, "
                     f"rank-cv=0.02, fitted (with class=, op=, dist=), or a YAML file's path")
