@@ -162,9 +162,10 @@ def test_a_ddp_step_over_4096_ranks_sampled_matches_the_max_of_normals_and_the_e
     assert exact.mean() == pytest.approx(closed, abs=4 * noise)  # the oracle agrees
     assert sampled.mean() == pytest.approx(closed, abs=5 * noise)
     assert sampled.mean() == pytest.approx(exact.mean(), abs=6 * noise)
-    # 64 columns estimate the normal's sd to ±9 %: at q ≈ 3.6 that widens the
-    # sampled max (sd 0.48σ against 0.33σ) and lifts its p95 by ~0.2σ (0.5 %
-    # of this iteration); 128 columns bring it to 0.04σ (measured)
+    # n sampled columns estimate the normal's sd to ±1/√(2(n-1)) (±10 % at 48,
+    # ±9 % at 64): at q ≈ 3.6 that widens the sampled max (sd 0.48σ against
+    # 0.33σ at 64) and lifts its p95 by ~0.2σ (0.5 % of this iteration); 128
+    # columns bring it to 0.04σ (measured)
     p95 = gap + sigma * stats.norm.ppf(0.95 ** (1 / dp)) + COST
     assert np.percentile(exact, 95) == pytest.approx(p95, abs=0.12 * sigma)
     assert np.percentile(sampled, 95) == pytest.approx(p95 + 0.22 * sigma, abs=0.15 * sigma)
