@@ -28,6 +28,8 @@ bench: $(STAMP)
 	$(BIN)/python tools/bench_bus.py
 	$(BIN)/python tools/bench_engine.py
 	$(BIN)/python tools/bench_fidelity.py
+	$(BIN)/python tools/bench_predict.py
+	$(BIN)/python tools/bench_variability.py
 
 # torch==2.13.0 is pinned exactly: pip takes the CPU wheel from the local disk
 # (a looser pin would pull gigabytes of CUDA wheels).

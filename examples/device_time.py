@@ -22,9 +22,11 @@ makes rank R's compute that much slower: a real straggler.
 
 Jittered device time (``--jitter-cv C``, default 0: every sleep exactly as
 configured): each stretch of compute between two communication ops — a
-micro-batch's forward or backward on a stage (each layer's, when tp > 1
-puts an all-reduce after every layer), the optimizer step — is multiplied
-by a fresh draw of a factor with mean 1 and coefficient of variation C from
+micro-batch's forward or backward on a stage between its sends and
+receives (each layer's, when tp > 1 puts an all-reduce after every layer;
+all of a stage's micro-batches, when nothing is exchanged between them, as
+with one stage), the optimizer step after the data-parallel all-reduces —
+is multiplied by a fresh draw of a factor with mean 1 and coefficient of variation C from
 ``--jitter-dist`` (``normal``: loc 1, scale C, clipped at 0; ``gamma``:
 shape 1/C², scale C²; ``lognormal``: sigma s = sqrt(ln(1 + C²)), median
 exp(-s²/2)).  ``--rank-cv R`` also multiplies all of a rank's compute by a
@@ -111,8 +113,21 @@ class Jitter:
         # drawn first, once, so that the per-stretch draws follow it alike on every rank
         self.rank_factor = float(draw_factors(self.rng, family, rank_cv))
 
+        self._stretch = None  # this stretch's factor, until the next communication op
+
     def factor(self):
+        """A fresh factor."""
         return self.rank_factor * float(draw_factors(self.rng, self.family, self.cv))
+
+    def stretch_factor(self):
+        """The factor of the stretch of compute in progress: drawn at its
+        first sleep, kept until a communication op ends the stretch."""
+        if self._stretch is None:
+            self._stretch = self.factor()
+        return self._stretch
+
+    def communicated(self):
+        self._stretch = None
 
 
 class Layout:
@@ -160,16 +175,15 @@ class Stage:
         self.activation = torch.zeros(args.activation_kib * 256)
 
     def _layers(self, seconds):
-        # a fresh factor per stretch of compute between two communication ops
-        # (one gap of an execution graph): per layer when tp all-reduces
-        # after each, else one for the stage's layers
-        factor = self.jitter.factor()
-        for layer in range(self.args.layers):
-            if layer and self.layout.tp > 1:
-                factor = self.jitter.factor()
-            time.sleep(seconds * factor)  # the host waits for the layer's kernels
+        # one factor per stretch of compute between two communication ops (one
+        # gap of an execution graph): per layer when tp all-reduces after
+        # each, else one for the layers and micro-batches until an exchange
+        for _ in range(self.args.layers):
+            # the host waits for the layer's kernels
+            time.sleep(seconds * self.jitter.stretch_factor())
             if self.layout.tp > 1:  # row-parallel output / column-parallel input grad
                 dist.all_reduce(self.tp_buffer, group=self.layout.tp_group)
+                self.jitter.communicated()
 
     def forward(self):
         self._layers(self.forward_s)
@@ -195,6 +209,7 @@ class Stage:
         if ops:
             for request in dist.batch_isend_irecv(ops):
                 request.wait()
+            self.jitter.communicated()
 
 
 def train_step(stage, layout, num_micro):
@@ -239,7 +254,9 @@ def main(argv=None):
         if layout.dp > 1:
             for start in range(0, weight.numel(), bucket):
                 dist.all_reduce(weight.grad[start:start + bucket], group=layout.dp_group)
-        time.sleep(args.optimizer_ms / 1e3 * jitter.factor())
+            jitter.communicated()
+        time.sleep(args.optimizer_ms / 1e3 * jitter.stretch_factor())
+        jitter.communicated()  # (the next iteration's first sleep follows prism's boundary)
         optimizer.step()  # an iteration ends here, where prism-debug counts one
         ends.append(time.perf_counter())
 

@@ -124,6 +124,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, nargs="*", default=[8192, 65536, 131072])
     parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="Replays per row: the median is the figure, the range its noise.")
     parser.add_argument("--graph-dir", type=Path, help="Keep the profiled graphs here.")
     parser.add_argument("--accuracy-seeds", type=int, default=4)
     parser.add_argument("--accuracy-iterations", type=int, default=6)
@@ -134,22 +136,32 @@ def main() -> None:
     print(f"{'world':>7} {'perturbed':>9} {'engine ms/iter':>15} {'emulated ms/iter':>17} "
           f"{'share':>7}")
     last, stochastic_line = "", ""
+    def repeated(*how, **options):
+        """The median replay of ``args.repeats``, and the range of their engine times."""
+        runs = sorted((measure(*how, **options) for _ in range(args.repeats)),
+                      key=lambda run: run[0])
+        engine_s, emulated_s, engine = runs[len(runs) // 2]
+        noise = f"  (runs {runs[0][0] * 1e3:.2f}-{runs[-1][0] * 1e3:.2f})"
+        return engine_s, emulated_s, noise
+
     for world in args.world_size:
         for perturbed in (0.0, 0.01):
-            engine_s, emulated_s, _ = measure(graphs[world], perturbed, args.iterations)
+            engine_s, emulated_s, noise = repeated(graphs[world], perturbed, args.iterations)
             share = 100 * engine_s / emulated_s
             print(f"{world:>7} {perturbed:>9.0%} {engine_s * 1e3:>15.2f} {emulated_s * 1e3:>17.2f} "
-                  f"{share:>6.1f}%")
+                  f"{share:>6.1f}%{noise}")
             rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             last = f"engine: world={world} engine_share_pct={share:.1f} rss_mb={rss_mb:.0f}"
         for perturbed in (0.0, 0.01):
             compute = stochastic(graphs[world])
-            engine_s, emulated_s, _ = measure(graphs[world], perturbed, args.iterations, compute)
+            engine_s, emulated_s, noise = repeated(graphs[world], perturbed, args.iterations,
+                                                   compute)
             share = 100 * engine_s / emulated_s
             rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            # (the model's draws per iteration, in the last replay)
             model = f" (model {compute.draw_s * 1e3:.2f} ms)" if hasattr(compute, "draw_s") else ""
             print(f"{world:>7} {perturbed:>9.0%} {engine_s * 1e3:>15.2f} {emulated_s * 1e3:>17.2f} "
-                  f"{share:>6.1f}%  every rank stochastic{model}, rss {rss_mb:.0f} MB")
+                  f"{share:>6.1f}%  every rank stochastic{model}, rss {rss_mb:.0f} MB{noise}")
             if not perturbed and (world == 65536 or not stochastic_line):
                 stochastic_line = (f"engine stochastic: world={world} engine_share_pct={share:.1f}"
                                    f" rss_mb={rss_mb:.0f}")

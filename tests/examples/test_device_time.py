@@ -149,6 +149,20 @@ def test_the_persistent_rank_factor_scales_every_draw_of_the_rank():
     assert abs(factors.std(ddof=1) - 0.2) < 0.02
 
 
+def test_a_stretch_keeps_its_factor_until_a_communication_op_ends_it():
+    # one gap of the execution graph is one draw: with one stage, a rank's four
+    # micro-batches run back to back (nothing exchanged), and the graph has
+    # them in one gap, so they sleep one factor, not four
+    dt = _workload_module()
+    jitter = dt.Jitter("gamma", 0.2, 0.0, seed=1, rank=0)
+    first = [jitter.stretch_factor() for _ in range(4)]
+    jitter.communicated()
+    second = jitter.stretch_factor()
+    assert len(set(first)) == 1 and second != first[0]
+    twin = dt.Jitter("gamma", 0.2, 0.0, seed=1, rank=0)
+    assert [twin.factor(), twin.factor()] == [first[0], second]  # fresh draws, in order
+
+
 def test_no_jitter_by_default_draws_nothing():
     dt = _workload_module()
     args = dt.parse_args([])
