@@ -31,7 +31,12 @@ from prism_debug.runner.paths import default_run_dir, make_run_dir, open_store
 from prism_debug.scenario import Scenario, plan
 from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt, Run
 from prism_debug.snapshot.store import Manifest, sha256_file
+from prism_debug.predict import predict
+from prism_debug.variability import Variability
 from prism_debug.variability.model import StochasticCompute
+
+# samples of a scenario's predicted percentile: p99 over 200 × K iterations
+PREDICT_SAMPLES = 200
 
 _FR_TRACE_TIMEOUT_S = 300
 Message = Callable[[str], None]
@@ -147,10 +152,33 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
             first_iteration=manifest.iteration + 1 if manifest is not None else 2,
             seed=scenario.seed, compute=variability and StochasticCompute(graph, variability))
         message(f"scenario: the replay engine predicts iterations x{predicted:.3f}")
+    predicted_times = None
+    if plan.needs_distribution(scenario):
+        predicted_times = _predicted_times(scenario, graph, profile, faults, spec, manifest)
+        message(f"scenario: prism-debug predict: {predicted_times.size} iterations of rank "
+                f"{world.rank} over {len(predicted_times)} samples")
     message(f"scenario: {scenario.name}: run with the faults")
     observed = observe(start("run", True, run_dir / "report.json", message))
-    verdicts = plan.evaluate(scenario, observed, baseline, predicted)
+    verdicts = plan.evaluate(scenario, observed, baseline, predicted, predicted_times)
     return ScenarioResult(scenario, verdicts, run_dir, time.monotonic() - started, predicted)
+
+
+def _predicted_times(scenario: Scenario, graph: ExecutionGraph, profile, faults, spec: Run,
+                     manifest: Manifest | None):
+    """The real rank's iteration times prism-debug predict gives for the
+    scenario's world — its graph, variability, faults and seed — over the
+    iterations the run's percentile counts (after the first, or after the
+    snapshot a restored run resumes from): an array (samples, iterations)."""
+    first = manifest.iteration if manifest is not None else 1
+    horizon = spec.last_iteration or first + (spec.iterations or 4) - (manifest is None)
+    injections = [(fault_text(f), resolve(f, graph.world_size, graph.gpus_per_node, graph))
+                  for f in faults]
+    prediction = predict(graph, CostModel(profile).op_time_s,
+                         scenario.variability or Variability(()),
+                         samples=PREDICT_SAMPLES, iterations=max(1, horizon - first),
+                         rank=scenario.world.rank, seed=scenario.seed, injections=injections,
+                         attribution=False, jobs=1)
+    return prediction.times_s
 
 
 def _snapshot(scenario: Scenario, store: Path | None) -> Manifest:

@@ -253,6 +253,7 @@ class ExpectIterationTime(Expectation):
     max_s: float | None = declare("float", default=None, check=positive)
     relative: float | None = declare("float", default=None, check=positive)
     # min_s/max_s bound this percentile of the run's iterations after the first
+    # (with predicted: of the iterations prism-debug predict gives)
     percentile: float | None = declare("float", default=None, check=_percentile)
     # relative to the baseline by the ratio the replay engine predicts
     predicted: bool | None = declare("bool", default=None)
@@ -260,12 +261,17 @@ class ExpectIterationTime(Expectation):
 
     @property
     def is_relative(self) -> bool:
-        return self.relative is not None or bool(self.predicted)
+        return self.relative is not None or (bool(self.predicted) and self.percentile is None)
+
+    @property
+    def is_predicted_percentile(self) -> bool:
+        """A bound on a percentile of predict's distribution, not the run's."""
+        return self.percentile is not None and bool(self.predicted)
 
     def bounds(self, baseline_s: float | None = None,
                predicted_ratio: float | None = None) -> tuple[float, float]:
         """The allowed iteration time, in seconds."""
-        if self.predicted:
+        if self.is_relative and self.predicted:
             if baseline_s is None or predicted_ratio is None:
                 raise ConfigError("iteration_time predicted needs the baseline run and the "
                                   "replay engine's prediction")
@@ -284,11 +290,12 @@ class ExpectIterationTime(Expectation):
             if self.iteration is not None:
                 yield ("percentile",), ("a percentile is over the run's iterations: give "
                                         "percentile or iteration, not both")
-            if self.is_relative:
+            if self.relative is not None or (self.min_s is None and self.max_s is None):
                 yield ("percentile",), "a percentile takes min_s or max_s"
         if self.predicted is False:
             yield ("predicted",), "predicted: true, or leave it out"
-        if not self.is_relative and self.min_s is None and self.max_s is None:
+        if not self.is_relative and self.min_s is None and self.max_s is None \
+                and self.percentile is None:
             yield (), "give max_s, min_s, relative (to a baseline run) or predicted: true"
         elif self.is_relative and (self.min_s is not None or self.max_s is not None):
             bound = "min_s" if self.min_s is not None else "max_s"
@@ -297,7 +304,9 @@ class ExpectIterationTime(Expectation):
         if self.relative is not None and self.predicted:
             yield ("predicted",), "give relative or predicted, not both"
         if self.tolerance is not None and not self.is_relative:
-            yield ("tolerance",), "tolerance goes with relative or predicted"
+            yield ("tolerance",), ("tolerance goes with relative or predicted (a ratio), not "
+                                   "with bounds" if self.percentile is not None else
+                                   "tolerance goes with relative or predicted")
         if self.min_s is not None and self.max_s is not None and self.min_s > self.max_s:
             yield ("max_s",), f"max_s {self.max_s} is less than min_s {self.min_s}"
 

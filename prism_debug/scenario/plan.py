@@ -139,11 +139,19 @@ class Verdict:
 
 
 def evaluate(scenario: Scenario, observed: Observed, baseline: Observed | None = None,
-             predicted_ratio: float | None = None) -> list[Verdict]:
-    """One verdict per expectation, in file order."""
+             predicted_ratio: float | None = None,
+             predicted_times: np.ndarray | None = None) -> list[Verdict]:
+    """One verdict per expectation, in file order; ``predicted_times``: the
+    iteration times prism-debug predict gave (percentiles of a prediction)."""
+
+    def iteration_time(e, seen, base, ratio):
+        if e.is_predicted_percentile:
+            return _predicted_percentile(e, predicted_times)
+        return _iteration_time(e, seen, base, ratio)
+
     checks: dict[type, Callable] = {
         ExpectException: _exception, ExpectExitCode: _exit_code,
-        ExpectIterationTime: _iteration_time, ExpectFlightRecord: _flight_record,
+        ExpectIterationTime: iteration_time, ExpectFlightRecord: _flight_record,
         ExpectNanAt: _nan_at, ExpectDigests: _digests}
     return [Verdict(e, *checks[type(e)](e, observed, baseline, predicted_ratio))
             for e in scenario.expect]
@@ -154,7 +162,14 @@ def needs_baseline(scenario: Scenario) -> bool:
 
 
 def needs_prediction(scenario: Scenario) -> bool:
-    return any(isinstance(e, ExpectIterationTime) and e.predicted for e in scenario.expect)
+    return any(isinstance(e, ExpectIterationTime) and e.is_relative and e.predicted
+               for e in scenario.expect)
+
+
+def needs_distribution(scenario: Scenario) -> bool:
+    """Whether an expectation bounds a percentile of prism-debug predict's."""
+    return any(isinstance(e, ExpectIterationTime) and e.is_predicted_percentile
+               for e in scenario.expect)
 
 
 def _exception(e: ExpectException, seen: Observed, *_) -> tuple[bool, str]:
@@ -225,6 +240,22 @@ def _iteration_percentile(e: ExpectIterationTime, seen: Observed) -> tuple[bool,
     value = float(np.percentile(times, e.percentile))
     return low <= value <= high, (f"{label} {bound}: got {value * 1e3:.1f} ms over "
                                   f"{len(times)} iterations")
+
+
+def _predicted_percentile(e: ExpectIterationTime,
+                          times: np.ndarray | None) -> tuple[bool, str]:
+    """The percentile of the predicted iteration times (every sample's), by
+    the linear interpolation the run's percentile uses, within [min_s, max_s]."""
+    low, high = e.bounds()
+    label = f"p{e.percentile:g} of predicted iteration times"
+    bound = " and ".join(part for part in (
+        f">= {_ms(low)}" if e.min_s is not None else "",
+        f"<= {_ms(high)}" if e.max_s is not None else "") if part)
+    if times is None or not np.size(times):
+        return False, f"{label} {bound}: no prediction was made"
+    value = float(np.percentile(times, e.percentile))
+    return low <= value <= high, (f"{label} {bound}: got {value * 1e3:.1f} ms over "
+                                  f"{np.size(times)} predicted iterations")
 
 
 def _flight_record(e: ExpectFlightRecord, seen: Observed, *_) -> tuple[bool, str]:

@@ -50,8 +50,12 @@ def test_a_rule_the_variability_language_refuses_is_reported_at_its_item():
     ("{percentile: 150, max_s: 1}",
      "s.yaml:5:34: expect[0].iteration_time.percentile: must be in 0..100, got 150"),
     ("{percentile: 99}",
-     "s.yaml:5:5: expect[0].iteration_time: give max_s, min_s, relative (to a baseline run) "
-     "or predicted: true"),
+     "s.yaml:5:34: expect[0].iteration_time.percentile: a percentile takes min_s or max_s"),
+    ("{percentile: 99, predicted: true}",
+     "s.yaml:5:34: expect[0].iteration_time.percentile: a percentile takes min_s or max_s"),
+    ("{percentile: 99, predicted: true, max_s: 1, tolerance: 0.1}",
+     "s.yaml:5:76: expect[0].iteration_time.tolerance: tolerance goes with relative or "
+     "predicted (a ratio), not with bounds"),
     ("{percentile: 99, iteration: 3, max_s: 1}",
      "s.yaml:5:34: expect[0].iteration_time.percentile: a percentile is over the run's "
      "iterations: give percentile or iteration, not both"),
@@ -94,3 +98,25 @@ def test_a_run_with_no_iteration_after_the_warm_up_fails_the_percentile():
     assert not verdict.passed
     assert verdict.detail == ("p99 of iteration times <= 1000.0 ms: the run finished no "
                               "iteration after the first")
+
+
+def test_a_percentile_of_the_prediction_is_judged_on_predicts_times_not_the_runs():
+    from prism_debug.scenario.plan import needs_baseline, needs_distribution, needs_prediction
+    scenario = parse_scenario(HEAD + "expect:\n  - iteration_time: {percentile: 95, predicted: true,"
+                                     " max_s: 0.13}\n")
+    (expectation,) = scenario.expect
+    assert expectation.is_predicted_percentile
+    # predict's distribution, not a baseline run or the engine's ratio
+    assert (needs_distribution(scenario), needs_baseline(scenario),
+            needs_prediction(scenario)) == (True, False, False)
+    observed = Observed(exit_code=0, exception=None, iteration_times=TIMES, digests={})
+    predicted = np.array([[0.100, 0.110], [0.120, 0.130], [0.105, 0.115]])
+    (verdict,) = evaluate(scenario, observed, predicted_times=predicted)
+    # numpy's linear p95 of the six: 0.120 + 0.75 x 0.010 (the run's times, with
+    # its 300 ms iteration, would fail the bound)
+    assert verdict.passed
+    assert verdict.detail == ("p95 of predicted iteration times <= 130.0 ms: got 127.5 ms over 6 "
+                              "predicted iterations")
+    (verdict,) = evaluate(scenario, observed)
+    assert not verdict.passed
+    assert verdict.detail == "p95 of predicted iteration times <= 130.0 ms: no prediction was made"

@@ -35,9 +35,11 @@ def test_pytest_runs_every_example_scenario_and_each_passes(pytester, env):
     assert sorted(cases) == ["degraded_link", "desync_peer", "dp_peer_fail_stop", "nan_peer",
                              "slow_node_other_stage", "stochastic_stragglers"]
     verdicts = [v for props in cases.values() for v in props if v.startswith(("PASS", "FAIL"))]
-    assert len(verdicts) == 14 and all(v.startswith("PASS  ") for v in verdicts)
+    assert len(verdicts) == 15 and all(v.startswith("PASS  ") for v in verdicts)
     assert any(v.startswith("PASS  p95 of iteration times >= 100.0 ms and <= 400.0 ms: got ")
                for v in cases["stochastic_stragglers"])
+    assert any(v.startswith("PASS  p95 of predicted iteration times >= 100.0 ms and <= 160.0 "
+                            "ms: got ") for v in cases["stochastic_stragglers"])
     # what each one showed, beyond passing
     assert ("PASS  flight record shows missing ranks [13]: got missing [13], mismatches none"
             in cases["dp_peer_fail_stop"])
