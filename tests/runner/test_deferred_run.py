@@ -11,13 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import cli
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "p2p_deferred.py"
 pytestmark = pytest.mark.slow
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prism_debug.cli", *args], capture_output=True,
-                          text=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture(scope="module")

@@ -30,16 +30,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli import cli
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "steady_steps.py"
 WORLD = ["--world-size", "4", "--gpus-per-node", "2"]
 STALL = "hang 3 at 3 op 1 for 0.2"
 TOLERANCE_S = 0.005
 pytestmark = pytest.mark.slow
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prism_debug.cli", *args], capture_output=True,
-                          text=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,15 +14,11 @@ import pytest
 from prism_debug.cost import CostModel, Placement
 from prism_debug.cost.profile import BUNDLED_DIR, load_profile
 from prism_debug.graph import ExecutionGraph
+from tests.cli import cli
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 WORLD, RANK, BUCKETS, BUCKET_BYTES = 16, 5, 4, 66_048  # 128x128 weight and bias, float32
 pytestmark = pytest.mark.slow
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prism_debug.cli", *args], capture_output=True,
-                          text=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
 def slow_network(path: Path) -> Path:

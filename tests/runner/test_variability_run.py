@@ -6,21 +6,17 @@ all-reduce over the world of 8)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.cli import cli
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "steady_steps.py"
 COMPUTE_MS = "20"
 pytestmark = pytest.mark.slow
-
-
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "prism_debug.cli", *args], capture_output=True,
-                          text=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture(scope="module")

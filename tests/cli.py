@@ -1,0 +1,12 @@
+"""The prism-debug CLI as the tests run it: this Python, output captured,
+no stdin (a test must never wait on a terminal)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prism_debug.cli", *args], capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
