@@ -10,7 +10,8 @@ their callers catch.  ::
     ├── ConfigError (also ValueError)        bad user input: options, files, ranks
     │   ├── HardwareProfileError             a hardware profile missing or malformed
     │   ├── InvalidFields                    a checked dataclass built with bad values
-    │   └── ScenarioError                    a scenario file with problems (every one listed)
+    │   ├── ScenarioError                    a scenario file with problems (every one listed)
+    │   └── IncidentError                    a dump directory that cannot be read as an incident
     ├── LaunchError                          the rank could not be started or never initialised
     │   └── MissingGpu                       the rank called CUDA on a machine without a GPU
     ├── UnsupportedOperation                 a torch.distributed feature the emulation cannot serve
@@ -88,6 +89,12 @@ class VariabilityError(ConfigError):
     """Raised for a variability statement (``--variability``, a variability
     file, a scenario's ``variability``) that cannot be read or does not fit
     the graph it is used with; the message names the term and what to give."""
+
+
+class IncidentError(ConfigError):
+    """Raised for flight-recorder dumps that cannot make an incident: no
+    directory, no dump in it, no prefix common to the files, or none that
+    reads (each damaged file is named with why)."""
 
 
 def key_path(path: tuple) -> str:

@@ -17,6 +17,7 @@ from prism_debug.snapshot.store import SnapshotError, Store
     (errors.CriuError, errors.SnapshotError), (errors.KeysError, errors.BusError),
     (errors.SessionNotFound, errors.BusError), (errors.BadArguments, ValueError),
     (errors.ScenarioError, errors.ConfigError), (errors.InvalidFields, errors.ConfigError),
+    (errors.IncidentError, errors.ConfigError),
     (errors.HardwareProfileError, errors.ConfigError), (errors.ConfigError, ValueError),
     (errors.GraphError, errors.PrismError), (errors.DebuggerError, errors.PrismError),
 ])
