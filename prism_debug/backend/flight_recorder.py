@@ -32,9 +32,9 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "BUFFER_SIZE_ENV", "COMPLETED", "DEFAULT_BUFFER_SIZE", "DUMP_PREFIX_ENV", "DUMP_VERSION",
-    "FlightRecorder", "SCHEDULED", "STARTED", "buffer_size_from_env", "dump_bytes",
-    "dump_path", "dump_prefix_from_env", "pg_status_from_entries", "python_frames",
-    "scalar_type_name", "write_group_dumps",
+    "FlightRecorder", "SCHEDULED", "STARTED", "buffer_size_from_env", "dtype_of_scalar_type",
+    "dump_bytes", "dump_path", "dump_prefix_from_env", "pg_status_from_entries",
+    "python_frames", "scalar_type_name", "write_group_dumps",
 ]
 
 #: ``version_val`` in FlightRecorder.hpp; fr_trace wants "major.minor", equal on all ranks.
@@ -119,6 +119,11 @@ def scalar_type_name(dtype: Any) -> str:
         return _SCALAR_TYPE_NAMES[key]
     except KeyError:
         raise ConfigError(f"no flight-recorder name known for dtype {dtype!r}") from None
+
+
+def dtype_of_scalar_type(name: str) -> str | None:
+    """The other way: torch's dtype name ("float32") for a dump's "Float"; None if unknown."""
+    return next((dtype for dtype, scalar in _SCALAR_TYPE_NAMES.items() if scalar == name), None)
 
 
 def python_frames(skip: int = 0, limit: int | None = 32, *,

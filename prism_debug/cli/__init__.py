@@ -18,6 +18,7 @@ import click
 
 from prism_debug.cli import models
 from prism_debug.cli.params import NUMBER, ErrorsAsLines
+from prism_debug.cli.incident import incident_command
 from prism_debug.cli.predict import predict_command
 from prism_debug.cost import DEFAULT_PROFILE, load_profile
 from prism_debug.errors import ConfigError, ExitCode
@@ -488,5 +489,6 @@ def scenario_run(files, report_path, junit_path, run_dir, store) -> None:
     sys.exit(ExitCode.OK if all(r.passed for r in results) else ExitCode.FAILED)
 
 
-for _command in (models.graph, models.replay, models.calibrate, models.cost, predict_command):
+for _command in (models.graph, models.replay, models.calibrate, models.cost, predict_command,
+                 incident_command):
     main.add_command(_command)

@@ -80,6 +80,9 @@ class Dump:
     # pg_config where it says something: group name -> its global ranks
     # (NCCL dumps list every group; gloo's name only the default one, or none)
     group_ranks: dict[str, tuple[int, ...]]
+    # (name, description) of each group pg_config lists, as written: fr_trace
+    # needs every group the entries name among them
+    config_groups: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +167,11 @@ class _PlainData(pickle.Unpickler):
 
 
 def read_dump(path: Path, rank: int) -> Dump:
+    return _dump(load_plain(path), path, rank)
+
+
+def load_plain(path: Path) -> Any:
+    """The file's pickle as plain data, unchecked (read_dump checks it)."""
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_DUMP_BYTES + 1)
@@ -178,7 +186,7 @@ def read_dump(path: Path, rank: int) -> Dump:
     except Exception as error:  # any way a damaged pickle fails
         raise IncidentError(f"{path}: not a pickle ({type(error).__name__}: {error}); "
                             "damaged or cut short") from None
-    return _dump(raw, path, rank)
+    return raw
 
 
 def _dump(raw: Any, path: Path, rank: int) -> Dump:
@@ -188,17 +196,19 @@ def _dump(raw: Any, path: Path, rank: int) -> Dump:
     rows = read.items(read.get(top, "entries", ()), ("entries",), most=MAX_ENTRIES)
     entries = tuple(_entry(read, row, ("entries", i)) for i, row in enumerate(rows))
     groups: dict[str, tuple[int, ...]] = {}
+    named: set[tuple[str, str]] = set()
     config = read.mapping(read.get(top, "pg_config", (), {}), ("pg_config",))
     for key, value in config.items():
         where = ("pg_config", str(key))
         value = read.mapping(value, where)
         name = read.text(value.get("name", key), where + ("name",), most=256)
+        named.add((name, read.text(value.get("desc", ""), where + ("desc",), most=256)))
         ranks = _rank_list(read, value.get("ranks", "[]"), where + ("ranks",))
         # gloo keys and names its default group "" (its entries call it "0"),
         # and lists no ranks at all once the script has made other groups
         if ranks:
             groups[name or DEFAULT_GROUP] = ranks
-    return Dump(rank, path, version, entries, groups)
+    return Dump(rank, path, version, entries, groups, frozenset(named))
 
 
 def _entry(read: Untrusted, row: Any, at: tuple) -> Entry:

@@ -11,7 +11,6 @@ goes back to the pure verdicts (``scenario/plan.py``).
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from prism_debug.errors import ConfigError
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.faults import fault_text, rank_text, resolve
 from prism_debug.graph import ExecutionGraph
+from prism_debug.runner.fr_trace import FR_TRACE_TIMEOUT_S, run_fr_trace
 from prism_debug.runner.graph_cache import cached_graph
 from prism_debug.runner.launch import restore, run
 from prism_debug.runner.interpreter import with_interpreter
@@ -38,7 +38,7 @@ from prism_debug.variability.model import StochasticCompute
 # samples of a scenario's predicted percentile: p99 over 200 × K iterations
 PREDICT_SAMPLES = 200
 
-_FR_TRACE_TIMEOUT_S = 300
+_FR_TRACE_TIMEOUT_S = FR_TRACE_TIMEOUT_S
 Message = Callable[[str], None]
 
 
@@ -260,31 +260,10 @@ def observe(result: RunResult) -> plan.Observed:
 
 def _analyse_flight_record(dumped: dict, timeout_s: float | None = None) -> plan.FlightFindings:
     """Torch's own analyzer on the dump: what it prints is what the scenario
-    judges, nothing the harness knows besides; its crash, silence or timeout
-    is a failed verdict with its output."""
-    if timeout_s is None:
-        timeout_s = _FR_TRACE_TIMEOUT_S
-    args = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", dumped["dir"],
-            "--prefix", dumped["prefix"]]
-    if dumped["absent"]:
-        # without it fr_trace stops at the missing dump instead of analysing
-        args.append("--allow-incomplete-ranks")
-    try:
-        out = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s,
-                             stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        text = "".join(_text(part) for part in (exc.stdout, exc.stderr))
-        return plan.flight_findings(text, None, f"fr_trace did not finish in {timeout_s:g} s")
-    except OSError as exc:
-        return plan.flight_findings("", None, f"fr_trace could not start: {exc}")
-    return plan.flight_findings(out.stdout + out.stderr, out.returncode)
-
-
-def _text(output: str | bytes | None) -> str:
-    # a timed-out run hands back what it had read, as bytes on some platforms
-    if isinstance(output, bytes):
-        return output.decode("utf-8", "replace")
-    return output or ""
+    judges, nothing the harness knows besides (without the ranks that wrote
+    none, fr_trace would stop at the first missing dump instead of analysing)."""
+    return run_fr_trace(Path(dumped["dir"]), dumped["prefix"], incomplete=bool(dumped["absent"]),
+                        timeout_s=_FR_TRACE_TIMEOUT_S if timeout_s is None else timeout_s)
 
 
 def _quiet(message: Message) -> Message:

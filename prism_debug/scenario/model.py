@@ -41,8 +41,9 @@ a file with its line and column, like a compiler.  The schema::
       - {cv: 0.05}                       # with the scenario's seed; each item one rule, as
       - {class: 3, cv: 0.1, dist: gamma} # run --variability's terms: cv, dist, class, op,
       - {rank_cv: 0.02}                  # rank_cv; or "fitted" (the graph's distributions)
-      - flight_record: {missing_ranks: [4], mismatch: size}  # either or both, as torch's
-        # fr_trace prints them: exactly these ranks; its crash or silence fails the verdict
+      - flight_record: {missing_ranks: [4], mismatch: size}  # any of these, as torch's
+        # fr_trace prints them: exactly these ranks; culprits: [13] ("Culprit rank 13"),
+        # exactly these; its crash or silence fails the verdict
       - nan_at: {iteration: 3}           # the first iteration whose values hold a NaN
       - digests: {4: 6d86199fb54262f3}   # iteration -> the report's digest (or a prefix)
 
@@ -314,18 +315,21 @@ class ExpectIterationTime(Expectation):
 @dataclass(frozen=True, kw_only=True)
 class ExpectFlightRecord(Expectation):
     """What torch's fr_trace prints of the timed-out group's dumps: exactly these
-    missing ranks (when given) and a mismatch of this kind (when given)."""
+    missing ranks (when given), a mismatch of this kind (when given), and
+    exactly these culprits ("Culprit rank R", when given)."""
 
     kind = "flight_record"
     missing_ranks: tuple[int, ...] = declare("ints", default=())
     mismatch: DesyncKind | None = declare("enum", of=DesyncKind, default=None)
+    culprits: tuple[int, ...] = declare("ints", default=())
 
     def _rules(self):
-        if not self.missing_ranks and self.mismatch is None:
-            yield (), "give missing_ranks, mismatch or both"
-        for i, rank in enumerate(self.missing_ranks):
-            if rank < 0:
-                yield ("missing_ranks", i), f"rank {rank} is negative"
+        if not self.missing_ranks and self.mismatch is None and not self.culprits:
+            yield (), "give missing_ranks, mismatch, culprits or several"
+        for key in ("missing_ranks", "culprits"):
+            for i, rank in enumerate(getattr(self, key)):
+                if rank < 0:
+                    yield (key, i), f"rank {rank} is negative"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -415,10 +419,11 @@ def cross_rules(world: World | None, run: Run | None, selects: Sequence[Selector
                 yield ("faults", i, "select", select.kind), problem
         for i, expectation in enumerate(expect):
             if isinstance(expectation, ExpectFlightRecord):
-                for j, rank in enumerate(expectation.missing_ranks):
-                    if rank >= world.size:
-                        yield (("expect", i, "flight_record", "missing_ranks", j),
-                               f"rank {rank} is outside the world of {world.size} ranks")
+                for key in ("missing_ranks", "culprits"):
+                    for j, rank in enumerate(getattr(expectation, key)):
+                        if rank >= world.size:
+                            yield (("expect", i, "flight_record", key, j),
+                                   f"rank {rank} is outside the world of {world.size} ranks")
     for i, trigger in enumerate(triggers):
         # (a fault that reads cleanly refuses it too; here it is found beside
         # other errors in the same fault)

@@ -53,6 +53,7 @@ class FlightFindings:
     # why the analyzer's word cannot be taken (it crashed, timed out, said
     # nothing it could be judged by); None: it ran and reported
     failure: str | None = None
+    culprits: frozenset[int] = frozenset()  # the ranks it names "Culprit rank R"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +93,7 @@ def exception_from_output(lines: Iterable[str]) -> tuple[str, str] | None:
 _MISSING = re.compile(r"^missing ranks: \{([\d, ]*)\}$", re.M)
 _NO_DUMP = re.compile(r"we missed FR dumps from ranks \(\{([\d, ]*)\}\)")
 _ERROR_TYPE = re.compile(r"Error type: (\w+)")
+_CULPRIT = re.compile(r"Culprit rank (\d+)")
 _NO_ERRORS = "No errors found for this collective entry"
 
 
@@ -116,7 +118,8 @@ def flight_findings(text: str, exit_code: int | None = 0,
         elif not (missing or types or _NO_ERRORS in text):
             failure = ("fr_trace printed no finding" if text.strip()
                        else "fr_trace printed nothing")
-    return FlightFindings(frozenset(missing), frozenset(mismatches), text, failure)
+    culprits = frozenset(int(m.group(1)) for m in _CULPRIT.finditer(text))
+    return FlightFindings(frozenset(missing), frozenset(mismatches), text, failure, culprits)
 
 
 def _trimmed(text: str, lines: int = 12, width: int = 1500) -> str:
@@ -264,6 +267,8 @@ def _flight_record(e: ExpectFlightRecord, seen: Observed, *_) -> tuple[bool, str
         parts.append(f"missing ranks {sorted(e.missing_ranks)}")
     if e.mismatch is not None:
         parts.append(f"a {e.mismatch} mismatch")
+    if e.culprits:
+        parts.append(f"culprits {sorted(e.culprits)}")
     want = "flight record shows " + " and ".join(parts)
     flight = seen.flight
     if flight is None:
@@ -278,8 +283,10 @@ def _flight_record(e: ExpectFlightRecord, seen: Observed, *_) -> tuple[bool, str
         # a skipped collective shows as whichever difference the next one has
         ok &= (bool(flight.mismatches) if e.mismatch == DesyncKind.SKIP
                else str(e.mismatch) in flight.mismatches)
+    ok &= not e.culprits or set(e.culprits) == flight.culprits
     got = (f"missing {sorted(flight.missing_ranks)}, mismatches "
-           f"{sorted(flight.mismatches) or 'none'}")
+           f"{sorted(flight.mismatches) or 'none'}"
+           + (f", culprits {sorted(flight.culprits)}" if e.culprits else ""))
     return ok, f"{want}: got {got}"
 
 

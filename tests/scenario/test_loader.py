@@ -455,7 +455,7 @@ def test_expectation_conflicts():
         "s.yaml:7:39: expect[2].iteration_time.max_s: max_s 2.0 is less than min_s 3.0",
         "s.yaml:8:5: expect[3].iteration_time: give max_s, min_s, relative (to a baseline run) "
         "or predicted: true",
-        "s.yaml:9:5: expect[4].flight_record: give missing_ranks, mismatch or both",
+        "s.yaml:9:5: expect[4].flight_record: give missing_ranks, mismatch, culprits or several",
     ]
 
 

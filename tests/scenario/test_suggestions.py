@@ -112,7 +112,7 @@ VALUES = {
     ExpectIterationTime: {"iteration": 2, "min_s": 0.1, "max_s": 1, "relative": 1.1,
                           "predicted": True, "tolerance": 0.1, "percentile": 99},
     ExpectException: {"type": "E", "match": "x"},
-    ExpectFlightRecord: {"missing_ranks": [1], "mismatch": "size"},
+    ExpectFlightRecord: {"missing_ranks": [1], "mismatch": "size", "culprits": [1]},
     ExpectNanAt: {"iteration": 1},
     "kind": {"exit_code": 0, "nan_at": {"iteration": 1}, "digests": {1: "6d86199f"},
              "exception": {"type": "E"}, "iteration_time": {"max_s": 1},

@@ -1,0 +1,148 @@
+"""``prism-debug incident``: from a directory of flight-recorder dumps to a
+scenario that reproduces the incident.
+
+The pure parts say what the dumps show (``incident.analysis``), place it in
+the job's iterations (``incident.placement``) and write the scenario
+(``incident.reproduce``); this adapter runs torch's own analyzer on the
+dumps (on repaired copies where real gloo dumps stop it), profiles the job's
+command into the graph cache the scenario's run then finds, and writes the
+files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from prism_debug.errors import ConfigError
+from prism_debug.graph import ExecutionGraph
+from prism_debug.incident.analysis import Incident, analyse
+from prism_debug.incident.dumps import DumpSet, read_dumps
+from prism_debug.incident.placement import family_of, place
+from prism_debug.incident.reproduce import Reproduction, describe, scenario_text
+from prism_debug.runner.fr_trace import needs_repair, repaired_copies, run_fr_trace
+from prism_debug.runner.graph_cache import cached_graph
+from prism_debug.runner.interpreter import with_interpreter
+
+Message = Callable[[str], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class IncidentOptions:
+    dump_dir: Path
+    prefix: str | None = None
+    out: Path | None = None  # the scenario file; None: print the summary only
+    command: tuple[str, ...] = ()  # the job's command for one rank
+    world_size: int | None = None  # where the dumps cannot tell it
+    gpus_per_node: int = 8
+    run_dir: Path | None = None  # the profile's files
+    analyzer: bool = True  # run torch's fr_trace on the dumps
+
+
+@dataclasses.dataclass(frozen=True)
+class IncidentResult:
+    dumps: DumpSet
+    incident: Incident
+    reproduction: Reproduction
+    summary: list[str]
+    scenario: Path | None
+    graph: Path | None  # the graph the fault was placed with
+
+
+def import_incident(options: IncidentOptions, message: Message) -> IncidentResult:
+    dumps = read_dumps(options.dump_dir, options.prefix)
+    incident = analyse(dumps, options.world_size)
+    findings, note = None, ""
+    if options.analyzer:
+        findings, note = _analyzer(dumps, incident)
+    command = _absolute_scripts(options.command)
+    graph_path, placements, unplaced = None, {}, ""
+    stop = incident.stop
+    if stop is not None and command:
+        graph_path = cached_graph(with_interpreter(list(command)), incident.world_size,
+                                  options.gpus_per_node, run_dir=options.run_dir,
+                                  message=message)
+        placements, unplaced = _placements(ExecutionGraph.load(graph_path), incident)
+    elif stop is not None:
+        unplaced = "no command was given (prism-debug incident DIR -- COMMAND places it)"
+    repro = Reproduction(command=command, placements=placements, unplaced=unplaced,
+                         analyzer=findings, analyzer_note=note)
+    summary = describe(incident, dumps, repro)
+    scenario = None
+    if options.out is not None and stop is not None:
+        name = _scenario_name(options.dump_dir)
+        text = scenario_text(incident, dumps, repro, name=name)
+        options.out.parent.mkdir(parents=True, exist_ok=True)
+        options.out.write_text(text, encoding="utf-8")
+        scenario = options.out
+    return IncidentResult(dumps, incident, repro, summary, scenario, graph_path)
+
+
+def _analyzer(dumps: DumpSet, incident: Incident):
+    """fr_trace's verdict, and how it was reached."""
+    incomplete = bool(incident.no_dump)
+    if not needs_repair(dumps):
+        return run_fr_trace(dumps.directory, dumps.prefix, incomplete=incomplete), ""
+    with tempfile.TemporaryDirectory(prefix="prism-fr-") as tmp:
+        copies = repaired_copies(dumps, incident, Path(tmp) / "dumps")
+        found = run_fr_trace(copies, dumps.prefix, incomplete=incomplete)
+    return found, ("on copies whose pg_config lists the groups the entries name: this "
+                   "backend's dumps do not, and stop fr_trace")
+
+
+def _placements(graph: ExecutionGraph, incident: Incident):
+    """Each culprit's fault: where it should have issued the collective the
+    others waited in; for a culprit whose own dump shows it stopped sooner in
+    another group, the earliest op it never issued."""
+    stop = incident.stop
+    assert stop is not None
+    placements, reasons = {}, []
+    if graph.world_size != incident.world_size:
+        return {}, (f"the graph's world is {graph.world_size} ranks, the incident's "
+                    f"{incident.world_size}")
+    for culprit in stop.culprits:
+        found = []
+        for group in incident.groups:
+            if culprit not in group.members:
+                continue
+            if group is stop.group:
+                seq, entry = stop.seq, stop.entry
+            elif culprit in group.last_seq and stop.kind == "hang":
+                seq, entry = group.last_seq[culprit] + 1, None
+            else:
+                continue
+            family = family_of(graph, group, culprit)
+            if family is None:
+                reasons.append(f"no family of the graph holds group {group.name} "
+                               f"({group.desc}) of ranks {list(group.members)[:8]}")
+                continue
+            placed = place(graph, culprit, family, seq, entry)
+            if isinstance(placed, str):
+                reasons.append(placed)
+            else:
+                found.append(placed)
+        if found:
+            placements[culprit] = min(found, key=lambda p: (p.iteration, p.collective))
+    unplaced = "" if len(placements) == len(stop.culprits) else "; ".join(reasons)
+    return placements, unplaced
+
+
+def _absolute_scripts(command: tuple[str, ...]) -> tuple[str, ...]:
+    """Scripts named relative to here, made absolute: the scenario may be run
+    from elsewhere, and the graph cache keys on the command as written."""
+    return tuple(str(Path(word).resolve()) if word.endswith(".py") and Path(word).is_file()
+                 and not os.path.isabs(word) else word for word in command)
+
+
+def _scenario_name(directory: Path) -> str:
+    base = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(directory).resolve().name).strip("-.")
+    return f"incident-{base or 'dumps'}"
+
+
+def check_out(out: Path | None) -> None:
+    if out is not None and out.exists() and out.is_dir():
+        raise ConfigError(f"--out {out}: is a directory: give the scenario file to write")
