@@ -143,18 +143,25 @@ def dumped_ranks(dump_dir: Path, prefix: str = DUMP_PREFIX) -> tuple[int, ...]:
                         if (m := pattern.fullmatch(path.name))))
 
 
-def _end_job(torchrun: subprocess.Popen, token: str) -> None:
-    """SIGKILL whatever of the job is still alive: torchrun, and every process
-    whose environment carries the job's token (workers are in sessions of their
-    own, and may have outlived a torchrun that was killed)."""
+def _end_job(torchrun: subprocess.Popen, token: str, patience_s: float = 30) -> None:
+    """SIGKILL whatever of the job is still alive, and wait until it is gone:
+    torchrun, and every process whose environment carries the job's token
+    (workers are in sessions of their own, and may have outlived a torchrun
+    that was killed).  A killed process lives on while the kernel tears it
+    down, so the scan repeats until it finds nothing."""
     if torchrun.poll() is None:
         os.killpg(torchrun.pid, signal.SIGKILL)
         torchrun.wait()
-    for pid in _processes_with(token):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    deadline = time.monotonic() + patience_s
+    while survivors := _processes_with(token):
+        if time.monotonic() > deadline:
+            raise IncidentJobError(f"processes {survivors} of the job outlived SIGKILL")
+        for pid in survivors:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
 
 
 def _processes_with(token: str) -> list[int]:
