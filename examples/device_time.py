@@ -35,13 +35,36 @@ rank draws from its own generator, seeded with (``--jitter-seed``, rank):
 the same seed gives the same draws.  One stretch of compute is one gap of
 prism-debug's execution graph, so the job's variability is the one that
 ``prism-debug predict --variability "cv=C dist=F"`` states.
+
+A production incident, for real (what prism-debug's incident import is
+checked against): ``--incident KIND:RANK:ITERATION`` makes rank RANK, and
+only it, misbehave at that 1-based iteration just before its first
+data-parallel all-reduce bucket (with dp = 1, before the iteration's first
+tensor-parallel all-reduce; one of the two is needed): ``hang`` stops there
+until a signal ends it, ``die`` kills itself with SIGKILL (a crash: it
+leaves no flight record), ``size`` all-reduces a bucket of twice the
+expected numel.  ``--timeout-s S`` sets the process groups' timeout
+(torch's default otherwise).  ``--dump-dir DIR`` keeps the flight record
+as a production job does: when a communication op raises (gloo's timeout,
+a peer's reset), the rank writes torch's flight-recorder dump
+(``_dump_fr_trace``) to ``DIR/nccl_trace_rank_<R>`` (torch's file name),
+says so in one line and exits 1; on SIGTERM (torchrun tearing the job down
+after a rank failed) it writes the dump too, unless written, and exits 143.
+Without ``--dump-dir`` none of this happens (under prism-debug, its own
+watchdog and flight recorder take that part).
+
+    torchrun --nproc-per-node 8 examples/device_time.py --pp 2 --tp 2 \\
+        --incident hang:2:3 --timeout-s 5 --dump-dir dumps/
 """
 
 import argparse
 import json
 import os
 import resource
+import signal
+import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +72,25 @@ import torch
 import torch.distributed as dist
 
 JITTER_FAMILIES = ("normal", "gamma", "lognormal")
+INCIDENT_KINDS = ("hang", "size", "die")
+DUMP_PREFIX = "nccl_trace_rank_"  # the stem of torch's TORCH_FR_DUMP_TEMP_FILE default
+
+
+def parse_incident(text):
+    """``KIND:RANK:ITERATION`` (e.g. ``hang:2:3``) as (kind, rank, iteration)."""
+    try:
+        kind, rank, iteration = text.split(":")
+        rank, iteration = int(rank), int(iteration)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not KIND:RANK:ITERATION (e.g. hang:2:3)") from None
+    if kind not in INCIDENT_KINDS:
+        raise argparse.ArgumentTypeError(f"incident kind {kind!r} is not one of "
+                                         f"{', '.join(INCIDENT_KINDS)}")
+    if rank < 0 or iteration < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: RANK must be >= 0 and ITERATION >= 1 "
+                                         "(iterations count from 1)")
+    return kind, rank, iteration
 
 
 def parse_args(argv=None):
@@ -83,9 +125,21 @@ def parse_args(argv=None):
                              "(mean 1, the same family), drawn once")
     parser.add_argument("--jitter-seed", type=int, default=0,
                         help="a rank's generator is seeded with (this, rank)")
+    parser.add_argument("--incident", type=parse_incident, metavar="KIND:RANK:ITERATION",
+                        help="rank RANK alone misbehaves at that iteration (from 1), just "
+                             "before its first dp all-reduce bucket (first tp all-reduce "
+                             "when dp = 1): hang (until signalled), die (SIGKILL), size "
+                             "(a bucket of twice the numel)")
+    parser.add_argument("--timeout-s", type=float,
+                        help="the process groups' timeout (default: torch's)")
+    parser.add_argument("--dump-dir", type=Path,
+                        help=f"when a communication op raises, or on SIGTERM, write the "
+                             f"rank's flight record to DIR/{DUMP_PREFIX}<R> and exit")
     args = parser.parse_args(argv)
     if args.jitter_cv < 0 or args.rank_cv < 0:
         parser.error("--jitter-cv and --rank-cv must be >= 0")
+    if args.timeout_s is not None and args.timeout_s <= 0:
+        parser.error("--timeout-s must be > 0")
     return args
 
 
@@ -144,8 +198,10 @@ class Layout:
     def at(self, tp_rank, dp_rank, pp_rank):
         return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
 
-    def build_groups(self, rank):
-        """Every rank creates every group (new_group is collective) and keeps its own."""
+    def build_groups(self, rank, timeout=None):
+        """Every rank creates every group (new_group is collective) and keeps its own;
+        ``timeout`` (a timedelta) is each group's (a new group does not inherit the
+        default group's: it gets torch's default)."""
         tp, dp, pp, at = self.tp, self.dp, self.pp, self.at
         families = {
             "tp": [[at(t, d, p) for t in range(tp)] for p in range(pp) for d in range(dp)],
@@ -154,7 +210,7 @@ class Layout:
         }
         for name, groups in families.items():
             for ranks in groups:
-                group = dist.new_group(ranks, group_desc=name)
+                group = dist.new_group(ranks, timeout=timeout, group_desc=name)
                 if rank in ranks:
                     setattr(self, f"{name}_group", group)
         self.prev = None if self.pp_rank == 0 else at(self.tp_rank, self.dp_rank, self.pp_rank - 1)
@@ -162,11 +218,71 @@ class Layout:
                      else at(self.tp_rank, self.dp_rank, self.pp_rank + 1))
 
 
+class Incident:
+    """``--incident`` on this rank: nothing unless the rank is the culprit; the
+    culprit strikes once, at its first collective of the incident's family
+    (the dp buckets; tp when dp = 1) in the chosen iteration."""
+
+    def __init__(self, spec, rank, layout):
+        kind, culprit, self.at = spec if spec is not None else (None, None, None)
+        self.kind = kind if culprit == rank else None
+        self.family = "dp" if layout.dp > 1 else "tp"
+        self.iteration = 0  # the iteration in progress, from 1
+        self.struck = False
+
+    def begin_iteration(self):
+        self.iteration += 1
+
+    def before(self, family, tensor):
+        """The tensor this rank all-reduces where it should all-reduce ``tensor``."""
+        if (self.kind is None or self.struck or family != self.family
+                or self.iteration != self.at):
+            return tensor
+        self.struck = True
+        if self.kind == "hang":
+            while True:  # until a signal ends the process (SIGTERM's default, or its handler)
+                signal.pause()
+        if self.kind == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.zeros(2 * tensor.numel(), dtype=tensor.dtype)
+
+
+class FlightRecordKeeper:
+    """``--dump-dir``: the rank's flight record written once, as a production
+    job's failure handler would, when a communication op raises or on SIGTERM."""
+
+    def __init__(self, directory, rank):
+        self.rank, self.path = rank, directory / f"{DUMP_PREFIX}{rank}"
+        self.state = None  # "writing", then "written"
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def write(self, why):
+        if self.state is not None:
+            return
+        self.state = "writing"
+        data = torch._C._distributed_c10d._dump_fr_trace(True, True, False)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_bytes(data)
+        partial.replace(self.path)  # a reader never sees half a dump
+        self.state = "written"
+        print(f"rank {self.rank}: {why}; flight record written to {self.path}", flush=True)
+
+    def _on_sigterm(self, signum, frame):
+        # Python runs the handler between two bytecodes of the main thread: a
+        # rank blocked in a gloo op gets here when the op returns or times out
+        if self.state == "writing":
+            return  # the interrupted write finishes; its rank then exits 1
+        self.write("SIGTERM")
+        os._exit(128 + signal.SIGTERM)
+
+
 class Stage:
     """One pipeline stage: layers that wait for device time and all-reduce over tp."""
 
-    def __init__(self, args, layout, compute_factor, jitter):
+    def __init__(self, args, layout, compute_factor, jitter, incident=None):
         self.args, self.layout, self.jitter = args, layout, jitter
+        self.incident = incident
         factor = compute_factor * (args.last_stage_factor if layout.pp_rank == layout.pp - 1
                                    else 1.0)
         self.forward_s = args.forward_ms * factor / 1e3 / args.layers
@@ -182,7 +298,9 @@ class Stage:
             # the host waits for the layer's kernels
             time.sleep(seconds * self.jitter.stretch_factor())
             if self.layout.tp > 1:  # row-parallel output / column-parallel input grad
-                dist.all_reduce(self.tp_buffer, group=self.layout.tp_group)
+                buffer = (self.tp_buffer if self.incident is None
+                          else self.incident.before("tp", self.tp_buffer))
+                dist.all_reduce(buffer, group=self.layout.tp_group)
                 self.jitter.communicated()
 
     def forward(self):
@@ -233,32 +351,54 @@ def main(argv=None):
     args = parse_args(argv)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     layout = Layout(args, rank, world_size)
+    if args.incident is not None:
+        if layout.dp == 1 and layout.tp == 1:
+            raise ValueError("--incident needs a collective to strike at: dp > 1 or tp > 1 "
+                             "(gloo's flight recorder does not record point-to-point ops)")
+        if args.incident[1] >= world_size:
+            raise ValueError(f"--incident rank {args.incident[1]} is not in a world of "
+                             f"{world_size}")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    layout.build_groups(rank)
+    keeper = FlightRecordKeeper(args.dump_dir, rank) if args.dump_dir is not None else None
+    timeout = None if args.timeout_s is None else timedelta(seconds=args.timeout_s)
+    dist.init_process_group("gloo", timeout=timeout)
+    layout.build_groups(rank, timeout)
     slow = os.environ.get("DEVICE_TIME_SLOW_RANK")
     compute_factor = (float(os.environ.get("DEVICE_TIME_SLOW_FACTOR", "2"))
                       if slow and int(slow) == rank else 1.0)
     jitter = Jitter(args.jitter_dist, args.jitter_cv, args.rank_cv, args.jitter_seed, rank)
-    stage = Stage(args, layout, compute_factor, jitter)
+    incident = Incident(args.incident, rank, layout)
+    stage = Stage(args, layout, compute_factor, jitter, incident)
 
     # the stage's weights: their gradient is what dp all-reduces, in buckets
     weight = torch.nn.Parameter(torch.zeros(args.grad_kib * 256))
     optimizer = torch.optim.SGD([weight], lr=0.1)
     bucket = -(-weight.numel() // args.buckets)
     ends = [time.perf_counter()]
-    for _ in range(args.iterations):
-        optimizer.zero_grad()
-        train_step(stage, layout, args.micro_batches)
-        weight.grad = torch.ones_like(weight)
-        if layout.dp > 1:
-            for start in range(0, weight.numel(), bucket):
-                dist.all_reduce(weight.grad[start:start + bucket], group=layout.dp_group)
-            jitter.communicated()
-        time.sleep(args.optimizer_ms / 1e3 * jitter.stretch_factor())
-        jitter.communicated()  # (the next iteration's first sleep follows prism's boundary)
-        optimizer.step()  # an iteration ends here, where prism-debug counts one
-        ends.append(time.perf_counter())
+    try:
+        for _ in range(args.iterations):
+            incident.begin_iteration()
+            optimizer.zero_grad()
+            train_step(stage, layout, args.micro_batches)
+            weight.grad = torch.ones_like(weight)
+            if layout.dp > 1:
+                for start in range(0, weight.numel(), bucket):
+                    grad = incident.before("dp", weight.grad[start:start + bucket])
+                    dist.all_reduce(grad, group=layout.dp_group)
+                jitter.communicated()
+            time.sleep(args.optimizer_ms / 1e3 * jitter.stretch_factor())
+            jitter.communicated()  # (the next iteration's first sleep follows prism's boundary)
+            optimizer.step()  # an iteration ends here, where prism-debug counts one
+            ends.append(time.perf_counter())
+    except RuntimeError as error:  # gloo's timeouts and resets (DistError is a RuntimeError)
+        if keeper is None:
+            raise
+        first_line = (str(error).strip().splitlines() or [""])[0][:200]
+        keeper.write(f"{type(error).__name__}: {first_line}")
+        sys.stderr.flush()
+        # at once, as a failure handler that aborts the job does: an orderly
+        # exit would first tear down every gloo group (seconds on two cores)
+        os._exit(1)
 
     if args.timing_dir is not None:
         times = [b - a for a, b in zip(ends, ends[1:])]
