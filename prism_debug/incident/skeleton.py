@@ -22,7 +22,8 @@ read plus what has to be guessed, and every guess is one line of
 
 Every op is replayed as a synchronous call (issue, then wait), which is what
 a flight-recorder entry of a blocking ``all_reduce`` looks like; a rank's
-consecutive point-to-point ops are taken as one ``batch_isend_irecv``.
+point-to-point ops created within BATCH_GAP_S of each other are taken as
+one ``batch_isend_irecv`` (the dumps do not mark batches).
 Pure: no torch.
 """
 
@@ -37,11 +38,10 @@ from collections import Counter
 from typing import Any
 
 from prism_debug.cost.ops import known_op
-from prism_debug.errors import GraphError, IncidentError
-from prism_debug.graph.build import infer_mesh
+from prism_debug.errors import IncidentError
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, Mesh, OpSpec
-from prism_debug.graph.families import WORLD_FAMILY, FamilyRecorder
-from prism_debug.incident.dumps import DEFAULT_GROUP, MAX_DUMP_BYTES, Dump, DumpSet, Entry
+from prism_debug.incident.dumps import MAX_DUMP_BYTES, Dump, DumpSet, Entry
+from prism_debug.incident.mesh import dump_layout, group_order, span_text
 
 # torch's dtype names (c10::toString) -> the graph's names and their sizes
 DTYPES = {
@@ -52,35 +52,42 @@ DTYPES = {
     "Float8_e4m3fn": ("float8_e4m3fn", 1), "Float8_e5m2": ("float8_e5m2", 1),
     "UInt16": ("uint16", 2), "UInt32": ("uint32", 4), "UInt64": ("uint64", 8),
 }
-DEFAULT_GROUP_DESC = "default_pg"
+# A batch_isend_irecv issues its ops back to back; compute comes between batches
+BATCH_GAP_S = 1e-3
 # what the dumps cannot say: the machine's node size
 ASSUMED_GPUS_PER_NODE = 8
 
 
 @dataclasses.dataclass(frozen=True)
 class GroupPace:
-    """How many of one group's collectives each iteration holds: enough to
-    turn a collective sequence number into an iteration."""
+    """How many of one group's collectives (and, apart, its point-to-point
+    ops: they have their own sequence numbers) each iteration holds: enough
+    to turn a sequence number into an iteration."""
 
     group: str
     family: str
     ranks: tuple[int, ...]
     warmup: tuple[int, ...]  # its collectives in each warm-up iteration
     steady: int  # its collectives in every later iteration
+    p2p_warmup: tuple[int, ...] = ()
+    p2p_steady: int = 0
 
-    def iteration_of(self, seq: int) -> tuple[int, int] | None:
+    def iteration_of(self, seq: int, *, p2p: bool = False) -> tuple[int, int] | None:
         """(iteration, position among the group's collectives in it, from 1)
-        of the group's collective ``seq`` (counted from 1); None where the
-        group has no collective per steady iteration to count by."""
+        of the group's collective ``seq`` (its point-to-point op with
+        ``p2p``), counted from 1; None where the group has none per steady
+        iteration to count by."""
+        warmup, steady = (self.p2p_warmup, self.p2p_steady) if p2p else \
+            (self.warmup, self.steady)
         before = 0
-        for iteration, count in enumerate(self.warmup, start=1):
+        for iteration, count in enumerate(warmup, start=1):
             if seq <= before + count:
                 return iteration, seq - before
             before += count
-        if self.steady == 0 or seq < 1:
+        if steady == 0 or seq < 1:
             return None
         rest = seq - before - 1
-        return len(self.warmup) + rest // self.steady + 1, rest % self.steady + 1
+        return len(warmup) + rest // steady + 1, rest % steady + 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,12 +98,13 @@ class Skeleton:
     # the iteration each rank's record stops in (its last held op's), by rank
     last_iteration: dict[int, int]
 
-    def locate(self, group: str, seq: int) -> tuple[int, int] | None:
-        """The iteration of collective ``seq`` of ``group`` and its position
-        among that group's collectives there; None for a group the skeleton
-        cannot count (no collective per iteration, or not in the dumps)."""
+    def locate(self, group: str, seq: int, *, p2p: bool = False) -> tuple[int, int] | None:
+        """The iteration of collective ``seq`` of ``group`` (its
+        point-to-point op ``seq`` with ``p2p``) and its position among that
+        group's ops of the kind there; None for a group the skeleton cannot
+        count (none of them per iteration, or not in the dumps)."""
         pace = self.groups.get(group)
-        return None if pace is None else pace.iteration_of(seq)
+        return None if pace is None else pace.iteration_of(seq, p2p=p2p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +117,15 @@ class _Op:
     @property
     def is_p2p(self) -> bool:
         return self.entry.is_p2p
+
+    @property
+    def counter(self) -> tuple[str, bool]:
+        """What numbers it: its group's collectives, or its group's p2p ops."""
+        return self.entry.group, self.entry.is_p2p
+
+    @property
+    def seq(self) -> int:
+        return self.entry.p2p_seq if self.entry.is_p2p else self.entry.collective_seq
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,46 +149,35 @@ def build_skeleton(dumps: DumpSet, *, world_size: int | None = None) -> Skeleton
     """The execution graph the dumps imply (see the module docstring); every
     guess it had to make is one of the skeleton's notes."""
     notes: list[str] = []
-    members, descs, exact = _groups(dumps)
-    world_size = _world_size(dumps, members, descs, world_size, notes)
-    families, group_family = _families(members, descs, exact, world_size, notes)
-    recorder = FamilyRecorder(world_size)
-    for name, groups in families.items():
-        for ranks in groups:
-            recorder.add(ranks, name)
-    try:
-        mesh, family_axes = infer_mesh(world_size, [s.to_dict() for s in recorder.summaries()])
-    except GraphError as error:
-        raise IncidentError(f"the dumps' groups make no mesh: {error}") from None
-    if len(mesh.names) == 1 and mesh.names[0].startswith("_axis"):
-        notes.append("the dumps show the default group only: the mesh is one axis")
-    unnamed = [name for name in mesh.names if name.startswith("_axis")]
-    if unnamed and len(mesh.names) > 1:
-        notes.append(f"mesh axes {', '.join(unnamed)}: no group in the dumps varies "
-                     f"{'it' if len(unnamed) == 1 else 'them'} alone (the world's extent beyond "
-                     "the recorded groups)")
-    # FamilyRecorder names families after their label; keep the group -> family map in step
-    names = {s.name for s in recorder.summaries()}
-    group_family = {g: (f if f in names else WORLD_FAMILY) for g, f in group_family.items()}
+    layout = dump_layout(dumps, world_size, notes)
+    world_size, mesh, family_axes = layout.world_size, layout.mesh, layout.family_axes
+    members, group_family = layout.members, layout.group_family
     ops = {rank: _ops(dump, group_family, members, mesh, family_axes, notes)
            for rank, dump in sorted(dumps.dumps.items())}
     _note_p2p(dumps, notes)
+    empty = sorted(rank for rank, rank_ops in ops.items() if not rank_ops)
+    if len(empty) == len(ops):
+        raise IncidentError(f"{dumps.directory}: no dump holds an op the graph knows: there is "
+                            "no program to build")
+    if empty:  # a rank that died before its first op, or whose ring was cleared
+        notes.append(f"ranks {span_text(empty)}: their dumps hold no op: their programs are "
+                     "their class's")
     periods: dict[tuple, tuple[int, int, int] | None] = {}
     timelines = {rank: _timeline(rank, rank_ops, periods, notes)
-                 for rank, rank_ops in ops.items()}
+                 for rank, rank_ops in ops.items() if rank_ops}
     by_period: dict[int, list[int]] = {}
     for rank, timeline in timelines.items():
         if timeline.steady and len(timeline.steady) > 1:
             by_period.setdefault(timeline.period, []).append(rank)
     for period, ranks in sorted(by_period.items()):
         notes.append(f"iteration boundaries inferred from a period of {period} "
-                     f"op{'s' if period > 1 else ''} (ranks {_span_text(ranks)})")
+                     f"op{'s' if period > 1 else ''} (ranks {span_text(ranks)})")
     class_axis, class_ranks = _classes(timelines, mesh, notes)
     programs = tuple(_program(c, [timelines[r] for r in ranks])
                      for c, ranks in enumerate(class_ranks))
     missing = sorted(set(range(world_size)) - set(dumps.dumps))
     if missing:
-        notes.append(f"ranks {_span_text(missing)} left no dump: their programs are their "
+        notes.append(f"ranks {span_text(missing)} left no dump: their programs are their "
                      "class's" if len(missing) > 1 else
                      f"rank {missing[0]} left no dump: its program is its class's")
     notes.append(_timing_note(dumps))
@@ -187,112 +193,10 @@ def build_skeleton(dumps: DumpSet, *, world_size: int | None = None) -> Skeleton
     return Skeleton(graph, tuple(notes), paces, last)
 
 
-# -- groups, world and families --------------------------------------------------------
-
-
-def _groups(dumps: DumpSet) -> tuple[dict[str, set[int]], dict[str, str], set[str]]:
-    """Each group's members (pg_config's where a dump lists them, else the
-    ranks whose entries name it), its description, and which are exact."""
-    members: dict[str, set[int]] = {}
-    descs: dict[str, str] = {}
-    exact: set[str] = set()
-    for rank, dump in dumps.dumps.items():
-        for name, ranks in dump.group_ranks.items():
-            members.setdefault(name, set()).update(ranks)
-            exact.add(name)
-        for entry in dump.entries:
-            members.setdefault(entry.group, set()).add(rank)
-            descs.setdefault(entry.group, entry.group_desc)
-    return members, descs, exact
-
-
-def _world_size(dumps: DumpSet, members: dict[str, set[int]], descs: dict[str, str],
-                given: int | None, notes: list[str]) -> int:
-    seen = max([*dumps.dumps, *(r for ranks in members.values() for r in ranks)]) + 1
-    if given is not None:
-        if given < seen:
-            raise IncidentError(f"world size {given} is smaller than the dumps' ranks "
-                                f"(up to {seen - 1})")
-        return given
-    default = members.get(DEFAULT_GROUP)
-    if default and DEFAULT_GROUP in _exact_groups(dumps):
-        return seen  # the default group's member list is the world
-    # a mesh tiles the world: round up to the widest span a family's groups cover
-    span = 1
-    for name, ranks in members.items():
-        if name != DEFAULT_GROUP and len(ranks) > 1:
-            ordered = sorted(ranks)
-            stride = math.gcd(*(b - a for a, b in zip(ordered, ordered[1:])))
-            span = math.lcm(span, stride * len(range(ordered[0], ordered[-1] + 1, stride)))
-    world = -(-seen // span) * span
-    notes.append(f"world size {world} is a lower bound (the highest rank the dumps name, "
-                 f"{seen - 1}, rounded up to the groups' span {span}): give the real one")
-    return world
-
-
-def _exact_groups(dumps: DumpSet) -> set[str]:
-    return {name for dump in dumps.dumps.values() for name in dump.group_ranks}
-
-
-def _families(members: dict[str, set[int]], descs: dict[str, str], exact: set[str],
-              world_size: int, notes: list[str]
-              ) -> tuple[dict[str, list[list[int]]], dict[str, str]]:
-    """Each family's groups, filled out to the world by the family's stride,
-    and each named group's family."""
-    by_desc: dict[str, list[str]] = {}
-    group_family: dict[str, str] = {}
-    for name in sorted(members, key=_group_order):
-        desc = descs.get(name, "")
-        if name == DEFAULT_GROUP or desc == DEFAULT_GROUP_DESC or \
-                sorted(members[name]) == list(range(world_size)):
-            group_family[name] = WORLD_FAMILY
-            continue
-        label = desc.removeprefix("mesh_") or f"group{name}"
-        by_desc.setdefault(label, []).append(name)
-        group_family[name] = label
-    families: dict[str, list[list[int]]] = {}
-    for label, names in by_desc.items():
-        sized = [sorted(members[n]) for n in names]
-        size = max(len(r) for r in sized)
-        strides = {math.gcd(*(b - a for a, b in zip(r, r[1:]))) for r in sized if len(r) > 1}
-        if len(strides) > 1:
-            raise IncidentError(f"the {label} groups are spaced differently ({sorted(strides)} "
-                                "ranks apart): the skeleton needs a mesh-shaped layout")
-        stride = strides.pop() if strides else 1
-        if size == 1:
-            notes.append(f"{label}: every group was seen with one rank only: taken as groups "
-                         "of one")
-        size = max([size] + [(r[-1] - r[0]) // stride + 1 for r in sized])
-        if world_size % (stride * size):
-            raise IncidentError(f"the {label} groups ({size} ranks {stride} apart) do not tile a "
-                                f"world of {world_size}: give the world size")
-        groups = {tuple(_filled(rank, stride, size)) for rank in range(world_size)}
-        families[label] = [list(g) for g in sorted(groups)]
-        partial = [n for n in names if len(members[n]) < size and n not in exact]
-        if partial:
-            notes.append(f"{label}: {size} ranks {stride} apart per group; groups "
-                         f"{', '.join(partial[:5])} are filled out by that stride (their other "
-                         "members left no entry)")
-        for name, ranks in zip(names, sized):
-            if not set(ranks) <= set(_filled(ranks[0], stride, size)):
-                raise IncidentError(f"group {name} ({label}) holds ranks {ranks}, which no "
-                                    f"mesh axis of {size} ranks {stride} apart groups")
-    return families, group_family
-
-
-def _filled(rank: int, stride: int, size: int) -> list[int]:
-    base = rank - (rank // stride) % size * stride
-    return [base + i * stride for i in range(size)]
-
-
-def _group_order(name: str) -> tuple:
-    return (0, int(name), "") if name.isdecimal() else (1, 0, name)
-
-
 # -- ops -----------------------------------------------------------------------------
 
 
-def _ops(dump: Dump, group_family: dict[str, str], members: dict[str, set[int]], mesh: Mesh,
+def _ops(dump: Dump, group_family: dict[str, str], members: dict[str, tuple[int, ...]], mesh: Mesh,
          family_axes: dict[str, tuple[str, ...]], notes: list[str]) -> tuple[_Op, ...]:
     ends = _p2p_ends(dump) if any(e.is_p2p for e in dump.entries) else {}
     ops = []
@@ -360,6 +264,10 @@ def _p2p_ends(dump: Dump) -> dict[int, tuple[int, int]]:
 
 
 def _note_p2p(dumps: DumpSet, notes: list[str]) -> None:
+    if any(e.is_p2p for d in dumps.dumps.values() for e in d.entries):
+        notes.append(f"point-to-point ops created within {BATCH_GAP_S * 1e3:g} ms of each other "
+                     "(median) are taken as one batch_isend_irecv; each collective as a "
+                     "synchronous call")
     backends = {e.backend for d in dumps.dumps.values() for e in d.entries}
     if "gloo" in backends:
         notes.append("gloo records no point-to-point ops: pipeline sends and receives, if the "
@@ -387,6 +295,8 @@ def _period(signatures: tuple) -> tuple[int, int, int] | None:
                 run = 0
         if best_run[1] >= p and (best is None or best_run[1] + p > best[2] + best[0]):
             best = (p, best_run[0], best_run[1])
+            if best_run[1] + p == n:  # the whole record repeats: a longer period only ties
+                break
     return best
 
 
@@ -422,16 +332,15 @@ def _timeline(rank: int, ops: tuple[_Op, ...], periods: dict, notes: list[str]) 
 
 
 def _holds_the_start(ops: tuple[_Op, ...]) -> bool:
-    """True when every group's first held collective is its collective 1."""
-    first: dict[str, int] = {}
+    """True when every group's first held collective (and p2p op) is its 1st."""
+    first: dict[tuple[str, bool], int] = {}
     for op in ops:
-        if not op.is_p2p:
-            first.setdefault(op.entry.group, op.entry.collective_seq)
+        first.setdefault(op.counter, op.seq)
     return bool(first) and all(seq == 1 for seq in first.values())
 
 
 def _counts(ops: tuple[_Op, ...], cut: range) -> Counter:
-    return Counter(ops[i].entry.group for i in cut if not ops[i].is_p2p)
+    return Counter(ops[i].counter for i in cut)
 
 
 def _phase(ops: tuple[_Op, ...], period: int, start: int, stop: int) -> int:
@@ -442,14 +351,12 @@ def _phase(ops: tuple[_Op, ...], period: int, start: int, stop: int) -> int:
     counts = _counts(ops, range(start, start + period))
     candidates = []
     for b in range(start, min(start + period, stop - period + 1)):
-        seen: set[str] = set()
+        seen: set[tuple[str, bool]] = set()
         fits = True
         for op in ops[b:b + period]:
-            group = op.entry.group
-            if op.is_p2p or group in seen:
-                continue
-            seen.add(group)
-            fits &= (op.entry.collective_seq - 1) % counts[group] == 0
+            if op.counter not in seen:
+                seen.add(op.counter)
+                fits &= (op.seq - 1) % counts[op.counter] == 0
         if fits:
             gap = ops[b].entry.created_ns - ops[b - 1].entry.created_ns if b else 0
             candidates.append((gap, -b))
@@ -461,8 +368,7 @@ def _first_iteration(ops: tuple[_Op, ...], period: int, boundary: int) -> int:
     every iteration as a steady one from collective 1."""
     counts = _counts(ops, range(boundary, boundary + period))
     for op in ops[boundary:boundary + period]:
-        if not op.is_p2p:
-            return (op.entry.collective_seq - 1) // counts[op.entry.group] + 1
+        return (op.seq - 1) // counts[op.counter] + 1
     return 1
 
 
@@ -493,7 +399,7 @@ def _classes(timelines: dict[int, _Timeline], mesh: Mesh, notes: list[str]
                        for c in range(mesh.shape[axis])]
             empty = [c for c, ranks in enumerate(classes) if not ranks]
             if empty:
-                notes.append(f"no rank at {name} = {_span_text(empty)} left a dump: those "
+                notes.append(f"no rank at {name} = {span_text(empty)} left a dump: those "
                              "classes run the most common program")
                 fallback = [r for r in sorted(patterns) if patterns[r] == common[0][0]]
                 classes = [ranks or fallback for ranks in classes]
@@ -502,7 +408,7 @@ def _classes(timelines: dict[int, _Timeline], mesh: Mesh, notes: list[str]
             return name, classes
     chosen = common[0][0]
     others = sorted(r for r, p in patterns.items() if p != chosen)
-    notes.append(f"ranks {_span_text(others)} repeat other ops than the rest, along no mesh "
+    notes.append(f"ranks {span_text(others)} repeat other ops than the rest, along no mesh "
                  f"axis: the skeleton gives every rank the most common program "
                  f"({len(chosen)} ops per iteration)")
     return None, [[r for r in sorted(patterns) if patterns[r] == chosen]]
@@ -519,7 +425,7 @@ def _program(class_id: int, timelines: list[_Timeline]) -> ClassProgram:
         known = [[x for x in column if x is not None] for column in zip(*samples)]
         gaps = [statistics.median(column) if column else 0.0 for column in known]
         out: list[Event] = []
-        batch: list[int] = []  # a run of point-to-point ops: one batch_isend_irecv
+        batch: list[int] = []  # one batch_isend_irecv's ops, issued and not yet awaited
         batches = 0
         for position, i in enumerate(cut):
             op = lead.ops[i]
@@ -534,7 +440,9 @@ def _program(class_id: int, timelines: list[_Timeline]) -> ClassProgram:
                 batches += 1
             batch.append(index[key])
             out.append(Event("issue", gaps[position], index[key], batches))
-            if i + 1 == cut.stop or not lead.ops[i + 1].is_p2p:
+            following = position + 1 < len(cut) and lead.ops[i + 1].is_p2p \
+                and gaps[position + 1] < BATCH_GAP_S
+            if not following:
                 out += [Event("wait", 0.0, k) for k in batch]
                 batch = []
         return tuple(out) + (Event("end", gaps[-1]),)
@@ -579,21 +487,22 @@ def _between(before: Entry, after: Entry) -> float:
     return max(0.0, (after.created_ns - end) / 1e9)
 
 
-def _paces(timelines: dict[int, _Timeline], members: dict[str, set[int]],
+def _paces(timelines: dict[int, _Timeline], members: dict[str, tuple[int, ...]],
            group_family: dict[str, str]) -> dict[str, GroupPace]:
     paces = {}
-    for group in sorted(members, key=_group_order):
+    for group in sorted(members, key=group_order):
         holders = [t for r, t in sorted(timelines.items()) if any(
             op.entry.group == group for op in t.ops)]
         if not holders:
             continue
         t = holders[0]
-        steady = _counts(t.ops, t.steady[0])[group] if t.steady else 0
-        warmup = tuple(_counts(t.ops, w)[group] for w in t.warmup)
-        if t.first > 1:  # a wrapped ring: the iterations before were steady ones
-            warmup = ()
-        paces[group] = GroupPace(group, group_family[group], tuple(sorted(members[group])),
-                                 warmup, steady)
+        steady = _counts(t.ops, t.steady[0]) if t.steady else Counter()
+        # a wrapped ring (t.first > 1): the iterations before were steady ones
+        warmup = [_counts(t.ops, w) for w in t.warmup] if t.first == 1 else []
+        paces[group] = GroupPace(
+            group, group_family[group], tuple(sorted(members[group])),
+            tuple(c[group, False] for c in warmup), steady[group, False],
+            tuple(c[group, True] for c in warmup), steady[group, True])
     return paces
 
 
@@ -613,14 +522,3 @@ def _timing_note(dumps: DumpSet) -> str:
 def _note_once(notes: list[str], note: str) -> None:
     if note not in notes:
         notes.append(note)
-
-
-def _span_text(ranks: list[int]) -> str:
-    """``0-3, 7``: ranks as runs."""
-    runs: list[list[int]] = []
-    for r in ranks:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)

@@ -175,3 +175,66 @@ def test_a_wrapped_ring_places_iterations_by_sequence_numbers(device_time_run, t
         assert skeleton.locate(entry.group, entry.collective_seq) == \
             full.locate(entry.group, entry.collective_seq)
     assert skeleton.last_iteration[0] == ITERATIONS
+
+
+PIPELINE_HANG = """\
+name: pipeline-hang
+description: rank 2 (the second stage) stops at iteration 3; rank 0's send to it times out
+world: {size: 4, rank: 0}
+run:
+  command: [python, %(script)s, --pp, "2", --iterations, "4", --micro-batches, "2",
+            --forward-ms, "2", --backward-ms, "4", --activation-kib, "16", --grad-kib, "64"]
+  graph: profile
+  timeout_s: 2
+faults:
+  - action: hang
+    select: {ranks: "2"}
+    at: {iteration: 3}
+expect:
+  - exit_code: 134
+  - flight_record: {missing_ranks: [2]}
+"""
+
+
+@pytest.mark.slow
+def test_prism_debugs_own_dumps_give_the_pipelines_sends_and_receives(tmp_path):
+    """A scenario's flight record (prism-debug's own recorder, NCCL's
+    format) holds the timed-out pipeline group's sends and receives, with
+    both ends named: the skeleton has them on the pp axis, one class per
+    stage, in the batches device_time.py's 1F1B schedule issues."""
+    scenario = tmp_path / "pipeline_hang.yaml"
+    scenario.write_text(PIPELINE_HANG % {"script": WORKLOAD})
+    proc = subprocess.run(
+        [sys.executable, "-m", "prism_debug.cli", "scenario", "run", str(scenario),
+         "--run-dir", str(tmp_path / "run"), "--store", str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), PRISM_DEBUG_GRAPH_CACHE=str(tmp_path / "g")))
+    assert "PASS  exit code 134" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]
+    flight = tmp_path / "run" / "1-pipeline-hang" / "flight"
+    dumps_dir = tmp_path / "dumps"
+    dumps_dir.mkdir()
+    for path in [flight / "trace_rank_0", *(flight / "peers").iterdir()]:
+        shutil.copy(path, dumps_dir / path.name)
+    dumps = read_dumps(dumps_dir)
+    assert sorted(dumps.dumps) == [0, 2]  # the pp group of rank 0: stages 0 and 1
+    skeleton = build_skeleton(dumps, world_size=4)
+    graph = skeleton.graph
+    assert graph.class_axis == "pp" and graph.family_group("pp", 0) == [0, 2]
+    # stage 0 of a 2-stage 1F1B over 2 micro-batches: the first forward's send,
+    # then the second's send with the first gradient's receive in one batch,
+    # then the second gradient's receive; 16 KiB of activations each
+    stage0 = graph.programs[0]
+    issues = [e for e in stage0.steady if e.action == "issue"]
+    assert [(stage0.ops[e.op].kind, stage0.ops[e.op].peer, stage0.ops[e.op].nbytes, e.batch)
+            for e in issues] == [("send", 1, 16384, 1), ("send", 1, 16384, 2),
+                                 ("recv", 1, 16384, 2), ("recv", 1, 16384, 3)]
+    assert {op.peer for op in graph.programs[1].ops} == {-1}  # stage 1 talks back to stage 0
+    assert "2 programs, one per pp coordinate: pp is the class axis" in skeleton.notes
+    # the send that timed out is the first op of iteration 3, where rank 2 hung
+    stuck = dumps.dumps[0].entries[-1]
+    assert stuck.op == "send" and stuck.state == "scheduled"
+    assert skeleton.locate(stuck.group, stuck.p2p_seq, p2p=True) == (3, 1)
+    path = tmp_path / "skeleton.prism"
+    graph.save(path)
+    replayed = cli("replay", str(path), "--iterations", "2")
+    assert replayed.returncode == 0, replayed.stderr
