@@ -188,8 +188,8 @@ def build_skeleton(dumps: DumpSet, *, world_size: int | None = None) -> Skeleton
         notes.append(f"the dumps do not say the node size: {ASSUMED_GPUS_PER_NODE} GPUs per "
                      "node assumed")
     paces = _paces(timelines, members, group_family)
-    last = {rank: t.first + len(t.warmup) + len(t.steady) - 1
-            + (1 if _tail(t) else 0) for rank, t in timelines.items()}
+    last = {rank: t.first + len(t.warmup) + len(t.steady) - 1 + -(-len(_tail(t)) // t.period)
+            for rank, t in timelines.items()}
     return Skeleton(graph, tuple(notes), paces, last)
 
 

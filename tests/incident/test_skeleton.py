@@ -238,3 +238,51 @@ def test_prism_debugs_own_dumps_give_the_pipelines_sends_and_receives(tmp_path):
     graph.save(path)
     replayed = cli("replay", str(path), "--iterations", "2")
     assert replayed.returncode == 0, replayed.stderr
+
+
+HANGING = """\
+import datetime, os, signal, sys, time, torch
+import torch.distributed as dist
+rank, prefix = int(os.environ["RANK"]), os.environ["SKELETON_DUMP_PREFIX"]
+def dump(*_):
+    data = torch._C._distributed_c10d._dump_fr_trace(True, True, False)
+    with open(prefix + str(rank), "wb") as f:
+        f.write(data)
+signal.signal(signal.SIGTERM, lambda *a: (dump(), os._exit(143)))
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=3))
+try:
+    for step in range(1, 6):
+        if rank == 2 and step == 3:
+            time.sleep(1000)
+        dist.all_reduce(torch.ones(1024))
+        dist.all_reduce(torch.ones(16))
+except Exception:
+    dump()
+    sys.exit(1)
+"""
+
+
+@pytest.mark.slow
+def test_a_real_hang_stops_the_record_in_the_iteration_it_hung(tmp_path):
+    """4 gloo processes, two all-reduces a step; rank 2 stops before step 3's:
+    the others time out there and dump, torchrun's SIGTERM makes rank 2 dump."""
+    script = tmp_path / "hanging.py"
+    script.write_text(HANGING)
+    (tmp_path / "dumps").mkdir()
+    subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+         "--log-dir", str(tmp_path / "logs"), "--redirects", "3", str(script)],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        env=dict(os.environ, OMP_NUM_THREADS="1",
+                 SKELETON_DUMP_PREFIX=str(tmp_path / "dumps" / "rank_")))
+    dumps = read_dumps(tmp_path / "dumps")
+    assert sorted(dumps.dumps) == [0, 1, 2, 3]
+    skeleton = build_skeleton(dumps)
+    graph = skeleton.graph
+    assert graph.world_size == 4  # the default group's pg_config lists the world
+    assert [(op.kind, op.family, op.nbytes) for op in steady_issues(graph)] == [
+        ("all_reduce", "world", 4096), ("all_reduce", "world", 64)]
+    assert "iteration boundaries inferred from a period of 2 ops (ranks 0-3)" in skeleton.notes
+    assert skeleton.last_iteration == {0: 3, 1: 3, 2: 2, 3: 3}
+    stuck = dumps.dumps[0].entries[-1]
+    assert (stuck.collective_seq, skeleton.locate(stuck.group, stuck.collective_seq)) == (5, (3, 1))
