@@ -84,9 +84,8 @@ def _world_size(dumps: DumpSet, members: dict[str, set[int]], given: int | None,
             raise IncidentError(f"world size {given} is smaller than the dumps' ranks "
                                 f"(up to {seen - 1})")
         return given
-    default = members.get(DEFAULT_GROUP)
-    if default and DEFAULT_GROUP in _exact_groups(dumps):
-        return seen  # the default group's member list is the world
+    if DEFAULT_GROUP in _exact_groups(dumps):
+        return seen  # pg_config's list of the default group's members is the world
     # a mesh tiles the world: round up to the widest span a family's groups cover
     span = 1
     for name, ranks in members.items():
@@ -156,8 +155,8 @@ def _filled(rank: int, stride: int, size: int) -> list[int]:
 
 
 def group_order(name: str) -> tuple:
+    """Groups in the order they were created: torch names them by a counter."""
     return (0, int(name), "") if name.isdecimal() else (1, 0, name)
-
 
 
 def span_text(ranks: list[int]) -> str:
