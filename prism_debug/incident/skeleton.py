@@ -16,9 +16,10 @@ read plus what has to be guessed, and every guess is one line of
   period is iteration 1, and what precedes the repeating stretch is warm-up;
 * programs: ranks that repeat the same ops form a class, one per coordinate
   of a mesh axis where the classes line up with one;
-* gaps: the time between one op's end (completion where the dump has it,
-  else its creation) and the next op's creation, the median over iterations
-  and over the class's ranks.
+* gaps: the time between one op's end (where timing was on, else its
+  creation) and the next op's creation, the median over iterations and over
+  the class's ranks, scaled so that an iteration's add up to the median
+  iteration.
 
 Every op is replayed as a synchronous call (issue, then wait), which is what
 a flight-recorder entry of a blocking ``all_reduce`` looks like; a rank's
@@ -424,6 +425,10 @@ def _program(class_id: int, timelines: list[_Timeline]) -> ClassProgram:
     def events(cut: range, samples: list[list[float | None]]) -> tuple[Event, ...]:
         known = [[x for x in column if x is not None] for column in zip(*samples)]
         gaps = [statistics.median(column) if column else 0.0 for column in known]
+        # medians of the gaps do not add up to the median iteration: scale them so they do
+        totals = [sum(row) for row in samples if None not in row]
+        if totals and sum(gaps) > 0:
+            gaps = [g * statistics.median(totals) / sum(gaps) for g in gaps]
         out: list[Event] = []
         batch: list[int] = []  # one batch_isend_irecv's ops, issued and not yet awaited
         batches = 0
@@ -513,10 +518,12 @@ def _timing_note(dumps: DumpSet) -> str:
     entries = [e for d in dumps.dumps.values() for e in d.entries]
     if any(e.started_ns is not None and (e.completed_ns or e.duration_ms) for e in entries):
         return ("gaps run from an op's end (its start plus duration, where timing was on) to "
-                "the next op's creation, medians over iterations and ranks")
+                "the next op's creation: medians over iterations and ranks, scaled to add up "
+                "to the median iteration")
     return ("gaps are differences of the ops' creation times (medians over iterations and "
-            "ranks; the dumps hold no start times): a synchronous call's includes its wait "
-            "for the previous op, so the replay's own op times come on top")
+            "ranks, scaled to add up to the median iteration; the dumps hold no start "
+            "times): a synchronous call's includes its wait for the previous op, so the "
+            "replay's own op times come on top")
 
 
 def _note_once(notes: list[str], note: str) -> None:

@@ -126,8 +126,9 @@ def test_the_skeleton_replays_at_the_pace_the_job_ran(device_time_run, tmp_path)
                 ["iteration_s"][1:] for r in range(8)]
     job_s = statistics.median(t for rank in measured for t in rank)
     # gloo's gaps are creation-time differences, which hold each op's own time:
-    # an iteration's gaps add up to the rank's iteration (medians, so not exactly)
-    assert job_s * 0.8 < replay_s < job_s * 1.25, (replay_s, job_s)
+    # an iteration's gaps add up to the median iteration (the replay's own op
+    # times on top: 0.1 ms of 94 ms here); on 2 shared cores the job varies ~10 %
+    assert job_s * 0.9 < replay_s < job_s * 1.1, (replay_s, job_s)
 
 
 @pytest.mark.slow
