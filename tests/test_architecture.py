@@ -17,7 +17,7 @@ CORE = ["prism_debug.cost", "prism_debug.graph", "prism_debug.engine", "prism_de
         "prism_debug.errors", "prism_debug.agent.config", "prism_debug.backend.tracker",
         "prism_debug.backend.hooks", "prism_debug.backend.flight_recorder",
         "prism_debug.snapshot.store", "prism_debug.reload", "prism_debug.variability",
-        "prism_debug.predict"]
+        "prism_debug.predict", "prism_debug.incident"]
 FORBIDDEN = {"torch", "zmq", "pycriu", "click"}
 MAX_LINES = 600
 
