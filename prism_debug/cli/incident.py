@@ -34,11 +34,10 @@ def incident_command(dump_dir, prefix, out, world_size, gpus_per_node, run_dir, 
     with --out write a scenario that reproduces it.  Give the job's command
     for one rank after -- to place the fault in its iterations (its graph is
     profiled once and cached)."""
-    from prism_debug.runner.incident import IncidentOptions, check_out, import_incident
+    from prism_debug.runner.incident import IncidentOptions, import_incident
     from prism_debug.runner.paths import PRIVATE_UMASK
 
     os.umask(PRIVATE_UMASK)  # the scenario, the profile's files: the user's alone
-    check_out(out)
     result = import_incident(IncidentOptions(
         dump_dir=dump_dir, prefix=prefix, out=out, command=tuple(command),
         world_size=world_size, gpus_per_node=gpus_per_node, run_dir=run_dir,

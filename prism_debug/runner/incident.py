@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from prism_debug.errors import ConfigError
 from prism_debug.graph import ExecutionGraph
 from prism_debug.incident.analysis import Group, Incident, analyse
 from prism_debug.incident.dumps import DumpSet, read_dumps
@@ -161,8 +160,3 @@ def _absolute_scripts(command: tuple[str, ...]) -> tuple[str, ...]:
 def _scenario_name(directory: Path) -> str:
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(directory).resolve().name).strip("-.")
     return f"incident-{base or 'dumps'}"
-
-
-def check_out(out: Path | None) -> None:
-    if out is not None and out.exists() and out.is_dir():
-        raise ConfigError(f"--out {out}: is a directory: give the scenario file to write")
