@@ -17,28 +17,31 @@ from prism_debug.cli.params import Number
                                "prefix the files share].")
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the scenario that reproduces the incident here.")
-@click.option("--world-size", type=Number("--ranks"), default=None,
+@click.option("--world-size", type=Number(), default=None,
               help="Ranks in the job, where the dumps cannot tell [default: the largest "
                    "rank seen + 1, or the groups' sizes].")
-@click.option("--gpus-per-node", type=Number("--ranks"), default=8, show_default=True)
+@click.option("--gpus-per-node", type=Number(), default=8, show_default=True)
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep the profile's files here.")
+@click.option("--timeout-s", type=Number("--collective-timeout"), default=None,
+              help="The reproduction's process-group timeout [default: the job's, from the "
+                   "dumps] (a production job's 10 minutes are 10 minutes here too).")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def incident_command(dump_dir, prefix, out, world_size, gpus_per_node, run_dir,
+def incident_command(dump_dir, prefix, out, world_size, gpus_per_node, run_dir, timeout_s,
                      command) -> None:
     """Read the flight-recorder dumps in DUMP_DIR (torch's pickle format, any
     subset of ranks), say where the job stopped and who it waited for, and
     with --out write a scenario that reproduces it.  Give the job's command
     for one rank after -- to place the fault in its iterations (its graph is
     profiled once and cached)."""
-    from prism_debug.runner.incident import IncidentOptions, check_out, import_incident
+    from prism_debug.runner.incident import IncidentOptions, import_incident
     from prism_debug.runner.paths import PRIVATE_UMASK
 
     os.umask(PRIVATE_UMASK)  # the scenario, the profile's files: the user's alone
-    check_out(out)
     result = import_incident(IncidentOptions(
         dump_dir=dump_dir, prefix=prefix, out=out, command=tuple(command),
-        world_size=world_size, gpus_per_node=gpus_per_node, run_dir=run_dir), click.echo)
+        world_size=world_size, gpus_per_node=gpus_per_node, run_dir=run_dir,
+        timeout_s=timeout_s), click.echo)
     for line in result.summary:
         click.echo(line)
     if result.scenario is not None:

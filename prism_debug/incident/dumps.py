@@ -33,6 +33,7 @@ from prism_debug.errors import IncidentError
 MAX_DUMP_BYTES = 256 << 20
 MAX_ENTRIES = 1 << 20
 MAX_DIMS = 64
+MAX_DEPTH = 4  # subfolders read below the dump directory
 DEFAULT_GROUP = "0"  # the default process group's name in every backend's entries
 # torch's loader: the rank is the trailing number of the file name
 _RANK_SUFFIX = re.compile(r"^(.*?)(\d+)$")
@@ -98,20 +99,28 @@ class DumpSet:
 
 
 def read_dumps(directory: str | os.PathLike[str], prefix: str | None = None) -> DumpSet:
-    """Every dump in ``directory`` (not its subfolders) whose name is
-    ``prefix`` + rank; without ``prefix``, the one prefix the files share."""
+    """Every dump under ``directory`` whose name is ``prefix`` + rank, in
+    subfolders too, as torch's reader walks them (prism-debug's own dumps put
+    the peers' under ``peers/``); without ``prefix``, the one prefix the
+    files share.  A rank found twice is an error: which one is the dump?"""
     directory = Path(directory)
     if not directory.is_dir():
         raise IncidentError(f"{directory}: no such directory: give the folder the job's "
                             "flight-recorder dumps were written to")
-    names = sorted(p.name for p in directory.iterdir() if p.is_file())
+    files = _files(directory)
     if prefix is None:
-        prefix = _common_prefix(directory, names)
-    ranked = {}
-    for name in names:
-        rank = _rank_of(name, prefix)
-        if rank is not None:
-            ranked[name] = rank
+        prefix = _common_prefix(directory, sorted({p.name for p in files}))
+    ranked: dict[str, int] = {}
+    where: dict[int, Path] = {}
+    for path in files:
+        rank = _rank_of(path.name, prefix)
+        if rank is None:
+            continue
+        if rank in where:
+            raise IncidentError(f"{directory}: two dumps of rank {rank} ({where[rank]}, "
+                                f"{path}): give the folder of one incident")
+        where[rank] = path
+        ranked[str(path.relative_to(directory))] = rank
     if not ranked:
         raise IncidentError(f"{directory}: no file is named {prefix!r} followed by a rank: "
                             "give --prefix (the dump files' name before the rank)")
@@ -127,6 +136,18 @@ def read_dumps(directory: str | os.PathLike[str], prefix: str | None = None) -> 
         raise IncidentError(f"{directory}: none of the {len(damaged)} dump files reads "
                             f"({detail}): give the files torch's flight recorder wrote")
     return DumpSet(directory, prefix, dumps, damaged)
+
+
+def _files(directory: Path, depth: int = MAX_DEPTH) -> list[Path]:
+    """The files under ``directory``, ``depth`` folders down at most; links
+    are not followed (a link out of the folder is not the incident's)."""
+    found = []
+    for entry in sorted(os.scandir(directory), key=lambda e: e.name):
+        if entry.is_file(follow_symlinks=False):
+            found.append(Path(entry.path))
+        elif entry.is_dir(follow_symlinks=False) and depth > 0:
+            found += _files(Path(entry.path), depth - 1)
+    return found
 
 
 def _common_prefix(directory: Path, names: list[str]) -> str:

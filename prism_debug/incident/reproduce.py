@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from prism_debug.incident.analysis import Incident, Stop, ranks_text
 from prism_debug.incident.dumps import DumpSet
 from prism_debug.incident.placement import Placement
-from prism_debug.scenario.plan import FlightFindings
+from prism_debug.scenario.plan import FlightFindings, group_findings
 
 WATCHDOG = "Watchdog caught collective operation timeout"
 ABORTED = 134  # SIGABRT: the watchdog takes the process down (TORCH_NCCL_ASYNC_ERROR_HANDLING 3)
@@ -40,6 +40,8 @@ class Reproduction:
     unplaced: str = ""  # why the graph could not place the stop, when it could not
     analyzer: FlightFindings | None = None  # torch's fr_trace on the incident's dumps
     analyzer_note: str = ""  # how it was run (on repaired copies, ...)
+    timeout_s: float | None = None  # the reproduction's group timeout, if not the job's
+    skeleton_notes: tuple[str, ...] = ()  # what the graph from the dumps alone guessed
 
 
 def victim_of(stop: Stop) -> int:
@@ -111,6 +113,7 @@ def scenario_text(incident: Incident, dumps: DumpSet, repro: Reproduction, *,
     culprits = stop.culprits
     out = [f"# Written by prism-debug incident from {dumps.directory} ({len(dumps.dumps)} dumps).",
            *(f"# {line}" for line in describe(incident, dumps, repro)),
+           *(f"# skeleton: {note}" for note in repro.skeleton_notes),
            f"name: {name}",
            f"description: {json.dumps(_stop_line(stop))}",
            f"world: {{size: {incident.world_size}, rank: {victim}}}  "
@@ -125,7 +128,10 @@ def scenario_text(incident: Incident, dumps: DumpSet, repro: Reproduction, *,
     last = max((p.iteration for p in repro.placements.values()), default=None)
     if last is not None:
         out.append(f"  iterations: {last + 1}")
-    if incident.timeout_ms:
+    if repro.timeout_s is not None:
+        out.append(f"  timeout_s: {repro.timeout_s:g}  # the job's was "
+                   f"{incident.timeout_ms / 1000:g} s: shortened by --timeout-s")
+    elif incident.timeout_ms:
         out.append(f"  timeout_s: {incident.timeout_ms / 1000:g}  # the job's, from the entries")
     out.append("faults:")
     for culprit in culprits:
@@ -158,6 +164,8 @@ def _fault(kind: str, stop: Stop, culprit: int, repro: Reproduction) -> list[str
 def _flight_expectation(stop: Stop, repro: Reproduction) -> str:
     """torch's verdict on the real dumps where it gave one, else the dumps' own reading."""
     found = repro.analyzer
+    if found is not None:
+        found = group_findings(found, stop.group.name, stop.group.members)
     if stop.kind == "mismatch":
         kinds = sorted({m.kind for m in stop.mismatched})
         culprits = sorted(stop.culprits)
@@ -168,11 +176,12 @@ def _flight_expectation(stop: Stop, repro: Reproduction) -> str:
     else:
         missing = sorted(stop.culprits)
         if found is not None and found.failure is None and found.missing_ranks:
-            # only the stop's own: ranks gloo aborted are the incident's noise
-            missing = sorted(found.missing_ranks & set(stop.group.members)) or missing
+            missing = sorted(found.missing_ranks)
         body = f"missing_ranks: {missing}"
-    source = ("torch's fr_trace on the incident's dumps" if found is not None
-              and found.failure is None else "the dumps' entries (fr_trace gave no verdict)")
+    source = (f"torch's fr_trace on the incident's dumps, group {stop.group.name}"
+              if found is not None and found.failure is None and (found.missing_ranks or
+                                                                  found.mismatches)
+              else "the dumps' entries (fr_trace gave no verdict on this group)")
     return f"flight_record: {{{body}}}  # as {source}"
 
 

@@ -18,12 +18,12 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
-from prism_debug.errors import ConfigError
 from prism_debug.graph import ExecutionGraph
-from prism_debug.incident.analysis import Incident, analyse
+from prism_debug.incident.analysis import Group, Incident, analyse
 from prism_debug.incident.dumps import DumpSet, read_dumps
 from prism_debug.incident.placement import family_of, place
 from prism_debug.incident.reproduce import Reproduction, describe, scenario_text
+from prism_debug.incident.skeleton import build_skeleton
 from prism_debug.runner.fr_trace import needs_repair, repaired_copies, run_fr_trace
 from prism_debug.runner.graph_cache import cached_graph
 from prism_debug.runner.interpreter import with_interpreter
@@ -41,6 +41,7 @@ class IncidentOptions:
     gpus_per_node: int = 8
     run_dir: Path | None = None  # the profile's files
     analyzer: bool = True  # run torch's fr_trace on the dumps
+    timeout_s: float | None = None  # the reproduction's group timeout, if not the job's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +52,7 @@ class IncidentResult:
     summary: list[str]
     scenario: Path | None
     graph: Path | None  # the graph the fault was placed with
+    skeleton_notes: tuple[str, ...] = ()  # what the skeleton guessed (no command given)
 
 
 def import_incident(options: IncidentOptions, message: Message) -> IncidentResult:
@@ -60,18 +62,33 @@ def import_incident(options: IncidentOptions, message: Message) -> IncidentResul
     if options.analyzer:
         findings, note = _analyzer(dumps, incident)
     command = _absolute_scripts(options.command)
-    graph_path, placements, unplaced = None, {}, ""
+    graph_path, placements, unplaced, graph_ref, notes = None, {}, "", "profile", ()
     stop = incident.stop
     if stop is not None and command:
         graph_path = cached_graph(with_interpreter(list(command)), incident.world_size,
                                   options.gpus_per_node, run_dir=options.run_dir,
                                   message=message)
-        placements, unplaced = _placements(ExecutionGraph.load(graph_path), incident)
+        graph = ExecutionGraph.load(graph_path)
+        placements, unplaced = _placements(
+            graph, incident, lambda group, rank: family_of(graph, group, rank))
     elif stop is not None:
-        unplaced = "no command was given (prism-debug incident DIR -- COMMAND places it)"
-    repro = Reproduction(command=command, placements=placements, unplaced=unplaced,
-                         analyzer=findings, analyzer_note=note)
+        # no code: the dumps' own skeleton places the stop, by the ops they recorded
+        skeleton = build_skeleton(dumps, world_size=incident.world_size)
+        notes = skeleton.notes
+        placements, unplaced = _placements(
+            skeleton.graph, incident,
+            lambda group, rank: getattr(skeleton.groups.get(group.name), "family", None))
+        if options.out is not None:
+            graph_path = options.out.with_suffix(".prism")
+            skeleton.graph.save(graph_path)
+            graph_ref = graph_path.name  # beside the scenario, which names it relatively
+    repro = Reproduction(command=command, graph=graph_ref, placements=placements,
+                         unplaced=unplaced, analyzer=findings, analyzer_note=note,
+                         timeout_s=options.timeout_s, skeleton_notes=notes)
     summary = describe(incident, dumps, repro)
+    if graph_path is not None and not command:
+        summary.append(f"skeleton: wrote {graph_path} (prism-debug graph show / replay it); "
+                       f"{len(notes)} notes on what it guessed, in the scenario's comments")
     scenario = None
     if options.out is not None and stop is not None:
         name = _scenario_name(options.dump_dir)
@@ -79,7 +96,7 @@ def import_incident(options: IncidentOptions, message: Message) -> IncidentResul
         options.out.parent.mkdir(parents=True, exist_ok=True)
         options.out.write_text(text, encoding="utf-8")
         scenario = options.out
-    return IncidentResult(dumps, incident, repro, summary, scenario, graph_path)
+    return IncidentResult(dumps, incident, repro, summary, scenario, graph_path, notes)
 
 
 def _analyzer(dumps: DumpSet, incident: Incident):
@@ -94,10 +111,12 @@ def _analyzer(dumps: DumpSet, incident: Incident):
                    "backend's dumps do not, and stop fr_trace")
 
 
-def _placements(graph: ExecutionGraph, incident: Incident):
+def _placements(graph: ExecutionGraph, incident: Incident,
+                family_for: Callable[[Group, int], str | None]):
     """Each culprit's fault: where it should have issued the collective the
     others waited in; for a culprit whose own dump shows it stopped sooner in
-    another group, the earliest op it never issued."""
+    another group, the earliest op it never issued.  ``family_for`` names
+    the graph's family of a dump's group."""
     stop = incident.stop
     assert stop is not None
     placements, reasons = {}, []
@@ -115,7 +134,7 @@ def _placements(graph: ExecutionGraph, incident: Incident):
                 seq, entry = group.last_seq[culprit] + 1, None
             else:
                 continue
-            family = family_of(graph, group, culprit)
+            family = family_for(group, culprit)
             if family is None:
                 reasons.append(f"no family of the graph holds group {group.name} "
                                f"({group.desc}) of ranks {list(group.members)[:8]}")
@@ -141,8 +160,3 @@ def _absolute_scripts(command: tuple[str, ...]) -> tuple[str, ...]:
 def _scenario_name(directory: Path) -> str:
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(directory).resolve().name).strip("-.")
     return f"incident-{base or 'dumps'}"
-
-
-def check_out(out: Path | None) -> None:
-    if out is not None and out.exists() and out.is_dir():
-        raise ConfigError(f"--out {out}: is a directory: give the scenario file to write")

@@ -122,6 +122,42 @@ def flight_findings(text: str, exit_code: int | None = 0,
     return FlightFindings(frozenset(missing), frozenset(mismatches), text, failure, culprits)
 
 
+# where fr_trace starts saying something of one collective
+_BLOCK_START = re.compile(r"^(?:Not all ranks joining collective|Collective sequence number:"
+                          r"|We cannot decide)", re.M)
+_GROUP_INFO = re.compile(r"^group info: ([^:\s]+):", re.M)
+
+
+def group_findings(findings: FlightFindings, group: str,
+                   members: Iterable[int]) -> FlightFindings:
+    """What fr_trace said of one group: the collectives it reports under
+    ``group info: GROUP:…``, and of the ranks it missed dumps from (it names
+    no group there), the group's ``members``.  A job that hangs stops every
+    group its culprit is in, and fr_trace reports them all; a reproduction
+    that runs one victim shows the group that victim waited in."""
+    if findings.failure is not None:
+        return findings
+    text = findings.text
+    starts = [m.start() for m in _BLOCK_START.finditer(text)] + [len(text)]
+    kept, members = [], set(members)
+    for begin, end in zip(starts, starts[1:]):
+        block = text[begin:end]
+        named = _GROUP_INFO.search(block)
+        if named is not None and named.group(1) == group:
+            kept.append(block)
+        elif named is None:
+            for match in _NO_DUMP.finditer(block):
+                ranks = {int(r) for r in match.group(1).split(",") if r.strip()} & members
+                if ranks:
+                    kept.append("we missed FR dumps from ranks ({%s})\n"
+                                % ", ".join(map(str, sorted(ranks))))
+    if not kept:
+        return dataclasses.replace(findings, missing_ranks=frozenset(), mismatches=frozenset(),
+                                   culprits=frozenset())
+    mine = flight_findings("".join(kept))
+    return dataclasses.replace(mine, text=text)
+
+
 def _trimmed(text: str, lines: int = 12, width: int = 1500) -> str:
     """The analyzer's output for a verdict: its last lines (where a traceback ends)."""
     kept = [line.rstrip() for line in text.strip().splitlines() if line.strip()][-lines:]
