@@ -52,6 +52,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -91,6 +92,8 @@ class Timing:
     verdicts: list[str] = field(default_factory=list)
     passed: bool = False
     problem: str = ""
+    dumps_read: int | None = None  # what prism-debug incident says it read
+    diagnostic: Timing | None = None  # not part of the headline
 
     @property
     def total_s(self) -> float:
@@ -102,6 +105,7 @@ class Step:
     returncode: int
     output: str
     wall_s: float
+    lines: tuple[tuple[float, str], ...] = ()  # (seconds since the start, line)
 
 
 def main(argv=None) -> int:
@@ -186,9 +190,21 @@ def _big_case(out: Path, token: str) -> Timing:
           f"peers/ subfolder: {len(top) + len(peers)} of {BIG_WORLD} ranks", flush=True)
     command = [sys.executable, str(EXAMPLE_SCRIPT),
                *Example(iterations=BIG_ITERATIONS).argv()]
-    return _reproduce(timing, flight, command, out, token,
-                      extra=["--world-size", str(BIG_WORLD)],
-                      expected_dumps=len(top) + len(peers))
+    extra = ["--world-size", str(BIG_WORLD)]
+    timing = _reproduce(timing, flight, command, out, token, extra=extra,
+                        expected_dumps=len(top) + len(peers))
+    if timing.dumps_read is not None and timing.dumps_read < len(top) + len(peers):
+        # what the import would make of every dump: the same files in one folder
+        flat = out / "flattened" / "dumps"
+        flat.mkdir(parents=True, exist_ok=True)
+        for dump in [*(flight / name for name in top), *(flight / "peers" / n for n in peers)]:
+            shutil.copyfile(dump, flat / dump.name)
+        print(f"\n== diagnostic, not in the headline: the same {len(top) + len(peers)} dumps "
+              f"copied into one folder, {flat}", flush=True)
+        timing.diagnostic = _reproduce(Timing(f"{BIG_WORLD} ranks, peers/ dumps copied beside "
+                                              "(diagnostic)"),
+                                       flat, command, out / "flattened", token, extra=extra)
+    return timing
 
 
 def _big_incident_scenario() -> str:
@@ -222,8 +238,13 @@ def _reproduce(timing: Timing, dump_dir: Path, command: list[str], out: Path, to
     imported = _prism(["incident", str(dump_dir), *extra, "--out", str(scenario),
                        "--run-dir", str(out / "profile"), "--", *command],
                       cache, out / "incident-import.log", token)
+    # profile: from the line that starts it to the one that says it is done
+    # (the command's own figure, "profiled in X s", is printed beside);
+    # import: the rest of the call (reading, fr_trace, placing, writing)
     found = PROFILED.search(imported.output)
-    timing.profile_s = float(found.group(1)) if found else 0.0
+    began, ended = _seconds_at(imported, "graph: profiling"), \
+        _seconds_at(imported, "graph: profiled")
+    timing.profile_s = ended - began if began is not None and ended is not None else 0.0
     timing.import_s = imported.wall_s - timing.profile_s
     for line in imported.output.splitlines():
         if line.startswith(("incident:", "stopped:", "fr_trace:", "graph: profiled")):
@@ -233,12 +254,14 @@ def _reproduce(timing: Timing, dump_dir: Path, command: list[str], out: Path, to
         print(f"  {placed[0]}" + (f"  (and {len(placed) - 1} more faults placed)"
                                    if len(placed) > 1 else ""), flush=True)
     read = re.search(r"^incident: (\d+) dumps", imported.output, re.M)
+    timing.dumps_read = int(read.group(1)) if read else None
     if expected_dumps is not None and read and int(read.group(1)) != expected_dumps:
         print(f"  NOTE: incident read {read.group(1)} of the {expected_dumps} dumps: the "
               f"peers/ subfolder's were not read (torch's fr_trace reads subfolders)",
               flush=True)
-    print(f"  import {timing.import_s:.1f} s, profile {timing.profile_s:.1f} s "
-          f"(exit {imported.returncode})" + ("" if found else ": NO profile reported (was "
+    print(f"  import {timing.import_s:.1f} s, profile {timing.profile_s:.1f} s"
+          + (f" (the command says {found.group(1)} s)" if found else "")
+          + f" (exit {imported.returncode})" + ("" if found else ": NO profile reported (was "
                                                            "the graph cached?)"), flush=True)
     if imported.returncode != 0 or not scenario.is_file():
         timing.problem = f"prism-debug incident exited {imported.returncode} without a " \
@@ -268,26 +291,38 @@ def _prism(args: list[str], cache: Path, log: Path, token: str) -> Step:
 
 def _run(command: list[str], env: dict, log: Path, token: str,
          limit_s: float = STEP_LIMIT_S) -> Step:
-    """``command`` to its end or ``limit_s``; its output in ``log``; nothing it
-    started left alive."""
+    """``command`` to its end or ``limit_s``; its output, each line stamped
+    with the seconds since the start, in ``log``; nothing it started left
+    alive."""
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, cwd=ROOT, text=True,
-                            start_new_session=True)
+                            errors="replace", start_new_session=True)
+    lines: list[tuple[float, str]] = []
+    reader = threading.Thread(target=lambda: lines.extend(
+        (time.monotonic() - start, line.rstrip("\n")) for line in proc.stdout), daemon=True)
+    reader.start()
     try:
-        output, _ = proc.communicate(timeout=limit_s)
-        returncode = proc.returncode
+        returncode = proc.wait(timeout=limit_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        output += f"\n[bench_incident: killed after {limit_s:g} s]\n"
+        proc.wait()
         returncode = 124
     finally:
         _end_processes(token)
+    reader.join(timeout=10)  # the pipe closes once every writer is gone
     wall_s = time.monotonic() - start
-    log.write_text(" ".join(command) + "\n" + output, encoding="utf-8")
-    return Step(returncode, output, wall_s)
+    if returncode == 124:
+        lines.append((wall_s, f"[bench_incident: killed after {limit_s:g} s]"))
+    log.write_text(" ".join(command) + "\n" + "".join(
+        f"{t:8.2f}  {line}\n" for t, line in lines), encoding="utf-8")
+    return Step(returncode, "\n".join(line for _, line in lines), wall_s, tuple(lines))
+
+
+def _seconds_at(step: Step, prefix: str) -> float | None:
+    """When ``step`` printed its first line starting with ``prefix``."""
+    return next((t for t, line in step.lines if line.startswith(prefix)), None)
 
 
 def _end_processes(token: str, patience_s: float = 30) -> None:
@@ -334,7 +369,9 @@ def _load() -> str:
 def _report(timings: list[Timing], big: Timing | None) -> int:
     print(f"\n{'incident':<78} {'job s':>6} {'import':>7} {'profile':>8} {'run':>6} "
           f"{'total':>6}  verdicts")
-    for t in [*timings, *([big] if big else [])]:
+    rows = [*timings, *([big] if big else []),
+            *([big.diagnostic] if big and big.diagnostic else [])]
+    for t in rows:
         job = f"{t.job_s:6.1f}" if t.job_s is not None else f"{'-':>6}"
         state = "PASS" if t.passed else ("FAIL" + (f" ({t.problem[:60]})" if t.problem else ""))
         print(f"{t.name:<78} {job} {t.import_s:7.1f} {t.profile_s:8.1f} {t.run_s:6.1f} "
