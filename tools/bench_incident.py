@@ -20,8 +20,9 @@ Incidents:
   or all-reduces the wrong size at iteration 3, every surviving rank writing
   torch's own dump.  The job is the production incident, not part of the
   time; its wall time is printed beside.  hang and die: pp 2 x tp 2 x dp 4;
-  size: pp 2 x tp 1 x dp 8 (with tp 2 the culprit's dp peer is its only
-  one, and fr_trace has nothing to compare it with);
+  size: pp 2 x tp 1 x dp 8, as tests/incident lay it out (gloo aborts one
+  of the culprit's dp peers, which leaves no dump: a wide dp group keeps
+  enough of them for fr_trace to name the culprit);
 * an 8,192-rank one of the bundled example (tp 8 x pp 4 x dp 256): a
   scenario in which dp peer 1029 of the real rank 5 fails at iteration 3
   (like examples/scenarios/dp_peer_fail_stop.yaml) leaves the flight record
@@ -29,6 +30,9 @@ Incidents:
   the timed-out group in ``peers/``: a sample of ranks, not all 8,192);
   that folder is then imported with ``--world-size 8192 -- <the example's
   command>`` and reproduced.  Making the dumps is not part of the time.
+  Should the import read fewer dumps than the folder and its subfolders
+  hold, the same dumps copied into one folder are imported and reproduced
+  too, as a diagnostic outside the headline.
 
 Each reproduction's verdicts are printed as ``scenario run`` prints them
 (PASS/FAIL per expectation; the flight_record one is fr_trace's verdict on
@@ -71,6 +75,7 @@ JOB_LIMIT_S = 300  # one real torchrun job
 CULPRIT, ITERATION, JOB_TIMEOUT_S = 2, 3, 5
 BIG_WORLD, BIG_RANK, BIG_PEER = 8192, 5, 1029  # 1029 = 5 + 8 * 128: rank 5's dp peer 128
 BIG_ITERATIONS = 4
+LOAD_AT_START = ""  # os.getloadavg() when the bench began, for the last lines
 PROFILED = re.compile(r"graph: profiled in ([0-9.]+) s")
 
 
@@ -121,8 +126,10 @@ def main(argv=None) -> int:
     work = (args.keep.resolve() if args.keep
             else Path(tempfile.mkdtemp(prefix="prism-bench-incident-")))
     work.mkdir(parents=True, exist_ok=True)
+    global LOAD_AT_START
+    LOAD_AT_START = _load()
     print(f"bench_incident: {os.cpu_count()} cores, load average at start "
-          f"{_load()}; files in {work}{'' if args.keep else ' (removed at the end)'}",
+          f"{LOAD_AT_START}; files in {work}{'' if args.keep else ' (removed at the end)'}",
           flush=True)
     real_cases = ([RealCase("hang", 8, 2, 2)] if args.quick else
                   [RealCase("hang", 16, 2, 2), RealCase("die", 16, 2, 2),
@@ -269,7 +276,7 @@ def _reproduce(timing: Timing, dump_dir: Path, command: list[str], out: Path, to
         print(f"  {timing.problem}", flush=True)
         return timing
     faults = scenario.read_text(encoding="utf-8").count("- action:")
-    print(f"  scenario: {scenario} ({faults} faults)", flush=True)
+    print(f"  scenario: {scenario} ({faults} fault{'' if faults == 1 else 's'})", flush=True)
     ran = _prism(["scenario", "run", str(scenario), "--run-dir", str(out / "run")],
                  cache, out / "scenario-run.log", token)
     timing.run_s = ran.wall_s
@@ -383,7 +390,7 @@ def _report(timings: list[Timing], big: Timing | None) -> int:
           (f"; {BIG_WORLD}-rank incident {big.total_s:.1f} s" if big else "") +
           f"; goal <= {GOAL_S} s: {'met' if worst <= GOAL_S else 'MISSED'}; verdicts "
           f"{'all PASS' if all_passed else 'NOT all PASS'}")
-    print(f"load average at end {_load()} (at start: see the first line)")
+    print(f"load average at start {LOAD_AT_START}, at end {_load()} (1, 5, 15 min)")
     print(f"incident: seconds_to_reproduce={worst:.1f}")
     return 0 if all_passed and worst <= GOAL_S else 1
 
