@@ -61,6 +61,8 @@ class Entry:
     duration_ms: float | None  # NCCL with timing enabled; gloo: never
     timeout_ms: int
     frames: tuple[str, ...] = ()  # "name (file:line)", innermost first
+    # a send's or recv's (sender, receiver), group ranks: "nccl:send 0->1" is (0, 1)
+    p2p_ends: tuple[int, int] | None = None
 
     @property
     def numel(self) -> int:
@@ -263,7 +265,17 @@ def _entry(read: Untrusted, row: Any, at: tuple) -> Entry:
                      else read.number(row["duration_ms"], at + ("duration_ms",))),
         timeout_ms=read.int(read.get(row, "timeout_ms", at, 0), at + ("timeout_ms",)),
         frames=_frames(read, row.get("frames", []), at + ("frames",)),
+        p2p_ends=_ends(op),
     )
+
+
+def _ends(op: str) -> tuple[int, int] | None:
+    """(sender, receiver) of "send 0->1" / "recv 1<-0"; None for a collective."""
+    _, _, arrow = op.partition(" ")
+    left, sep, right = arrow.partition("->") if "->" in arrow else arrow.partition("<-")
+    if not (sep and left.isdecimal() and right.isdecimal() and len(arrow) < 24):
+        return None
+    return (int(left), int(right)) if sep == "->" else (int(right), int(left))
 
 
 def _optional_int(read: Untrusted, row: dict, key: str, at: tuple) -> int | None:

@@ -31,17 +31,14 @@ Pure: no torch.
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
-import pickle
 import statistics
 from collections import Counter
-from typing import Any
 
 from prism_debug.cost.ops import known_op
 from prism_debug.errors import IncidentError
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, Mesh, OpSpec
-from prism_debug.incident.dumps import MAX_DUMP_BYTES, Dump, DumpSet, Entry
+from prism_debug.incident.dumps import Dump, DumpSet, Entry
 from prism_debug.incident.mesh import dump_layout, group_order, span_text
 
 # torch's dtype names (c10::toString) -> the graph's names and their sizes
@@ -199,9 +196,8 @@ def build_skeleton(dumps: DumpSet, *, world_size: int | None = None) -> Skeleton
 
 def _ops(dump: Dump, group_family: dict[str, str], members: dict[str, tuple[int, ...]], mesh: Mesh,
          family_axes: dict[str, tuple[str, ...]], notes: list[str]) -> tuple[_Op, ...]:
-    ends = _p2p_ends(dump) if any(e.is_p2p for e in dump.entries) else {}
     ops = []
-    for index, entry in enumerate(dump.entries):
+    for entry in dump.entries:
         kind = known_op(entry.op)
         family = group_family[entry.group]
         if kind is None:
@@ -212,7 +208,7 @@ def _ops(dump: Dump, group_family: dict[str, str], members: dict[str, tuple[int,
         numel = max(_numel(entry.input_sizes), _numel(entry.output_sizes))
         steps = 0
         if entry.is_p2p:
-            steps = _steps(dump.rank, entry, ends.get(index), sorted(members[entry.group]),
+            steps = _steps(dump.rank, entry, entry.p2p_ends, sorted(members[entry.group]),
                            family, mesh, family_axes, notes)
             if steps is None:
                 continue
@@ -236,32 +232,6 @@ def _steps(rank: int, entry: Entry, ends: tuple[int, int] | None, group: list[in
     peer = group[ends[1]] if group[ends[0]] == rank else group[ends[0]]
     stride = mesh.strides[mesh.axis(axes[0])]
     return (peer - rank) // stride
-
-
-class _PlainData(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise IncidentError(f"names {module}.{name}: not a flight-recorder dump")
-
-
-def _p2p_ends(dump: Dump) -> dict[int, tuple[int, int]]:
-    """Entry index -> (sender, receiver) group ranks, read from the
-    profiling names ("nccl:send 0->1", "nccl:recv 1<-0") of the dump's file,
-    which :class:`Entry` does not keep.  The file was read once by
-    ``read_dump``; it is read again the same guarded way."""
-    try:
-        with open(dump.path, "rb") as f:
-            raw = _PlainData(io.BytesIO(f.read(MAX_DUMP_BYTES + 1))).load()
-        rows = raw["entries"]
-    except Exception:  # gone or changed since: the ops stay without peers
-        return {}
-    ends = {}
-    for index, row in enumerate(rows if isinstance(rows, list) else ()):
-        name = row.get("profiling_name") if isinstance(row, dict) else None
-        _, _, arrow = str(name).partition(" ")
-        left, sep, right = arrow.partition("->") if "->" in arrow else arrow.partition("<-")
-        if sep and left.isdecimal() and right.isdecimal():
-            ends[index] = (int(left), int(right)) if sep == "->" else (int(right), int(left))
-    return ends if len(rows) == len(dump.entries) else {}
 
 
 def _note_p2p(dumps: DumpSet, notes: list[str]) -> None:

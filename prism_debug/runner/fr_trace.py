@@ -55,17 +55,26 @@ def needs_repair(dumps: DumpSet) -> bool:
     return False
 
 
-def repaired_copies(dumps: DumpSet, incident: Incident, destination: Path) -> Path:
+def repaired_copies(dumps: DumpSet, incident: Incident, destination: Path,
+                    lead_rank: int | None = None) -> Path:
     """Copies of the dumps, each with pg_config listing every group the
     incident found (name, description, members); written to ``destination``
-    (private: a dump holds the job's stacks), which is returned."""
+    (private: a dump holds the job's stacks), which is returned.
+
+    fr_trace takes the first dump it loads as the reference a mismatch is
+    judged against, and loads in the order the file system lists them; the
+    copy of ``lead_rank`` (a rank that called the collective as the majority
+    did) goes first, the others under ``peers/``, as prism-debug's own dumps
+    are laid out (backend/flight_recorder.write_group_dumps)."""
     destination.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (destination / "peers").mkdir(mode=0o700, exist_ok=True)
     config = {g.name: {"name": g.name, "desc": g.desc, "ranks": str(list(g.members))}
               for g in incident.groups}
     for rank, dump in dumps.dumps.items():
         raw = load_plain(dump.path)
         raw["pg_config"] = config
-        path = destination / f"{dumps.prefix}{rank}"
+        folder = destination if lead_rank in (None, rank) else destination / "peers"
+        path = folder / f"{dumps.prefix}{rank}"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             pickle.dump(raw, f, protocol=PICKLE_PROTOCOL)

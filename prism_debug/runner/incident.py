@@ -104,11 +104,14 @@ def _analyzer(dumps: DumpSet, incident: Incident):
     incomplete = bool(incident.no_dump)
     if not needs_repair(dumps):
         return run_fr_trace(dumps.directory, dumps.prefix, incomplete=incomplete), ""
+    stop = incident.stop
+    lead = min((r for r in stop.arrived if r not in stop.culprits), default=None) \
+        if stop is not None else None
     with tempfile.TemporaryDirectory(prefix="prism-fr-") as tmp:
-        copies = repaired_copies(dumps, incident, Path(tmp) / "dumps")
+        copies = repaired_copies(dumps, incident, Path(tmp) / "dumps", lead)
         found = run_fr_trace(copies, dumps.prefix, incomplete=incomplete)
-    return found, ("on copies whose pg_config lists the groups the entries name: this "
-                   "backend's dumps do not, and stop fr_trace")
+    return found, ("on copies whose pg_config names the entries' groups: as written, "
+                   "these dumps stop it")
 
 
 def _placements(graph: ExecutionGraph, incident: Incident,
@@ -159,4 +162,4 @@ def _absolute_scripts(command: tuple[str, ...]) -> tuple[str, ...]:
 
 def _scenario_name(directory: Path) -> str:
     base = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(directory).resolve().name).strip("-.")
-    return f"incident-{base or 'dumps'}"
+    return base if base.startswith("incident") else f"incident-{base or 'dumps'}"
