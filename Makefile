@@ -30,6 +30,7 @@ bench: $(STAMP)
 	$(BIN)/python tools/bench_fidelity.py
 	$(BIN)/python tools/bench_predict.py
 	$(BIN)/python tools/bench_variability.py
+	$(BIN)/python tools/bench_incident.py
 
 # torch==2.13.0 is pinned exactly: pip takes the CPU wheel from the local disk
 # (a looser pin would pull gigabytes of CUDA wheels).

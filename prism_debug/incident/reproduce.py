@@ -76,7 +76,14 @@ def describe(incident: Incident, dumps: DumpSet, repro: Reproduction) -> list[st
         lines.append(f"timeout: {incident.timeout_ms / 1000:g} s (the process group's, from "
                      "the entries)")
     if repro.analyzer is not None:
-        lines.append("fr_trace: " + analyzer_line(repro.analyzer)
+        verdict = analyzer_line(repro.analyzer)
+        if stop is not None and repro.analyzer.failure is None:
+            # every group that stopped is in fr_trace's verdict; the stop's own first
+            mine = analyzer_line(group_findings(repro.analyzer, stop.group.name,
+                                                stop.group.members))
+            if mine != verdict:
+                verdict = f"{mine} in group {stop.group.name}; {verdict} over all groups"
+        lines.append("fr_trace: " + verdict
                      + (f" ({repro.analyzer_note})" if repro.analyzer_note else ""))
     if stop is not None:
         for culprit, placement in sorted(repro.placements.items()):

@@ -41,7 +41,9 @@ def test_a_hung_rank_reproduces(real_hang, tmp_path):
     summary, scenario, run, seen = reproduce(real_hang, tmp_path)
     assert re.search(r"^stopped: all_reduce of 8192 Float #5 on group \d+ \(dp, 2 ranks\): "
                      r"rank 2 never arrived; rank 0 waited$", summary, re.M), summary
-    assert "fr_trace: missing ranks [0, 2]" in summary  # the dp stop, and tp's knock-on
+    # the dp stop's verdict, then every group's: tp's knock-on waits for rank 0
+    assert re.search(r"^fr_trace: missing ranks \[2\] in group \d+; missing ranks \[0, 2\] over "
+                     r"all groups \(on copies", summary, re.M), summary
     assert "world: {size: 8, rank: 0}" in scenario
     assert "  - action: hang\n    select: {ranks: \"2\"}\n    at: {iteration: 3, collective: 9}" \
         in scenario
