@@ -18,6 +18,7 @@ Python: no torch import.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import io
 import os
 import pickle
@@ -39,9 +40,10 @@ DEFAULT_GROUP = "0"  # the default process group's name in every backend's entri
 _RANK_SUFFIX = re.compile(r"^(.*?)(\d+)$")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Entry:
-    """One op as a rank's flight recorder kept it."""
+    """One op as a rank's flight recorder kept it (slots: a few million of
+    them make a large incident)."""
 
     group: str  # the process group's name ("0" for the default group, "3", ...)
     group_desc: str  # what the script called it ("default_pg", "tp", ...)
@@ -128,11 +130,19 @@ def read_dumps(directory: str | os.PathLike[str], prefix: str | None = None) -> 
                             "give --prefix (the dump files' name before the rank)")
     dumps: dict[int, Dump] = {}
     damaged: dict[str, str] = {}
-    for name, rank in ranked.items():
-        try:
-            dumps[rank] = read_dump(directory / name, rank)
-        except IncidentError as error:
-            damaged[name] = str(error).removeprefix(f"{directory / name}: ")
+    # millions of entries, none in a cycle: the cyclic collector would walk
+    # them all again and again as they pile up (torch's read_dir turns it off too)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for name, rank in ranked.items():
+            try:
+                dumps[rank] = read_dump(directory / name, rank)
+            except IncidentError as error:
+                damaged[name] = str(error).removeprefix(f"{directory / name}: ")
+    finally:
+        if collecting:
+            gc.enable()
     if not dumps:
         detail = "; ".join(f"{name}: {why}" for name, why in list(damaged.items())[:3])
         raise IncidentError(f"{directory}: none of the {len(damaged)} dump files reads "
@@ -217,7 +227,11 @@ def _dump(raw: Any, path: Path, rank: int) -> Dump:
     top = read.mapping(raw, ())
     version = read.text(read.get(top, "version", ()), ("version",), most=32)
     rows = read.items(read.get(top, "entries", ()), ("entries",), most=MAX_ENTRIES)
-    entries = tuple(_entry(read, row, ("entries", i)) for i, row in enumerate(rows))
+    fast = _FastEntries()
+    # the checked reading, field by field, only where the quick one finds
+    # something off: it is the one that says what and where
+    entries = tuple(fast.entry(row) or _entry(read, row, ("entries", i))
+                    for i, row in enumerate(rows))
     groups: dict[str, tuple[int, ...]] = {}
     named: set[tuple[str, str]] = set()
     config = read.mapping(read.get(top, "pg_config", (), {}), ("pg_config",))
@@ -232,6 +246,96 @@ def _dump(raw: Any, path: Path, rank: int) -> Dump:
         if ranks:
             groups[name or DEFAULT_GROUP] = ranks
     return Dump(rank, path, version, entries, groups, frozenset(named))
+
+
+class _FastEntries:
+    """The entries of one dump read quickly: a ring buffer repeats its ops'
+    groups, names, shapes, dtypes and stacks thousands of times, so each
+    distinct combination is checked once and shared.  ``entry`` returns None
+    for anything the checked reading (:func:`_entry`) must look at."""
+
+    _INT = (1 << 63) - 1
+    _REPEATED = ("process_group", "profiling_name", "state", "is_p2p", "input_sizes",
+                 "input_dtypes", "output_sizes", "output_dtypes", "frames")
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple | None] = {}
+
+    def entry(self, row: Any) -> Entry | None:
+        if type(row) is not dict:
+            return None
+        get = row.get
+        seq, p2p, created, timeout = (get("collective_seq_id", 0), get("p2p_seq_id", 0),
+                                      get("time_created_ns", 0), get("timeout_ms", 0))
+        started, completed = get("time_discovered_started_ns"), get("time_discovered_completed_ns")
+        if not (all(type(v) is int and 0 <= v <= self._INT for v in (seq, p2p, created, timeout))
+                and all(v is None or (type(v) is int and 0 <= v <= self._INT)
+                        for v in (started, completed))
+                and get("duration_ms") is None):  # NCCL's timing: the checked reading's
+            return None
+        repeated = tuple(get(k) for k in self._REPEATED)
+        # repr is a faithful key for plain data (all an unpickler that builds no
+        # class can give) and C-fast; the first of each combination is checked
+        key = repr(repeated)
+        shared = self._seen.get(key, self)
+        if shared is self:
+            shared = self._seen[key] = _shared_fields(repeated) if len(key) < 1 << 16 else None
+        if shared is None:
+            return None
+        (name, desc, op, backend, state, is_p2p, ends, in_sizes, in_dtypes, out_sizes,
+         out_dtypes, frames) = shared
+        return Entry(name, desc, seq, p2p, op, backend, is_p2p, in_sizes, in_dtypes,
+                     out_sizes, out_dtypes, state, created, started, completed, None, timeout,
+                     frames, ends)
+
+
+def _shared_fields(repeated: tuple) -> tuple | None:
+    group, profiling, state, is_p2p, in_sizes, in_dtypes, out_sizes, out_dtypes, frames = \
+        repeated
+    head = _head((group, profiling, "" if state is None else state,
+                  False if is_p2p is None else is_p2p))
+    shapes = [_shapes([] if v is None else v) for v in (in_sizes, out_sizes)]
+    dtypes = [_names([] if v is None else v) for v in (in_dtypes, out_dtypes)]
+    if head is None or None in shapes or None in dtypes:
+        return None
+    return (*head, shapes[0], dtypes[0], shapes[1], dtypes[1],
+            _frame_lines([] if frames is None else frames))
+
+
+def _head(value: tuple) -> tuple | None:
+    group, profiling, state, is_p2p = value
+    if not (type(group) in (tuple, list) and len(group) == 2
+            and all(type(g) is str and len(g) <= 256 for g in group)
+            and type(profiling) is str and len(profiling) <= 256
+            and type(state) is str and len(state) <= 32 and type(is_p2p) is bool):
+        return None
+    backend, _, op = profiling.partition(":")
+    if not op:
+        backend, op = "", profiling
+    return group[0], group[1], op.split(" ")[0], backend, state, is_p2p, _ends(op)
+
+
+def _shapes(value: Any) -> tuple | None:
+    if type(value) not in (list, tuple) or len(value) > 4096:
+        return None
+    out = []
+    for shape in value:
+        if type(shape) not in (list, tuple) or len(shape) > MAX_DIMS or not all(
+                type(d) is int and 0 <= d < 1 << 63 for d in shape):
+            return None
+        out.append(tuple(shape))
+    return tuple(out)
+
+
+def _names(value: Any) -> tuple | None:
+    if type(value) not in (list, tuple) or len(value) > 4096 or not all(
+            type(d) is str and len(d) <= 64 for d in value):
+        return None
+    return tuple(value)
+
+
+def _frame_lines(value: Any) -> tuple[str, ...]:
+    return _frames(Untrusted(IncidentError, ""), value, ())
 
 
 def _entry(read: Untrusted, row: Any, at: tuple) -> Entry:

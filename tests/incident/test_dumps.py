@@ -75,3 +75,23 @@ def test_subfolders_are_read_as_torch_walks_them_links_are_not(tmp_path):
     with pytest.raises(IncidentError, match=r"two dumps of rank 2 .*: give the folder of one "
                                             r"incident"):
         read_dumps(tmp_path)
+
+
+def test_the_quick_reading_is_the_checked_one_or_defers_to_it():
+    from prism_debug.checked import Untrusted
+    from prism_debug.incident.dumps import _entry, _FastEntries
+
+    base = entry("3", "tp", 7, 4096, dtype="BFloat16")
+    rows = [base, dict(base, profiling_name="nccl:send 0->1", is_p2p=True, p2p_seq_id=2),
+            dict(base, profiling_name="nccl:recv 1<-0", is_p2p=True),
+            {k: v for k, v in base.items() if k != "frames"},
+            dict(base, input_sizes=[[2, 3], []], output_dtypes=[]),
+            dict(base, state="completed", time_discovered_started_ns=5,
+                 time_discovered_completed_ns=9)]
+    deferred = [dict(base, duration_ms=1.5), dict(base, is_p2p=1),
+                dict(base, input_sizes=[[-1]]), dict(base, process_group=("3",))]
+    fast, checked = _FastEntries(), Untrusted(IncidentError, "dump")
+    for row in rows + rows:  # the second time from what the first shared
+        assert fast.entry(row) == _entry(checked, row, ("entries", 0))
+    assert [fast.entry(row) for row in deferred] == [None] * 4
+    assert fast.entry(rows[1]).p2p_ends == (0, 1) and fast.entry(rows[2]).p2p_ends == (0, 1)
