@@ -20,6 +20,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
+from prism_debug.errors import IncidentError
 from prism_debug.incident.analysis import Incident, Stop, ranks_text
 from prism_debug.incident.dumps import DumpSet
 from prism_debug.incident.placement import Placement
@@ -48,7 +49,9 @@ def victim_of(stop: Stop) -> int:
     """The rank to run for real: the lowest that arrived and waited."""
     waited = [r for r in stop.arrived if r not in stop.culprits]
     if not waited:
-        raise ValueError("no rank arrived at the collective the job stopped in")
+        raise IncidentError(f"no rank that left a dump waited in {stop.entry.op} "
+                            f"#{stop.seq} of group {stop.group.name}: there is no rank to "
+                            "run for real")
     return waited[0]
 
 
@@ -114,7 +117,8 @@ def scenario_text(incident: Incident, dumps: DumpSet, repro: Reproduction, *,
     """The scenario as YAML, with comments that say where each value came from."""
     stop = incident.stop
     if stop is None:
-        raise ValueError("the dumps show no collective the job stopped in")
+        raise IncidentError("the dumps show no collective the job stopped in: there is "
+                            "nothing to reproduce")
     victim = victim_of(stop)
     kind = stop.kind
     culprits = stop.culprits

@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from prism_debug.errors import GraphError, IncidentError
 from prism_debug.graph import ExecutionGraph
 from prism_debug.incident.analysis import Group, Incident, analyse
 from prism_debug.incident.dumps import DumpSet, read_dumps
@@ -73,12 +74,16 @@ def import_incident(options: IncidentOptions, message: Message) -> IncidentResul
             graph, incident, lambda group, rank: family_of(graph, group, rank))
     elif stop is not None:
         # no code: the dumps' own skeleton places the stop, by the ops they recorded
-        skeleton = build_skeleton(dumps, world_size=incident.world_size)
-        notes = skeleton.notes
-        placements, unplaced = _placements(
-            skeleton.graph, incident,
-            lambda group, rank: getattr(skeleton.groups.get(group.name), "family", None))
-        if options.out is not None:
+        try:
+            skeleton = build_skeleton(dumps, world_size=incident.world_size)
+        except (IncidentError, GraphError) as error:  # the summary and scenario still stand
+            skeleton, unplaced = None, f"the dumps make no graph: {error}"
+        if skeleton is not None:
+            notes = skeleton.notes
+            placements, unplaced = _placements(
+                skeleton.graph, incident,
+                lambda group, rank: getattr(skeleton.groups.get(group.name), "family", None))
+        if skeleton is not None and options.out is not None:
             graph_path = options.out.with_suffix(".prism")
             skeleton.graph.save(graph_path)
             graph_ref = graph_path.name  # beside the scenario, which names it relatively
@@ -90,6 +95,9 @@ def import_incident(options: IncidentOptions, message: Message) -> IncidentResul
         summary.append(f"skeleton: wrote {graph_path} (prism-debug graph show / replay it); "
                        f"{len(notes)} notes on what it guessed, in the scenario's comments")
     scenario = None
+    if options.out is not None and stop is None:
+        summary.append(f"no scenario written to {options.out}: the dumps show nothing to "
+                       "reproduce")
     if options.out is not None and stop is not None:
         name = _scenario_name(options.dump_dir)
         text = scenario_text(incident, dumps, repro, name=name)

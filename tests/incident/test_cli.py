@@ -39,3 +39,19 @@ def test_without_the_code_the_dumps_skeleton_places_the_fault(tmp_path):
     text = out.read_text()
     assert 'graph: "repro.prism"' in text and "timeout_s: 2  # the job's was 5 s" in text
     assert out.stat().st_mode & 0o077 == 0  # the user's alone
+
+
+def test_dumps_where_nothing_stopped_write_no_scenario(tmp_path):
+    dumps = world_job(tmp_path / "dumps", 2, {0: 3, 1: 3})
+    done = cli("incident", str(dumps), "--out", str(tmp_path / "repro.yaml"))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[2:] == [
+        "stopped: nowhere the dumps show: every group's members recorded the same collectives "
+        "(a hang outside collectives, or dumps written before it)",
+        "last completed: default_pg #3",
+        "timeout: 5 s (the process group's, from the entries)",
+        # torch's analyzer prints nothing of a healthy set
+        "fr_trace: no verdict (fr_trace printed no finding) (on copies whose pg_config names "
+        "the entries' groups: as written, these dumps stop it)",
+        f"no scenario written to {tmp_path / 'repro.yaml'}: the dumps show nothing to reproduce"]
+    assert not (tmp_path / "repro.yaml").exists()
