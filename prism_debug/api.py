@@ -1,5 +1,5 @@
 """prism-debug from Python: run a command as one rank of a huge job, restore a
-snapshot, run a scenario — the calls the CLI, the scenario runner and test
+snapshot, run a scenario, import an incident's flight-recorder dumps — the calls the CLI, the scenario runner and test
 plugins make too.  ::
 
     from prism_debug import api
@@ -13,6 +13,11 @@ plugins make too.  ::
 
     verdict = api.run_scenario(api.load_scenario("examples/scenarios/nan_peer.yaml"))
     assert verdict.passed, [v.line() for v in verdict.verdicts]
+
+    found = api.import_incident(api.IncidentOptions(
+        dump_dir=Path("incident-dumps"), out=Path("repro.yaml"),
+        command=("python", "train.py")))
+    print("\n".join(found.summary)); api.run_scenario(api.load_scenario(found.scenario))
 
 ``profile_graph=True`` replays virtual peers from the job's graph, profiled
 once and cached (what ``prism-debug run`` does unless told ``--lockstep``);
@@ -34,6 +39,7 @@ from prism_debug.errors import PrismError
 from prism_debug.faults import Fault, fault_from_dict, fault_text, parse_fault
 from prism_debug.runner import launch
 from prism_debug.runner.graph_cache import with_graph
+from prism_debug.runner.incident import IncidentOptions, IncidentResult, import_incident
 from prism_debug.runner.launch import restore
 from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult
 from prism_debug.runner.scenario_run import ScenarioResult, run_scenario
@@ -48,7 +54,8 @@ def run(options: RunOptions, message: Callable[[str], None] = lambda line: None)
 
 
 __all__ = [
-    "Fault", "HardwareProfile", "PrismError", "RestoreOptions", "RunOptions", "RunResult",
-    "Scenario", "ScenarioResult", "fault_from_dict", "fault_text", "load_profile",
-    "load_scenario", "parse_fault", "parse_scenario", "restore", "run", "run_scenario",
+    "Fault", "HardwareProfile", "IncidentOptions", "IncidentResult", "PrismError",
+    "RestoreOptions", "RunOptions", "RunResult", "Scenario", "ScenarioResult",
+    "fault_from_dict", "fault_text", "import_incident", "load_profile", "load_scenario",
+    "parse_fault", "parse_scenario", "restore", "run", "run_scenario",
 ]

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from prism_debug import api
-from prism_debug.errors import ConfigError
+from prism_debug.errors import ConfigError, ScenarioError
 from prism_debug.snapshot.store import Store
 from tests.snapshot.test_store import manifest
 
@@ -37,3 +37,15 @@ def test_a_run_checks_its_faults_against_its_graph_first(tmp_path):
     with pytest.raises(api.PrismError, match="no graph file at"):
         api.run(options)
     assert not (tmp_path / "run").exists()
+
+
+def test_an_incident_imports_through_the_api(tmp_path):
+    from tests.incident.shapes import world_job
+
+    dumps = world_job(tmp_path / "dumps", 4, {0: 3, 1: 3, 2: 2, 3: 3})
+    found = api.import_incident(api.IncidentOptions(dump_dir=dumps, out=tmp_path / "r.yaml"))
+    assert (found.incident.stop.seq, found.incident.stop.culprits) == (3, (2,))
+    assert found.summary[2].startswith("stopped: all_reduce of 1024 Float #3 on group 0")
+    # no command was given: the scenario says what to add before it runs
+    with pytest.raises(ScenarioError, match=r"run: give one of command, example, snapshot"):
+        api.load_scenario(found.scenario)

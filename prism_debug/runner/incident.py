@@ -56,7 +56,11 @@ class IncidentResult:
     skeleton_notes: tuple[str, ...] = ()  # what the skeleton guessed (no command given)
 
 
-def import_incident(options: IncidentOptions, message: Message) -> IncidentResult:
+def import_incident(options: IncidentOptions,
+                    message: Message = lambda line: None) -> IncidentResult:
+    """What the dumps under ``options.dump_dir`` say happened, placed in the job's
+    graph (``options.command``'s, profiled once, or the dumps' own skeleton),
+    and the scenario that reproduces it, written to ``options.out``."""
     dumps = read_dumps(options.dump_dir, options.prefix)
     incident = analyse(dumps, options.world_size)
     findings, note = None, ""
