@@ -52,7 +52,19 @@ def parse_args():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timing", action="store_true",
                         help="Every rank prints its iteration times and peak RSS at the end.")
-    return parser.parse_args()
+    parser.add_argument("--data-parallel-size", type=int, default=None,
+                        help="Draw the batches of a job with this many data-parallel replicas "
+                             "[default: this job's]; with --data-parallel-rank, a smaller job "
+                             "is fed one replica's batches of a larger one.")
+    parser.add_argument("--data-parallel-rank", type=int, default=None,
+                        help="The replica whose batches to draw [default: this rank's].")
+    parser.add_argument("--loss-hex", action="store_true",
+                        help="Print each loss exactly (float.hex) beside its rounded value.")
+    args = parser.parse_args()
+    if args.data_parallel_rank is not None and not (
+            args.data_parallel_size and 0 <= args.data_parallel_rank < args.data_parallel_size):
+        parser.error("--data-parallel-rank needs --data-parallel-size, and must be below it")
+    return args
 
 
 @dataclass
@@ -268,10 +280,12 @@ def synthetic_batch(args, layout, iteration, device):
     two ints per row) and each DP rank expands only its own rows, so the split over DP ranks
     is the same data as one rank running dp * micro_batches micro-batches."""
     rows = args.micro_batches * args.micro_batch_size
+    replicas = layout.dp if args.data_parallel_size is None else args.data_parallel_size
+    replica = layout.dp_rank if args.data_parallel_rank is None else args.data_parallel_rank
     generator = torch.Generator().manual_seed(args.seed * 1_000_003 + iteration)
-    start = torch.randint(args.vocab, (layout.dp * rows, 1), generator=generator)
-    stride = torch.randint(1, 8, (layout.dp * rows, 1), generator=generator)
-    mine = slice(layout.dp_rank * rows, (layout.dp_rank + 1) * rows)
+    start = torch.randint(args.vocab, (replicas * rows, 1), generator=generator)
+    stride = torch.randint(1, 8, (replicas * rows, 1), generator=generator)
+    mine = slice(replica * rows, (replica + 1) * rows)
     stream = (start[mine] + stride[mine] * torch.arange(args.seq_len + 1)) % args.vocab
     stream = stream.view(args.micro_batches, args.micro_batch_size, args.seq_len + 1).to(device)
     return stream[..., :-1], stream[..., 1:]
@@ -399,7 +413,8 @@ def main():
         optimizer.step()
         iteration_ends.append(time.perf_counter())
         if layout.is_last_stage and layout.tp_rank == 0:
-            print(f"iter {iteration} loss {loss:.6f}", flush=True)
+            exact = f" ({float(loss).hex()})" if args.loss_hex else ""
+            print(f"iter {iteration} loss {loss:.6f}{exact}", flush=True)
 
     if args.timing:
         # an iteration ends at its optimizer step, as prism-debug counts them

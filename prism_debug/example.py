@@ -34,6 +34,10 @@ class Example(Checked):
     lr: float = declare("float", default=3e-4, check=positive)
     seed: int = declare("int", default=0)
     timing: bool = declare("bool", default=False)
+    # a smaller job fed one replica's batches of a larger one (None: its own)
+    data_parallel_size: int | None = declare("int", default=None, check=at_least(1))
+    data_parallel_rank: int | None = declare("int", default=None, check=at_least(0))
+    loss_hex: bool = declare("bool", default=False)  # print each loss exactly too
 
     def argv(self, names: tuple[str, ...] | None = None) -> list[str]:
         """The example's command-line arguments (only ``names``, in that order,
@@ -43,7 +47,7 @@ class Example(Checked):
             flag, value = "--" + name.replace("_", "-"), getattr(self, name)
             if isinstance(value, bool):
                 args += [flag] if value else []
-            else:
+            elif value is not None:
                 args += [flag, str(value)]
         return args
 
@@ -61,6 +65,10 @@ class Example(Checked):
             yield ("tp",), f"heads {self.heads} is not divisible by tp {self.tp}"
         if self.hidden % self.heads:
             yield ("heads",), f"hidden {self.hidden} is not divisible by heads {self.heads}"
+        if self.data_parallel_rank is not None and not (
+                self.data_parallel_size and self.data_parallel_rank < self.data_parallel_size):
+            yield (("data_parallel_rank",), "data_parallel_rank needs data_parallel_size, "
+                   "and must be below it")
 
 
 # What ``prism-debug run`` with no command runs: the example as production runs

@@ -40,6 +40,7 @@ from prism_debug.agent.program import MESSAGES_ENV, ProgramRecorder, slice_book
 from prism_debug.backend.tracker import IterationTracker
 from prism_debug.backend.install import Messages, install
 from prism_debug.backend.runtime import Runtime
+from prism_debug.backend.real_comms import SideStore
 from prism_debug.backend.values import Values
 from prism_debug.cost import CostModel, HardwareProfile
 from prism_debug.engine import EmulatedClock, LockstepEngine, ReplayEngine
@@ -95,6 +96,8 @@ class Agent:
                               dump_flight_record=self._dump_flight_record),
             flight=FlightLog.from_env(config.rank, self.clock),
             on_nonfinite=self._first_nonfinite if config.watch_nonfinite else None,
+            side_store=config.side_store and SideStore.from_dict(config.side_store),
+            real_ranks=config.real_ranks,
         )
         # faults in force: each as written, whom it hits, and the replay
         # engine's handle; changes asked while the rank runs wait for the next
@@ -229,6 +232,8 @@ class Agent:
 
     def _on_exit(self) -> None:
         self.runtime.completer.close()
+        if self.runtime.real_comms is not None:
+            self.runtime.real_comms.close()
         if self.link is not None:
             self.link.stop()
         if self.initialised:

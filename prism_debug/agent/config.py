@@ -49,6 +49,10 @@ class AgentConfig:
     variability: dict | None = None
     collective_timeout_s: float | None = None  # overrides every group's timeout
     watch_nonfinite: bool = False  # report the first iteration the rank sends NaN/inf
+    # several real ranks (--ranks): all of them (this one included), and the
+    # store where they meet (SideStore.to_dict(): its prefix is the run's secret)
+    real_ranks: tuple[int, ...] = ()
+    side_store: dict | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.world_size:
@@ -71,6 +75,7 @@ class AgentConfig:
         data["trace_ranks"] = tuple(data.get("trace_ranks", ()))
         data["snapshot_at"] = tuple(data.get("snapshot_at", ()))
         data["faults"] = tuple(data.get("faults", ()))
+        data["real_ranks"] = tuple(data.get("real_ranks", ()))
         return cls(**data)
 
     @classmethod

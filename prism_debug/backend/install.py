@@ -31,6 +31,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from prism_debug.backend.process_group import PrismProcessGroup
+from prism_debug.backend.real_comms import RealComms
 from prism_debug.backend.runtime import Runtime
 from prism_debug.errors import UnsupportedOperation
 from prism_debug.graph import WORLD_FAMILY, GroupRef
@@ -94,6 +95,10 @@ def install(runtime: Runtime, on_init: Callable[[str], None],
             # As torch: NCCL's own default only for a plain "nccl" group.
             timeout = NCCL_DEFAULT_TIMEOUT if requested == "nccl" else OTHER_DEFAULT_TIMEOUT
         state.requested = requested
+        if runtime.side_store is not None and runtime.real_comms is None:
+            # before the default group, which is the first to get real members
+            runtime.real_comms = RealComms(runtime.side_store, runtime.real_ranks,
+                                           runtime.rank, timeout)
         # The script's init_method, store and device binding all describe a real
         # rendezvous of world_size processes; the emulated rank needs none of
         # them.  A bound device id would make DeviceMesh split groups, which a

@@ -14,6 +14,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
+from prism_debug.backend.real_ops import RealOps
 from prism_debug.backend.runtime import Runtime
 from prism_debug.backend.work import PrismWork, coalesced_work, flat_tensors
 from prism_debug.graph import GroupRef
@@ -40,6 +41,11 @@ class PrismProcessGroup(dist.ProcessGroup):
         self.pg_id = runtime.next_group_id()
         self.num_issued = 0
         self.timeout_s = runtime.collective_timeout_s or timeout.total_seconds()
+        # the group's other real members, where it has some (--ranks): their
+        # part of its ops runs on a real communicator among them
+        real = runtime.real_comms and runtime.real_comms.group(
+            global_ranks, ref, datetime.timedelta(seconds=self.timeout_s))
+        self._real = RealOps(self, real) if real else None
 
     def __repr__(self) -> str:
         return (f"PrismProcessGroup({self.ref.family}[{self.ref.index}], "
@@ -136,6 +142,8 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- reductions -------------------------------------------------------------
 
     def allreduce(self, tensors, opts=None, call: str = "all_reduce"):
+        if self._real is not None:
+            return self._real.allreduce(tensors, opts, call)
         rt = self._rt
         t0, arrival = rt.clock.arrive()  # _arrive, inlined on the commonest op
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -152,6 +160,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self.allreduce(tensors, opts, "allreduce_coalesced")
 
     def reduce(self, tensors, opts):
+        if self._real is not None:
+            return self._real.reduce(tensors, opts)
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(tensors)
@@ -164,6 +174,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self._complete("reduce", _nbytes(tensors), t0, arrival, tensors)
 
     def reduce_scatter(self, output_tensors, input_lists, opts):
+        if self._real is not None:
+            return self._real.reduce_scatter(output_tensors, input_lists, opts)
         t0, arrival = self._arrive()
         rt = self._rt
         key, faulty = self._key(), self._faulty()
@@ -184,6 +196,8 @@ class PrismProcessGroup(dist.ProcessGroup):
                                             "reduce_scatter_tensor_coalesced")
 
     def _reduce_scatter_tensors(self, outputs, inputs, opts, call: str):
+        if self._real is not None:
+            return self._real.reduce_scatter_tensors(outputs, inputs, opts, call)
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(inputs)
@@ -200,6 +214,8 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- gathers ----------------------------------------------------------------
 
     def allgather(self, output_lists, input_tensors, opts=None):
+        if self._real is not None:
+            return self._real.allgather(output_lists, input_tensors)
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(input_tensors)
@@ -223,6 +239,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self._all_gather_tensors(outputs, inputs, "all_gather_into_tensor_coalesced")
 
     def _all_gather_tensors(self, outputs, inputs, call: str):
+        if self._real is not None:
+            return self._real.all_gather_tensors(outputs, inputs, call)
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(inputs)
@@ -251,6 +269,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         self._rt.digest(outs)
 
     def gather(self, output_lists, input_tensors, opts):
+        if self._real is not None:
+            return self._real.gather(output_lists, input_tensors, opts)
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(input_tensors)
@@ -263,6 +283,8 @@ class PrismProcessGroup(dist.ProcessGroup):
                               inputs=input_tensors)
 
     def scatter(self, output_tensors, input_lists, opts):
+        if self._real is not None:
+            return self._real.scatter(output_tensors, input_lists, opts)
         t0, arrival = self._arrive()
         rt = self._rt
         key = self._key()
@@ -280,6 +302,8 @@ class PrismProcessGroup(dist.ProcessGroup):
                               inputs=input_lists if opts.rootRank == self._me else [])
 
     def broadcast(self, tensors, opts):
+        if self._real is not None:
+            return self._real.broadcast(tensors, opts)
         t0, arrival = self._arrive()
         rt = self._rt
         # Mirrored, the root holds what the real rank holds: nothing to change.
@@ -294,6 +318,8 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- all-to-all -------------------------------------------------------------
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
+        if self._real is not None:
+            return self._real.alltoall(output_tensors, input_tensors)
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(input_tensors)
@@ -306,6 +332,9 @@ class PrismProcessGroup(dist.ProcessGroup):
                               inputs=input_tensors)
 
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        if self._real is not None:
+            return self._real.all_to_all_single(output, input, output_split_sizes,
+                                                input_split_sizes)
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs([input])
@@ -331,18 +360,24 @@ class PrismProcessGroup(dist.ProcessGroup):
     # -- synchronisation ----------------------------------------------------------
 
     def barrier(self, opts=None):
+        if self._real is not None:
+            return self._real.barrier()
         t0, arrival = self._arrive()
         return self._complete("barrier", 0, t0, arrival, [])
 
     # -- point to point -----------------------------------------------------------
 
     def send(self, tensors, dst, tag=0):
+        if self._real is not None and self._real.is_real_peer(dst):
+            return self._real.send(tensors, dst, tag)
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(tensors)
         return self._complete("send", _nbytes(tensors), t0, arrival, tensors, self._peer(dst), dst)
 
     def recv(self, tensors, src, tag=0):
+        if self._real is not None and self._real.is_real_peer(src):
+            return self._real.recv(tensors, src, tag)
         t0, arrival = self._arrive()
         rt = self._rt
         key = self._key()

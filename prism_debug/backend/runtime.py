@@ -57,6 +57,11 @@ class Runtime:
     # called once with the iteration in which the rank first hands a collective
     # a NaN or inf of its own (None: nobody asks, nothing is checked)
     on_nonfinite: Callable[[int], None] | None = None
+    # several real ranks (--ranks): where they meet, and who they are; the
+    # communicators among them, made at init_process_group (backend/real_comms.py)
+    side_store: object | None = None  # SideStore
+    real_ranks: tuple[int, ...] = ()
+    real_comms: object | None = dataclasses.field(default=None, init=False)  # RealComms
     _num_groups: int = dataclasses.field(default=0, init=False)
     # the batch_isend_irecv call issuing ops now (its number), 0 outside one
     p2p_batch: int = dataclasses.field(default=0, init=False)

@@ -7,7 +7,6 @@ import itertools
 import logging
 import math
 import threading
-import time
 
 import torch.distributed as dist
 from torch.futures import Future
@@ -48,6 +47,10 @@ class PrismWork(dist._Work):
         self.source_rank: int | None = None  # group rank a recv came from
         self.recorded: tuple[int, int] | None = None  # its issue in the program being profiled
         self.record: OpRecord | None = None  # while the iteration's ops are recorded
+        # a point-to-point op between two real ranks (backend/real_ops.py): the
+        # gloo Work carrying its data, and what to do once the data is there
+        self.real_work = None
+        self.on_real_done = None
 
     def _source_rank(self) -> int:
         # torch asks for it after a recv without ``src``.
@@ -57,6 +60,8 @@ class PrismWork(dist._Work):
 
     def wait(self, timeout=None) -> bool:
         runtime = self._runtime
+        if self.real_work is not None:
+            self._wait_real()
         done = self.done
         if done == math.inf:
             # not known yet: the engine learns it when a thread issues the ops
@@ -80,6 +85,20 @@ class PrismWork(dist._Work):
             runtime.recorder.wait(runtime.clock.now(), self.recorded)
             self.recorded = None  # a second wait on the same work waits for nothing
         return True
+
+    def _wait_real(self) -> None:
+        """The real peer's side of the op: the harness's time, off the clock
+        (the engine says when the op completes on it)."""
+        clock = self._runtime.clock
+        hold, _ = clock.enter()
+        try:
+            self.real_work.wait()
+            self.real_work = None
+            if self.on_real_done is not None:
+                self.on_real_done()
+                self.on_real_done = None
+        finally:
+            clock.leave(hold)
 
     @property
     def done(self) -> float:
@@ -133,6 +152,8 @@ class PrismWork(dist._Work):
         return self._runtime.watchdog.expired(self.timed_out())
 
     def is_completed(self) -> bool:
+        if self.real_work is not None and not self.real_work.is_completed():
+            return False
         done = self._done
         if done is None:
             done = self.done if threading.current_thread() is threading.main_thread() \
@@ -176,8 +197,27 @@ def coalesced_work(runtime, group, works: list[PrismWork]) -> PrismWork:
     # a float when every op's completion is known, else asked at the first wait
     done = max(known) if None not in known else (lambda: max(work.done for work in works))
     # (NCCL's endCoalescing makes its Work with no tensors: NumelIn=0, NumelOut=0)
-    return PrismWork(runtime, done, [], group=group, seq=works[-1].seq, op="coalesced",
-                     arrival=first.arrival)
+    batch = PrismWork(runtime, done, [], group=group, seq=works[-1].seq, op="coalesced",
+                      arrival=first.arrival)
+    real = [work for work in works if work.real_work is not None]
+    if real:
+        batch.real_work = _RealBatch(real)
+    return batch
+
+
+class _RealBatch:
+    """The real sides of a batch's point-to-point ops, waited as one."""
+
+    def __init__(self, works: list[PrismWork]) -> None:
+        self._works = works
+
+    def wait(self) -> None:
+        for work in self._works:
+            if work.real_work is not None:
+                work._wait_real()
+
+    def is_completed(self) -> bool:
+        return all(w.real_work is None or w.real_work.is_completed() for w in self._works)
 
 
 class _Pending:

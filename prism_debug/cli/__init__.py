@@ -53,6 +53,9 @@ _no_bus_option = click.option(
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--rank", type=NUMBER, default=4097, show_default=True,
               help="The rank to run for real.")
+@click.option("--ranks", "ranks_text", default="",
+              help="Run several ranks for real instead, a process each, e.g. 4096-4103: "
+                   "collectives among them carry real data.")
 @click.option("--world-size", type=NUMBER, default=8192, show_default=True,
               help="Ranks in the emulated job.")
 @click.option("--gpus-per-node", type=NUMBER, default=None,
@@ -108,7 +111,7 @@ _no_bus_option = click.option(
                    "script's process-group timeout].")
 @click.option("--paused", is_flag=True,
               help="Pause the rank at init_process_group until prism-debug attach continues it.")
-def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trace_path,
+def run(rank, ranks_text, world_size, gpus_per_node, hardware, iterations, report_path, trace_path,
         trace_ranks, seed, values, no_digest, graph_path, lockstep, snapshot_at, snapshot_every,
         incremental, history, isolate, store, run_dir, bind, no_bus, perturbations,
         variability_terms, collective_timeout, paused, command) -> None:
@@ -144,8 +147,17 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
     command = list(command) or _bundled_example_command(world_size, iterations)
     faults = tuple(api.parse_fault(text, world_size, profile.gpus_per_node)
                    for text in perturbations)
+    ranks = tuple(sorted(rank_list(ranks_text, world_size, profile.gpus_per_node, "--ranks")))
+    if ranks_text.strip() and not ranks:
+        raise ConfigError("--ranks names no rank: give one or more, e.g. --ranks 4096-4103")
+    if ranks:
+        if click.get_current_context().get_parameter_source("rank").name != "DEFAULT":
+            raise ConfigError("--rank and --ranks exclude each other: --ranks runs all the "
+                              "ranks it names for real (--ranks 4097 is --rank 4097)")
+        rank = ranks[0]
     options = api.RunOptions(
-        command=command, rank=rank, world_size=world_size, profile=profile,
+        command=command, rank=rank, ranks=ranks if len(ranks) > 1 else (), world_size=world_size,
+        profile=profile,
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
         values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
         profile_graph=graph_path is None and not lockstep, profile_command=profile_command,
@@ -161,7 +173,8 @@ def run(rank, world_size, gpus_per_node, hardware, iterations, report_path, trac
     if result.snapshots:
         click.echo(f"replay from a snapshot: prism-debug snapshot restore {result.snapshots[-1]}"
                    f"{store_option} (list them: prism-debug snapshot ls{store_option})")
-    elif not options.takes_snapshots and result.exit_code == 0 and result.report["iterations"]:
+    elif not options.takes_snapshots and not options.ranks and result.exit_code == 0 \
+            and result.report["iterations"]:
         # (after a run that failed or finished no iteration there is nothing to snapshot)
         click.echo("hint: add --snapshot-at 2 to snapshot the rank with CRIU after iteration 2; "
                    "then prism-debug snapshot ls, and prism-debug snapshot restore ID replays "

@@ -9,6 +9,7 @@ blank text (the option not given) lists nothing."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Callable
 
 from prism_debug.checked import MAX_ITERATIONS
@@ -112,3 +113,16 @@ def _spans(text: str, count: int | None, readable_as: str,
             raise ConfigError(outside(last))
         spans.append((first, last))
     return spans
+
+
+def ranks_text(ranks: Iterable[int]) -> str:
+    """Ranks as a user reads them: ``0-3, 5, 8-9``."""
+    ranks = sorted(set(ranks))
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ", ".join(parts)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from collections.abc import Iterable
 
 from prism_debug.incident.dumps import DEFAULT_GROUP, DumpSet, Entry
 
@@ -272,16 +271,3 @@ def _mismatches(have: dict[int, Entry]) -> list[Mismatch]:
                 found.append(Mismatch(rank, kind, entry.call(), expected.call()))
                 break
     return found
-
-
-def ranks_text(ranks: Iterable[int]) -> str:
-    """Ranks as a user reads them: ``0-3, 5, 8-9``."""
-    ranks = sorted(set(ranks))
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ", ".join(parts)

@@ -21,7 +21,8 @@ import json
 from collections.abc import Sequence
 
 from prism_debug.errors import IncidentError
-from prism_debug.incident.analysis import Incident, Stop, ranks_text
+from prism_debug.graph.selectors import ranks_text
+from prism_debug.incident.analysis import Incident, Stop
 from prism_debug.incident.dumps import DumpSet
 from prism_debug.incident.placement import Placement
 from prism_debug.scenario.plan import FlightFindings, group_findings

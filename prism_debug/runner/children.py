@@ -256,10 +256,12 @@ class Follower:
     the output goes to the session too (the bus), and snapshot requests."""
 
     def __init__(self, log_path: Path, events_path: Path, rank: int,
-                 message: Callable[[str], None], session: RunSession) -> None:
+                 message: Callable[[str], None], session: RunSession,
+                 table_prefix: str = "") -> None:
         self._log = Tail(log_path)
         self._events = Tail(events_path)
         self._prefix = f"[rank {rank}] "
+        self._table_prefix = table_prefix  # several ranks' tables interleave: say whose
         self._message = message
         self._header_shown = False
         self._session = session
@@ -275,9 +277,9 @@ class Follower:
                 continue
             if event.get("kind") == "iteration":
                 if not self._header_shown:
-                    self._message(reporting.table_header())
+                    self._message(self._table_prefix + reporting.table_header())
                     self._header_shown = True
-                self._message(reporting.table_row(event))
+                self._message(self._table_prefix + reporting.table_row(event))
             elif event.get("kind") == "snapshot" and not final:
                 self._session.take_snapshot(event)
 

@@ -10,35 +10,27 @@ debugger bus (``session``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import resource
 import shlex
-import subprocess
 from pathlib import Path
 from typing import Callable, Protocol
 
-from prism_debug.agent.config import ENV_VAR, OWNER_ENV_VAR, AgentConfig
 from prism_debug.errors import (
     ConfigError,
     GraphError,
-    LaunchError,
-    MissingGpu,
     SnapshotError,
 )
 from prism_debug.faults import resolve
 from prism_debug.graph import ExecutionGraph
-from prism_debug.runner import report as reporting
 from prism_debug.runner.children import (
     Child,
     Follower,
     IsolatedChild,
     RestoredChild,
-    die_with_controller,
     run_files,
     supervise,
 )
-from prism_debug.runner.interpreter import check_interpreter, never_loaded, with_interpreter
+from prism_debug.runner.interpreter import check_interpreter, with_interpreter
 from prism_debug.runner.options import (
     VARIABILITY_NEEDS_GRAPH,
     RestoreOptions,
@@ -47,14 +39,20 @@ from prism_debug.runner.options import (
     check_command,
 )
 from prism_debug.runner.paths import (
-    HOOKS_DIR,
-    SOURCE_ROOT,
-    USER_UMASK,
     default_run_dir,
     make_run_dir,
     open_store,
     private,
 )
+from prism_debug.runner.rank_start import (
+    agent_config,
+    check_gpu_calls,
+    check_rank_events,
+    finish,
+    rank_pythonpath,
+    start_rank,
+)
+from prism_debug.runner.ranks import run_ranks
 from prism_debug.runner.session import NoSession, Session, open_session
 from prism_debug.runner.snapshots import (
     Snapshotter,
@@ -109,6 +107,8 @@ def run(options: RunOptions, message: Message = _quiet,
         snapshotter = Snapshotter.for_run(options, store, message)
     run_dir = options.run_dir or default_run_dir()
     make_run_dir(run_dir)
+    if len(options.real_ranks) > 1:
+        return run_ranks(options, graph, run_dir, message)
     files = run_files(run_dir)
     os.chmod(files["control"], 0o600)  # it carries the bus secret to restored copies
     session = open_session(options.rank, options.world_size, options.bind, files, store,
@@ -142,64 +142,12 @@ def load_graph(options: RunOptions) -> ExecutionGraph | None:
     return graph
 
 
-def rank_pythonpath(env: dict[str, str], hooks: bool = False) -> str:
-    """The rank's PYTHONPATH: prism-debug's source (and the hook that loads
-    the agent) before the user's own (``env``'s, else this process's)."""
-    own = env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))
-    return os.pathsep.join([str(HOOKS_DIR)] * hooks + [str(SOURCE_ROOT)]
-                           + [p for p in [own] if p])
-
-
-def torchrun_environment(rank: int, world_size: int, gpus_per_node: int) -> dict[str, str]:
-    """The variables torchrun sets for a worker, for the emulated rank."""
-    local_world = min(gpus_per_node, world_size)
-    return {
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(rank % gpus_per_node),
-        "LOCAL_WORLD_SIZE": str(local_world),
-        "GROUP_RANK": str(rank // gpus_per_node),
-        "ROLE_RANK": str(rank),
-        "ROLE_WORLD_SIZE": str(world_size),
-        "ROLE_NAME": "default",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": "29500",
-        "TORCHELASTIC_RUN_ID": "prism-debug",
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
-    }
-
-
 def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | NoSession,
          files: dict[str, Path], message: Message) -> RunResult:
     profile = options.profile
     run_dir = files["log"].parent
-    config = AgentConfig(
-        rank=options.rank, world_size=options.world_size, gpus_per_node=profile.gpus_per_node,
-        hardware=profile.to_dict(), seed=options.seed, values=options.values,
-        events_path=str(files["events"]), iterations=options.iterations,
-        record_ops=options.trace_path is not None, digests=options.digests,
-        record_program=options.record_program,
-        graph_path=str(options.graph_path.resolve()) if graph is not None else None,
-        trace_ranks=options.trace_ranks, snapshot_at=options.snapshot_at,
-        snapshot_every=options.snapshot_every, history=options.history is not None,
-        control_path=str(files["control"]),
-        bus=session.commands_endpoint, bus_curve=session.agent_curve,
-        bus_secret=session.agent_secret, start_paused=options.paused, faults=tuple(f.to_dict() for f in options.faults),
-        collective_timeout_s=options.collective_timeout_s,
-        watch_nonfinite=options.watch_nonfinite,
-        variability=options.variability.to_dict() if options.variability else None,
-    )
     config_path = run_dir / "agent.json"
-    config.write(config_path)  # 0600: it holds the bus secret
-
-    env = dict(os.environ)
-    env.update(torchrun_environment(options.rank, options.world_size, profile.gpus_per_node))
-    env.update(options.env)
-    env[ENV_VAR] = str(config_path)
-    env.pop(OWNER_ENV_VAR, None)  # the rank's first torch-importing process claims the bus
-    env["PYTHONPATH"] = rank_pythonpath(env, hooks=True)
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    agent_config(options, graph, files, options.rank, session).write(config_path)  # 0600
 
     nodes = -(-options.world_size // profile.gpus_per_node)
     message(f"prism-debug: rank {options.rank} of {options.world_size} "
@@ -214,37 +162,14 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
             message(f"remote debugger: prism-debug attach --connect "
                     f"{session.info.remote_commands} (CURVE, your keys)")
 
-    command = options.command
-    if options.isolate:
-        # The rank as init of a pid namespace, in a session of its own inside it
-        # (CRIU refuses a session leader outside the namespace); restored
-        # copies get namespaces of their own, so they can run beside it.
-        command = ["unshare", "--pid", "--fork", "--kill-child", "setsid", *command]
-    with open(files["log"], "ab") as log:
-        try:
-            # the rank dies with this process (children.py says how)
-            popen = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                     preexec_fn=die_with_controller(), umask=USER_UMASK)
-        except OSError as exc:
-            raise LaunchError(f"cannot start {command[0]}: {exc}") from exc
+    popen = start_rank(options, options.rank, files, config_path)
     session.child = IsolatedChild(popen) if options.isolate else Child(popen)
     follower = Follower(files["log"], files["events"], options.rank, message, session)
     exit_code = supervise(session, follower)
     events, report = finish(follower, files["events"], exit_code, options.world_size,
                             options.rank, options.command, profile.name, options.report_path,
                             options.trace_path, message)
-    check_gpu_calls(events, exit_code, files["log"])
-    error = next((e["message"] for e in events if e["kind"] == "error"), None)
-    if error is not None:
-        raise GraphError(f"{error} (graph {options.graph_path})", rank=options.rank)
-    if not any(e["kind"] in ("loaded", "init") for e in events):
-        raise never_loaded(options.command, exit_code, files["log"])
-    if not any(e["kind"] == "init" for e in events):
-        raise LaunchError(
-            f"the script never called torch.distributed.init_process_group (exit code "
-            f"{exit_code}): prism-debug emulates one rank of a distributed job, so the "
-            f"command must start one; its output is in {files['log']}", log=files["log"])
+    check_rank_events(options, options.rank, events, exit_code, files["log"])
     return RunResult(report, exit_code, run_dir, session.snapshots_taken, events)
 
 
@@ -301,35 +226,3 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
     return RunResult(report, exit_code, run_dir, session.snapshots_taken, events)
 
 
-def check_gpu_calls(events: list[dict], exit_code: int, log: Path) -> None:
-    """:class:`MissingGpu` when the rank died on a CUDA call this machine
-    cannot serve (the agent's ``no_gpu`` event), naming the script's line."""
-    event = next((e for e in events if e["kind"] == "no_gpu"), None)
-    found = reporting.no_gpu_line(event, Path.cwd()) if event and exit_code != 0 else None
-    if found is not None:
-        text, path, line = found
-        raise MissingGpu(text, path=path, line=line, log=log)
-
-
-def finish(follower: Follower, events_path: Path, exit_code: int, world_size: int, rank: int,
-           command: list[str], hardware: str, report_path: Path | None,
-           trace_path: Path | None, message: Message,
-           restored_from: str | None = None) -> tuple[list[dict], dict]:
-    """Relay what is left, then write the report and trace; the events and report."""
-    follower.poll(final=True)
-    events = reporting.read_events(events_path)
-    report = reporting.build_report(
-        events=events, world_size=world_size, rank=rank, command=command,
-        exit_code=exit_code, hardware=hardware,
-        child_peak_rss=resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024)
-    if restored_from is not None:
-        report["restored_from"] = restored_from
-    for line in reporting.summary_lines(report):
-        message(line)
-    if report_path:
-        report_path.write_text(json.dumps(report, indent=1) + "\n")
-        message(f"report: {report_path}")
-    if trace_path:
-        trace_path.write_text(json.dumps(reporting.chrome_trace(events, rank)))
-        message(f"trace: {trace_path} (open in https://ui.perfetto.dev)")
-    return events, report

@@ -28,6 +28,8 @@ from prism_debug.variability import Variability
 
 # snapshots a --history ring keeps: each is a dump of the rank on disk
 MAX_HISTORY = 1000
+# real ranks one controller starts (--ranks): each is a process with its own agent
+MAX_REAL_RANKS = 64
 VARIABILITY_NEEDS_GRAPH = (
     "--variability needs a graph, not --lockstep: it draws the compute of virtual peers "
     "replayed from an execution graph (give --graph FILE, or leave both out to profile one)")
@@ -78,6 +80,8 @@ class RunOptions:
     collective_timeout_s: float | None = None  # overrides the script's group timeouts
     watch_nonfinite: bool = False  # report the first iteration the rank sends NaN or inf
     env: tuple[tuple[str, str], ...] = ()  # set in the rank's environment (scenarios)
+    # several real ranks (--ranks): all of them, ``rank`` the lowest; () for one
+    ranks: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -131,10 +135,40 @@ class RunOptions:
             raise ConfigError("--incremental needs snapshots: add --snapshot-at, "
                               "--snapshot-every or --history")
         check_output_paths(("--report", self.report_path), ("--trace", self.trace_path))
+        if self.ranks:
+            self._check_ranks()
 
     @property
     def takes_snapshots(self) -> bool:
         return bool(self.snapshot_at or self.snapshot_every or self.history)
+
+    @property
+    def real_ranks(self) -> tuple[int, ...]:
+        """Every real rank of the run (one, or --ranks)."""
+        return self.ranks or (self.rank,)
+
+    def _check_ranks(self) -> None:
+        ranks = self.ranks
+        if list(ranks) != sorted(set(ranks)) or self.rank != ranks[0]:
+            raise ConfigError("--ranks must name each rank once, in order, the lowest first")
+        if len(ranks) > MAX_REAL_RANKS:
+            raise ConfigError(f"--ranks names {len(ranks)} ranks: one host runs at most "
+                              f"{MAX_REAL_RANKS} real ranks (each is a process of its own)")
+        outside = [r for r in ranks if not 0 <= r < self.world_size]
+        if outside:
+            raise ConfigError(f"rank {outside[0]} of --ranks is outside the world: ranks are "
+                              f"in [0, {self.world_size - 1}] for --world-size {self.world_size}")
+        if len(ranks) == 1:
+            return
+        # what several real ranks cannot do yet, said before anything starts
+        later = [flag for flag, asked in (
+            ("--snapshot-at/--snapshot-every", self.snapshot_at or self.snapshot_every),
+            ("--history", self.history), ("--paused", self.paused),
+            ("--isolate", self.isolate), ("--trace", self.trace_path),
+            ("--record-program", self.record_program)) if asked]
+        if later:
+            raise ConfigError(f"{later[0]} works with one real rank; a run of several real "
+                              f"ranks (--ranks) does not take it yet")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -172,6 +206,9 @@ class RunResult:
     run_dir: Path
     snapshots: list[str] = dataclasses.field(default_factory=list)  # ids taken, in order
     events: list[dict] = dataclasses.field(default_factory=list)  # the rank's event log
+    # a run of several real ranks: each rank's own result (the fields above
+    # are the lowest rank's, with the run's exit code)
+    ranks: dict[int, "RunResult"] = dataclasses.field(default_factory=dict)
 
     @property
     def log_path(self) -> Path:

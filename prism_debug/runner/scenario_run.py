@@ -11,7 +11,6 @@ goes back to the pure verdicts (``scenario/plan.py``).
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 from pathlib import Path
 from typing import Callable

@@ -3,7 +3,8 @@ leave (the three real incidents are in test_reproduce.py)."""
 
 import pytest
 
-from prism_debug.incident.analysis import analyse, ranks_text
+from prism_debug.graph.selectors import ranks_text
+from prism_debug.incident.analysis import analyse
 from prism_debug.incident.dumps import read_dumps
 from prism_debug.incident.reproduce import victim_of
 from prism_debug.scenario.plan import flight_findings, group_findings

@@ -1,0 +1,174 @@
+"""Several real ranks under one controller (``prism-debug run --ranks``).
+
+Each real rank is a process of its own, with its own agent and files
+(``RUN/rank-<r>/``: rank.log, events.jsonl, agent.json, report.json), and
+the virtual peers around it.  The real ranks meet on a c10d ``TCPStore``
+this controller hosts on the loopback interface, under a prefix made of 128
+random bits that only the ranks' 0600 config files carry (a TCPStore has no
+access control and cannot list its keys): there the agents build the real
+gloo communicators of the groups they share (backend/real_comms.py).
+
+Like torchrun, the controller waits for every rank and, once one fails,
+stops the others: a real job whose rank dies does not run on.  The run's
+exit code is the first failure's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import secrets
+import shlex
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Callable
+
+from prism_debug.graph import ExecutionGraph
+from prism_debug.graph.selectors import ranks_text
+from prism_debug.runner.children import POLL_S, Child, Follower, run_files
+from prism_debug.runner.no_session import NoSession
+from prism_debug.runner.options import RunOptions, RunResult
+from prism_debug.runner.paths import make_run_dir
+from prism_debug.runner.rank_start import agent_config, check_rank_events, finish, start_rank
+
+Message = Callable[[str], None]
+
+# how long the ranks may take to meet on the store (every rank's start-up
+# included: importing torch, the script's own set-up)
+MEETING_TIMEOUT = datetime.timedelta(minutes=10)
+
+
+@contextlib.contextmanager
+def side_store() -> Iterator[dict]:
+    """A TCPStore for the run's real ranks, on the loopback interface, for as
+    long as the run lasts: its address and the run's secret prefix."""
+    import torch.distributed as dist  # only runs of several real ranks need torch here
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=MEETING_TIMEOUT)
+    try:
+        yield {"host": "127.0.0.1", "port": store.port,
+               "prefix": f"prism/{secrets.token_hex(16)}/"}
+    finally:
+        del store
+
+
+class _Rank:
+    """One real rank's process, files and relay."""
+
+    def __init__(self, rank: int, files: dict[str, Path], child: Child,
+                 follower: Follower) -> None:
+        self.rank = rank
+        self.files = files
+        self.child = child
+        self.follower = follower
+        self.exit_code: int | None = None
+
+
+def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
+              message: Message) -> RunResult:
+    """Run every rank of ``options.ranks`` to its end; the lowest rank's
+    result, with each rank's in ``ranks``."""
+    profile = options.profile
+    ranks = options.ranks
+    message(f"prism-debug: real ranks {ranks_text(ranks)} of {options.world_size}, a process "
+            f"each · hardware {profile.name} · values {options.values} · seed {options.seed}")
+    message(f"command: {shlex.join(options.command)}")
+    message("debugger: not yet for a run of several real ranks (attach serves one)")
+    started: dict[int, _Rank] = {}
+    # as torchrun does for several processes on a host, unless the user set it
+    extra_env = {} if "OMP_NUM_THREADS" in os.environ or any(
+        k == "OMP_NUM_THREADS" for k, _ in options.env) else {"OMP_NUM_THREADS": "1"}
+    with side_store() as side:
+        try:
+            for rank in ranks:
+                files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
+                session = NoSession(lambda: None, files)
+                config_path = files["log"].parent / "agent.json"
+                agent_config(options, graph, files, rank, session, real_ranks=ranks,
+                             side_store=side).write(config_path)  # 0600: the store's prefix
+                child = Child(start_rank(options, rank, files, config_path, extra_env))
+                session.child = child
+                follower = Follower(files["log"], files["events"], rank, message, session,
+                                    table_prefix=f"[rank {rank}] ")
+                started[rank] = _Rank(rank, files, child, follower)
+            exit_code = _supervise(started, message)
+        finally:
+            for each in started.values():
+                if each.child.poll() is None:
+                    each.child.kill()
+    return _results(options, started, exit_code, message)
+
+
+def _supervise(ranks: dict[int, _Rank], message: Message) -> int:
+    """Wait for every rank, relaying their output; the first failure's exit
+    code (0 when none failed).  Ctrl-C, SIGTERM and SIGHUP go to every rank
+    (a second Ctrl-C kills); once a rank fails, the others are stopped."""
+    def forward(signum, frame):
+        for each in running():
+            each.child.signal(signum)
+
+    def running() -> list[_Rank]:
+        return [each for each in ranks.values() if each.exit_code is None]
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    failure: int | None = None
+    interrupted = 0
+    try:
+        while running():
+            try:
+                for each in running():
+                    code = each.child.poll()
+                    each.follower.poll()
+                    if code is None:
+                        continue
+                    each.exit_code = code if code >= 0 else 128 - code
+                    if each.exit_code != 0 and failure is None:
+                        failure = each.exit_code
+                        others = [r.rank for r in running()]
+                        if others:
+                            message(f"prism-debug: rank {each.rank} exited with code "
+                                    f"{each.exit_code}: stopping {ranks_text(others)}, as "
+                                    "torchrun stops a job's other workers")
+                            for other in running():
+                                other.child.signal(signal.SIGTERM)
+                time.sleep(POLL_S)
+            except KeyboardInterrupt:
+                interrupted += 1
+                for each in running():
+                    each.child.signal(signal.SIGINT if interrupted == 1 else signal.SIGKILL)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return failure or 0
+
+
+def _results(options: RunOptions, ranks: dict[int, _Rank], exit_code: int,
+             message: Message) -> RunResult:
+    """Each rank's report (its folder's report.json, and ``--report`` for them
+    all), checked as a run of one rank is; the lowest rank's result first."""
+    results: dict[int, RunResult] = {}
+    reports: dict[str, dict] = {}
+    for rank, each in ranks.items():
+        def labelled(line: str, rank: int = rank) -> None:
+            message(f"[rank {rank}] {line}")
+        events, report = finish(each.follower, each.files["events"], each.exit_code or 0,
+                                options.world_size, rank, options.command,
+                                options.profile.name, None, None, labelled)
+        run_dir = each.files["log"].parent
+        (run_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+        reports[str(rank)] = report
+        results[rank] = RunResult(report, each.exit_code or 0, run_dir, [], events)
+    if options.report_path:
+        options.report_path.write_text(json.dumps({"ranks": reports}, indent=1) + "\n")
+        message(f"report: {options.report_path}")
+    for rank, each in ranks.items():
+        check_rank_events(options, rank, results[rank].events, results[rank].exit_code,
+                          each.files["log"])
+    lowest = results[options.rank]
+    return RunResult(lowest.report, exit_code, lowest.run_dir.parent, [], lowest.events,
+                     ranks=results)
