@@ -131,9 +131,10 @@ def _supervise(ranks: dict[int, _Rank], message: Message) -> int:
                         failure = each.exit_code
                         others = [r.rank for r in running()]
                         if others:
+                            which = "rank" if len(others) == 1 else "ranks"
                             message(f"prism-debug: rank {each.rank} exited with code "
-                                    f"{each.exit_code}: stopping {ranks_text(others)}, as "
-                                    "torchrun stops a job's other workers")
+                                    f"{each.exit_code}: stopping {which} {ranks_text(others)}, "
+                                    "as torchrun stops a job's other workers")
                             for other in running():
                                 other.child.signal(signal.SIGTERM)
                 time.sleep(POLL_S)
