@@ -26,6 +26,7 @@ from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.graph.selectors import number_list, rank_list
 from prism_debug.runner.options import python_command
+from prism_debug.runner.torchrun import host_of, under_torchrun
 from prism_debug.variability import parse_variability
 
 
@@ -150,14 +151,18 @@ def run(rank, ranks_text, world_size, gpus_per_node, hardware, iterations, repor
     ranks = tuple(sorted(rank_list(ranks_text, world_size, profile.gpus_per_node, "--ranks")))
     if ranks_text.strip() and not ranks:
         raise ConfigError("--ranks names no rank: give one or more, e.g. --ranks 4096-4103")
-    if ranks:
-        if click.get_current_context().get_parameter_source("rank").name != "DEFAULT":
-            raise ConfigError("--rank and --ranks exclude each other: --ranks runs all the "
-                              "ranks it names for real (--ranks 4097 is --rank 4097)")
-        rank = ranks[0]
+    if ranks and click.get_current_context().get_parameter_source("rank").name != "DEFAULT":
+        raise ConfigError("--rank and --ranks exclude each other: --ranks runs all the "
+                          "ranks it names for real (--ranks 4097 is --rank 4097)")
+    host = host_of(os.environ, ranks) if under_torchrun(os.environ) else None
+    if host is not None:
+        # every host is given the same command line: its own folder inside it
+        ranks = host.local_ranks
+        run_dir = run_dir and run_dir / f"node-{host.node_rank}"
+    rank = ranks[0] if ranks else rank
     options = api.RunOptions(
-        command=command, rank=rank, ranks=ranks if len(ranks) > 1 else (), world_size=world_size,
-        profile=profile,
+        command=command, rank=rank, ranks=ranks if len(ranks) > 1 or host else (),
+        host=host, world_size=world_size, profile=profile,
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
         values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
         profile_graph=graph_path is None and not lockstep, profile_command=profile_command,

@@ -23,6 +23,7 @@ from prism_debug.errors import ConfigError
 from prism_debug.faults import Fault
 from prism_debug.graph import ExecutionGraph
 from prism_debug.runner.interpreter import is_python
+from prism_debug.runner.torchrun import Host
 from prism_debug.variability import Variability
 
 
@@ -80,8 +81,11 @@ class RunOptions:
     collective_timeout_s: float | None = None  # overrides the script's group timeouts
     watch_nonfinite: bool = False  # report the first iteration the rank sends NaN or inf
     env: tuple[tuple[str, str], ...] = ()  # set in the rank's environment (scenarios)
-    # several real ranks (--ranks): all of them, ``rank`` the lowest; () for one
+    # several real ranks (--ranks): those this controller runs, ``rank`` the
+    # lowest; () for one
     ranks: tuple[int, ...] = ()
+    # one of several hosts under torchrun: its share of the job's real ranks
+    host: Host | None = None
 
     def __post_init__(self) -> None:
         if self.world_size < 1:
@@ -144,15 +148,19 @@ class RunOptions:
 
     @property
     def real_ranks(self) -> tuple[int, ...]:
-        """Every real rank of the run (one, or --ranks)."""
+        """Every real rank of the run, on every host (one, or --ranks)."""
+        if self.host is not None:
+            return self.host.job_ranks
         return self.ranks or (self.rank,)
 
     def _check_ranks(self) -> None:
-        ranks = self.ranks
-        if list(ranks) != sorted(set(ranks)) or self.rank != ranks[0]:
+        ranks = self.real_ranks
+        if self.host is not None and self.ranks != self.host.local_ranks:
+            raise ConfigError("a host runs its own share of the job's real ranks")
+        if list(ranks) != sorted(set(ranks)) or self.rank != self.ranks[0]:
             raise ConfigError("--ranks must name each rank once, in order, the lowest first")
-        if len(ranks) > MAX_REAL_RANKS:
-            raise ConfigError(f"--ranks names {len(ranks)} ranks: one host runs at most "
+        if len(self.ranks) > MAX_REAL_RANKS:
+            raise ConfigError(f"--ranks names {len(self.ranks)} ranks: one host runs at most "
                               f"{MAX_REAL_RANKS} real ranks (each is a process of its own)")
         outside = [r for r in ranks if not 0 <= r < self.world_size]
         if outside:

@@ -78,10 +78,12 @@ def agent_config(options: RunOptions, graph: ExecutionGraph | None, files: dict[
 
 
 def start_rank(options: RunOptions, rank: int, files: dict[str, Path],
-               config_path: Path, more_env: dict[str, str] | None = None) -> subprocess.Popen:
+               config_path: Path, more_env: dict[str, str] | None = None,
+               drop_env: tuple[str, ...] = ()) -> subprocess.Popen:
     """Start ``rank``'s process: the command, with the environment torchrun
-    would give it and the agent told where its config is."""
-    env = dict(os.environ)
+    would give it and the agent told where its config is (``drop_env``: this
+    process's variables the rank must not inherit)."""
+    env = {k: v for k, v in os.environ.items() if k not in drop_env}
     env.update(torchrun_environment(rank, options.world_size, options.profile.gpus_per_node))
     env.update(more_env or {})
     env.update(options.env)

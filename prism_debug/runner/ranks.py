@@ -34,6 +34,7 @@ from prism_debug.runner.no_session import NoSession
 from prism_debug.runner.options import RunOptions, RunResult
 from prism_debug.runner.paths import make_run_dir
 from prism_debug.runner.rank_start import agent_config, check_rank_events, finish, start_rank
+from prism_debug.runner.torchrun import WORKER_ONLY, Host
 
 Message = Callable[[str], None]
 
@@ -43,16 +44,28 @@ MEETING_TIMEOUT = datetime.timedelta(minutes=10)
 
 
 @contextlib.contextmanager
-def side_store() -> Iterator[dict]:
-    """A TCPStore for the run's real ranks, on the loopback interface, for as
-    long as the run lasts: its address and the run's secret prefix."""
+def side_store(host: Host | None) -> Iterator[dict]:
+    """Where the run's real ranks meet, for as long as the run lasts: its
+    address and the run's prefix.  On one host, a TCPStore of this
+    controller's on the loopback interface, under a secret prefix; on
+    several, torchrun's (served by this worker where torchrun left that to
+    its first worker)."""
+    if host is not None and not host.hosts_store:
+        yield host.side_store
+        return
     import torch.distributed as dist  # only runs of several real ranks need torch here
 
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                          timeout=MEETING_TIMEOUT)
+    if host is None:
+        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                              timeout=MEETING_TIMEOUT)
+        where = {"host": "127.0.0.1", "port": store.port,
+                 "prefix": f"prism/{secrets.token_hex(16)}/"}
+    else:
+        where = host.side_store
+        store = dist.TCPStore(where["host"], where["port"], is_master=True,
+                              wait_for_workers=False, timeout=MEETING_TIMEOUT)
     try:
-        yield {"host": "127.0.0.1", "port": store.port,
-               "prefix": f"prism/{secrets.token_hex(16)}/"}
+        yield where
     finally:
         del store
 
@@ -74,24 +87,30 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
     """Run every rank of ``options.ranks`` to its end; the lowest rank's
     result, with each rank's in ``ranks``."""
     profile = options.profile
-    ranks = options.ranks
-    message(f"prism-debug: real ranks {ranks_text(ranks)} of {options.world_size}, a process "
+    ranks, host = options.ranks, options.host
+    which = "rank" if len(ranks) == 1 else "ranks"
+    message(f"prism-debug: real {which} {ranks_text(ranks)} of {options.world_size}, a process "
             f"each · hardware {profile.name} · values {options.values} · seed {options.seed}")
+    if host is not None:
+        message(f"host {host.node_rank} of {host.nnodes} under torchrun: the job's real ranks "
+                f"are {ranks_text(host.job_ranks)}")
     message(f"command: {shlex.join(options.command)}")
     message("debugger: not yet for a run of several real ranks (attach serves one)")
     started: dict[int, _Rank] = {}
     # as torchrun does for several processes on a host, unless the user set it
     extra_env = {} if "OMP_NUM_THREADS" in os.environ or any(
         k == "OMP_NUM_THREADS" for k, _ in options.env) else {"OMP_NUM_THREADS": "1"}
-    with side_store() as side:
+    with side_store(host) as side:
         try:
             for rank in ranks:
                 files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
                 session = NoSession(lambda: None, files)
                 config_path = files["log"].parent / "agent.json"
-                agent_config(options, graph, files, rank, session, real_ranks=ranks,
+                agent_config(options, graph, files, rank, session,
+                             real_ranks=options.real_ranks,
                              side_store=side).write(config_path)  # 0600: the store's prefix
-                child = Child(start_rank(options, rank, files, config_path, extra_env))
+                child = Child(start_rank(options, rank, files, config_path, extra_env,
+                                         drop_env=WORKER_ONLY if host else ()))
                 session.child = child
                 follower = Follower(files["log"], files["events"], rank, message, session,
                                     table_prefix=f"[rank {rank}] ")

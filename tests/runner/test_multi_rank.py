@@ -31,10 +31,11 @@ def losses(output: str) -> list[str]:
     return re.findall(r"iter \d+ loss [\d.]+ \((\S+)\)$", output, re.MULTILINE)
 
 
-def torchrun(*args: str) -> str:
+def torchrun(*args: str, nproc: int = 2) -> str:
+    """The bundled example as a real gloo job of ``nproc`` processes; its output."""
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(EXAMPLE), *args], capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         str(nproc), str(EXAMPLE), *args], capture_output=True, text=True, timeout=300,
         stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
