@@ -19,6 +19,14 @@ the same rounds, for a side-by-side comparison.
 Last lines: ``overhead: prism_us_65536=X fake_us_65536=Y overhead_us_65536=Z
 ratio_65536=R`` (lockstep) and ``overhead_graph: prism_us_65536=X …`` (graph).
 Goal (issue 13): ratio at most 2.5.
+
+``--real-pair`` measures instead what several real ranks cost: the same loop
+on a group of 2 (``--group-size 2 --no-world``) run by 2 processes, as a
+plain gloo job under ``torchrun --nproc-per-node 2`` and as ``prism-debug run
+--ranks 0-1 --hardware zero --lockstep`` in a world of 2 (every collective
+real, among the two) and of 8,192 (the pair's data-parallel peers virtual),
+interleaved.  Last line: ``overhead_real: gloo_us=X prism_us=Y overhead_us=Z
+ratio=R`` (world 2) and the same for 8,192 before it.
 """
 
 from __future__ import annotations
@@ -78,6 +86,45 @@ def measure(kind: str, tree: Path, world: int, ops: int, graph: Path | None,
     return float(found.group(1)), float(found.group(2))
 
 
+PAIR = ["--group-size", "2", "--no-world"]
+
+
+def measure_pair(kind: str, world: int, ops: int) -> float:
+    """Median-iteration µs per collective of rank 0 of the pair."""
+    env = _env(ROOT)
+    workload = [str(WORKLOAD), "--ops", str(ops), *PAIR]
+    if kind == "gloo":
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", *workload, "--backend", "gloo"]
+    else:
+        command = [sys.executable, "-m", "prism_debug.cli", "run", "--hardware", "zero",
+                   "--lockstep", "--no-bus", "--world-size", str(world), "--ranks", "0-1",
+                   "--", sys.executable, *workload]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout
+    return float(re.search(r"median_us=([\d.]+)", out).group(1))
+
+
+def real_pair(repeats: int, ops: int) -> None:
+    kinds = [("gloo", 2), ("prism", 2), ("prism", 8192)]
+    samples: dict[tuple[str, int], list[float]] = {kind: [] for kind in kinds}
+    for _ in range(repeats):
+        for kind, world in kinds:  # interleaved
+            samples[kind, world].append(measure_pair(kind, world, ops))
+    print(f"{'kind':>14} {'median-iteration µs/collective (runs)':>44} {'median':>8} "
+          f"{'spread':>7}")
+    medians = {}
+    for (kind, world), values in samples.items():
+        medians[kind, world] = statistics.median(values)
+        print(f"{kind + ' ' + str(world):>14} {' '.join(f'{v:.1f}' for v in values):>44} "
+              f"{medians[kind, world]:>8.1f} {_spread(values):>7}")
+    gloo = medians["gloo", 2]
+    for world in (8192, 2):
+        prism = medians["prism", world]
+        suffix = "" if world == 2 else f"_{world}"
+        print(f"overhead_real{suffix}: gloo_us={gloo:.1f} prism_us={prism:.1f} "
+              f"overhead_us={prism - gloo:.1f} ratio={prism / gloo:.2f}")
+
+
 def _spread(values: list[float]) -> str:
     middle = statistics.median(values)
     return f"±{50 * (max(values) - min(values)) / middle:.0f}%"
@@ -89,7 +136,12 @@ def main() -> None:
     parser.add_argument("--ops", type=int, default=8000)
     parser.add_argument("--worlds", default="65536", help="comma-separated world sizes")
     parser.add_argument("--before", type=Path, help="another checkout to compare with")
+    parser.add_argument("--real-pair", action="store_true",
+                        help="2 real ranks against a plain gloo job of the same 2 processes")
     args = parser.parse_args()
+    if args.real_pair:
+        real_pair(args.repeats, min(args.ops, 2000))
+        return
     trees = {"": ROOT} if args.before is None else {"": ROOT, "before ": args.before}
     flags = {label: has_lockstep_flag(tree) for label, tree in trees.items()}
     runs = [("fake", "fake", ROOT, False)]

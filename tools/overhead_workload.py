@@ -24,6 +24,9 @@ import prism_debug
 parser = argparse.ArgumentParser()
 parser.add_argument("--backend", default="nccl")
 parser.add_argument("--ops", type=int, default=4000)
+parser.add_argument("--group-size", type=int, default=8, help="ranks in each tensor-parallel group")
+parser.add_argument("--no-world", action="store_true",
+                    help="every collective on the tensor-parallel group, none on the world")
 args = parser.parse_args()
 warnings.simplefilter("ignore", FutureWarning)  # all_gather_into_tensor's deprecation
 
@@ -34,21 +37,22 @@ if args.backend == "fake":
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
 else:
     dist.init_process_group(args.backend)
-start = rank - rank % 8
+size = args.group_size
+start = rank - rank % size
 # every tensor-parallel group, as an SPMD script creates them: a graph needs
 # the whole family (a group made with use_local_synchronization is known only
 # to its members, and does not profile)
-tp, _ = dist.new_subgroups(8)
+tp, _ = dist.new_subgroups(size)
 
 small = torch.ones(256)
-gathered = torch.empty(256 * 8)
-shard = torch.empty(32)
+gathered = torch.empty(256 * size)
+shard = torch.empty(256 // size)
 ROUNDS = 50  # per iteration: 200 collectives
 
 
 def one_iteration() -> None:
     for i in range(ROUNDS):
-        group = tp if i % 2 else None
+        group = tp if i % 2 or args.no_world else None
         dist.all_reduce(small, group=group)
         dist.all_gather_into_tensor(gathered, small, group=tp)
         dist.reduce_scatter_tensor(shard, small, group=tp)

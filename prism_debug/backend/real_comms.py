@@ -44,14 +44,16 @@ class SideStore:
         return cls(host=str(data["host"]), port=int(data["port"]), prefix=str(data["prefix"]))
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(eq=False)
 class RealGroup:
     """One group's real members and their gloo communicator.
 
     ``members``: the real members' global ranks in group order; ``positions``:
-    their ranks in the group; ``index``: this process's place among them."""
+    their ranks in the group; ``index``: this process's place among them.
+    ``pg`` is None once closed: the communicator is destroyed then, not
+    whenever the interpreter's teardown reaches it."""
 
-    pg: dist.ProcessGroup
+    pg: dist.ProcessGroup | None
     members: tuple[int, ...]
     positions: tuple[int, ...]
     index: int
@@ -103,8 +105,11 @@ class RealComms:
         return group
 
     def close(self) -> None:
-        """Shut every communicator down (gloo's threads would otherwise abort
-        the process at exit)."""
+        """Shut every communicator down and destroy it, with its connections
+        (``shutdown`` alone leaves them open; a gloo group left to the
+        interpreter's teardown may abort the process on its way out)."""
         for group in self._groups:
-            group.pg.shutdown()
+            if group.pg is not None:
+                group.pg.shutdown()
+                group.pg = None  # the last reference: gloo's destructor runs now
         self._groups.clear()

@@ -40,7 +40,6 @@ class RealOps:
         self._group = group
         self._rt = group._rt
         self.real = real
-        self._pg = real.pg
 
     # -- collectives among all-real members ---------------------------------------
 
@@ -59,7 +58,7 @@ class RealOps:
         t0, arrival = group._arrive()
         rt.inputs(tensors)
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        _reduce(self._pg, tensors, op, self.real.size)
+        _reduce(self.real.pg, tensors, op, self.real.size)
         rt.digest(tensors)
         return group._complete("all_reduce", _nbytes(tensors), t0, arrival, tensors, call=call)
 
@@ -74,7 +73,7 @@ class RealOps:
         gloo_opts.rootRank = opts.rootRank
         gloo_opts.reduceOp = _gloo_op(kind)
         _premultiply(tensors, kind, factor)
-        self._pg.reduce(tensors, gloo_opts).wait()
+        self.real.pg.reduce(tensors, gloo_opts).wait()
         if before is not None:  # NCCL writes the result on the root only
             for tensor, old in zip(tensors, before):
                 tensor.copy_(old)
@@ -93,7 +92,7 @@ class RealOps:
         # reduce_scatter reduces in the same order, and every op kind is served
         for out, inputs in zip(outputs, input_lists):
             whole = torch.stack([t.reshape(-1) for t in inputs])
-            _reduce(self._pg, [whole], opts.reduceOp, self.real.size)
+            _reduce(self.real.pg, [whole], opts.reduceOp, self.real.size)
             out.copy_(whole[group._me].view_as(out))
         rt.digest(outputs)
         nbytes = sum(_nbytes(inputs) for inputs in input_lists)
@@ -107,7 +106,7 @@ class RealOps:
         rt.inputs(inputs)
         for out, inp in zip(outputs, inputs):
             whole = inp.clone()
-            _reduce(self._pg, [whole], opts.reduceOp, self.real.size)
+            _reduce(self.real.pg, [whole], opts.reduceOp, self.real.size)
             out.copy_(whole.reshape(self.real.size, -1)[group._me].view_as(out))
         rt.digest(outputs)
         return group._complete("reduce_scatter", _nbytes(inputs), t0, arrival, outputs,
@@ -118,7 +117,7 @@ class RealOps:
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
         rt.inputs(input_tensors)
-        self._pg.allgather(output_lists, input_tensors).wait()
+        self.real.pg.allgather(output_lists, input_tensors).wait()
         for outs in output_lists:
             rt.digest(outs)
         nbytes = _nbytes(input_tensors) * self.real.size
@@ -131,7 +130,7 @@ class RealOps:
         t0, arrival = group._arrive()
         rt.inputs(inputs)
         for out, inp in zip(outputs, inputs):
-            self._pg._allgather_base(out, inp).wait()
+            self.real.pg._allgather_base(out, inp).wait()
         rt.digest(outputs)
         return group._complete("all_gather", _nbytes(outputs), t0, arrival, outputs,
                                inputs=inputs, call=call)
@@ -143,7 +142,7 @@ class RealOps:
         rt.inputs(input_tensors)
         gloo_opts = dist.GatherOptions()
         gloo_opts.rootRank = opts.rootRank
-        self._pg.gather(output_lists, input_tensors, gloo_opts).wait()
+        self.real.pg.gather(output_lists, input_tensors, gloo_opts).wait()
         if opts.rootRank == group._me:
             for outs in output_lists:
                 rt.digest(outs)
@@ -161,7 +160,7 @@ class RealOps:
                 rt.inputs(inputs)
         gloo_opts = dist.ScatterOptions()
         gloo_opts.rootRank = opts.rootRank
-        self._pg.scatter(output_tensors, input_lists if root else [], gloo_opts).wait()
+        self.real.pg.scatter(output_tensors, input_lists if root else [], gloo_opts).wait()
         rt.digest(output_tensors)
         nbytes = _nbytes(output_tensors) * self.real.size
         return group._complete("scatter", nbytes, t0, arrival, output_tensors,
@@ -173,7 +172,7 @@ class RealOps:
         t0, arrival = group._arrive()
         gloo_opts = dist.BroadcastOptions()
         gloo_opts.rootRank = opts.rootRank
-        self._pg.broadcast(tensors, gloo_opts).wait()
+        self.real.pg.broadcast(tensors, gloo_opts).wait()
         rt.digest(tensors)
         return group._complete("broadcast", _nbytes(tensors), t0, arrival, tensors,
                                source=opts.rootRank)
@@ -183,7 +182,7 @@ class RealOps:
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
         rt.inputs([input])
-        self._pg.alltoall_base(output, input, list(output_split_sizes or []),
+        self.real.pg.alltoall_base(output, input, list(output_split_sizes or []),
                                list(input_split_sizes or []), dist.AllToAllOptions()).wait()
         rt.digest([output])
         return group._complete("all_to_all", input.nbytes, t0, arrival, [output],
@@ -201,8 +200,8 @@ class RealOps:
             if peer == group._me:
                 out.copy_(inp)
             else:
-                works.append(self._pg.send([inp.contiguous()], peer, _ALLTOALL_TAG))
-                works.append(self._pg.recv([out], peer, _ALLTOALL_TAG))
+                works.append(self.real.pg.send([inp.contiguous()], peer, _ALLTOALL_TAG))
+                works.append(self.real.pg.recv([out], peer, _ALLTOALL_TAG))
         for work in works:
             work.wait()
         rt.digest(output_tensors)
@@ -212,7 +211,7 @@ class RealOps:
     def barrier(self):
         group = self._group
         t0, arrival = group._arrive()
-        self._pg.barrier().wait()  # a barrier of the real members only
+        self.real.pg.barrier().wait()  # a barrier of the real members only
         return group._complete("barrier", 0, t0, arrival, [])
 
     # -- point to point -------------------------------------------------------------
@@ -224,7 +223,7 @@ class RealOps:
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
         rt.inputs(tensors)
-        real_work = self._pg.send(tensors, self.real.real_rank_of(dst), tag)
+        real_work = self.real.pg.send(tensors, self.real.real_rank_of(dst), tag)
         work = group._complete("send", _nbytes(tensors), t0, arrival, tensors,
                                group._peer(dst), dst)
         work.real_work = real_work
@@ -233,7 +232,7 @@ class RealOps:
     def recv(self, tensors, src: int, tag: int):
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
-        real_work = self._pg.recv(tensors, self.real.real_rank_of(src), tag)
+        real_work = self.real.pg.recv(tensors, self.real.real_rank_of(src), tag)
         work = group._complete("recv", _nbytes(tensors), t0, arrival, tensors,
                                group._peer(src), src)
         work.source_rank = src
