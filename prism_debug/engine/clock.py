@@ -45,8 +45,10 @@ class EmulatedClock:
         # thread), replaced whole so another thread never reads half of a change
         self._state: tuple[float, float | None, int] = (0.0, None, 0)
         # (origin plus the seconds caps excluded, the lowest cap in force or
-        # inf): written by rebase/cap/uncap only, under _cap_lock
-        self._shift: tuple[float, float] = (0.0, math.inf)
+        # inf), None until the first rebase or cap (a single rank's clock then
+        # reads exactly as before either existed): written by rebase/cap/uncap
+        # only, under _cap_lock
+        self._shift: tuple[float, float] | None = None
         self._raw = raw  # the wall clock (injectable: tests drive a fake one)
         self._caps: dict[int, float] = {}  # token -> the cap's limit (its floor at uncap)
         self._origin = 0.0  # the raw offset rebase() took, not excluded time
@@ -57,11 +59,13 @@ class EmulatedClock:
         """Seconds on the emulated clock (an arbitrary but fixed origin, or
         the last :meth:`rebase`'s)."""
         excluded, held, _ = self._state
-        offset, limit = self._shift
-        if held is not None:  # stopped where the hold began
-            reading = held - excluded - offset
-        else:
-            reading = self._raw() - excluded - offset
+        shift = self._shift
+        if shift is None:  # never rebased nor capped: the hot path
+            if held is not None:  # stopped where the hold began
+                return held - excluded
+            return self._raw() - excluded
+        offset, limit = shift
+        reading = (self._raw() if held is None else held) - excluded - offset
         return reading if reading < limit else limit
 
     def enter(self) -> tuple[float | None, float]:
@@ -81,11 +85,11 @@ class EmulatedClock:
         one thread)."""
         t0 = self._raw()
         excluded, held, owner = self._state
-        offset, limit = self._shift  # (the reading inlined: the commonest path)
         if held is None:
             self._state = (excluded, t0, _get_ident())
-            arrival = t0 - excluded - offset
-            return t0, (arrival if arrival < limit else limit)
+            if self._shift is None:  # (the commonest path, inlined)
+                return t0, t0 - excluded
+            return t0, self._reading(t0 - excluded)
         if owner == _get_ident():
             # this thread's own hold, never released: the op that took it
             # raised before its bookkeeping ended (a user error the script
@@ -96,7 +100,10 @@ class EmulatedClock:
         return None, self._reading(held - excluded)  # another thread's hold: it covers this op
 
     def _reading(self, unshifted: float) -> float:
-        offset, limit = self._shift
+        shift = self._shift
+        if shift is None:
+            return unshifted
+        offset, limit = shift
         reading = unshifted - offset
         return reading if reading < limit else limit
 
@@ -131,7 +138,9 @@ class EmulatedClock:
     def _uncapped(self) -> float:
         """What :meth:`now` would read without caps (called under _cap_lock)."""
         excluded, held, _ = self._state
-        return (self._raw() if held is None else held) - excluded - self._shift[0]
+        shift = self._shift
+        offset = 0.0 if shift is None else shift[0]
+        return (self._raw() if held is None else held) - excluded - offset
 
     def rebase(self) -> None:
         """Make the clock read 0.0 now and run on from there: every real rank
@@ -141,7 +150,7 @@ class EmulatedClock:
             reading = self._uncapped()
             self._origin += reading
             self._caps = {token: limit - reading for token, limit in self._caps.items()}
-            offset, limit = self._shift
+            offset, limit = self._shift or (0.0, math.inf)
             self._shift = (offset + reading, limit - reading)
 
     def cap(self, limit: float | None = None) -> int:
@@ -155,7 +164,7 @@ class EmulatedClock:
                 limit = reading
             token = next(self._tokens)
             self._caps[token] = limit
-            offset, lowest = self._shift
+            offset, lowest = self._shift or (0.0, math.inf)
             self._shift = (offset, min(lowest, limit))
             return token
 
@@ -169,7 +178,7 @@ class EmulatedClock:
             floor = self._caps.pop(token)
             raw = self._uncapped()
             target = min(raw, max(done, floor))
-            offset = self._shift[0] + (raw - target if raw > target else 0.0)
+            offset = self._shift[0] + (raw - target if raw > target else 0.0)  # set by cap()
             self._shift = (offset, min(self._caps.values(), default=math.inf))
             return target
 
@@ -179,14 +188,17 @@ class EmulatedClock:
 
     @property
     def capped(self) -> bool:
-        return self._shift[1] != math.inf
+        shift = self._shift
+        return shift is not None and shift[1] != math.inf
 
     @property
     def excluded_s(self) -> float:
         """Seconds taken off the clock: holds, exclusions and caps' excess
         (not a rebase's origin)."""
         excluded, held, _ = self._state
-        excluded += self._shift[0] - self._origin
+        shift = self._shift
+        if shift is not None:
+            excluded += shift[0] - self._origin
         if held is None:
             return excluded
         return excluded + self._raw() - held
@@ -209,7 +221,8 @@ class EmulatedClock:
         while (now := self.now()) < deadline:
             # held by another thread, or capped short of the deadline by a
             # thread waiting for a peer: don't spin meanwhile
-            if self._state[1] is not None or self._shift[1] < deadline:
+            shift = self._shift
+            if self._state[1] is not None or (shift is not None and shift[1] < deadline):
                 time.sleep(_SPIN_S)
         return now - start
 
