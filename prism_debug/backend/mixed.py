@@ -16,10 +16,10 @@ Each op is split where the real communication goes (``prepare`` → the real op
 → ``finish``) so a caller can issue the real op asynchronously (a gloo Work)
 and finish when it completes; the ``*_mixed`` functions chain the three with a
 synchronous callable and are what the tests drive.  The real op is issued
-exactly once per all-reduce whatever the policy; gathers, all-to-all and a
-broadcast from a real or mirrored root issue theirs once too, and a broadcast
-from a virtual root under ``zeros``/``random`` issues none (every member takes
-the same branch).
+exactly once per all-reduce whatever the policy; gathers, all-to-all, a reduce
+to a real root and a broadcast from a real or mirrored root issue theirs once
+too; a reduce to a virtual root, and a broadcast from one under
+``zeros``/``random``, issue none (every member takes the same branch).
 
 The arithmetic follows backend/values.py (the m = 1 case, which keeps that
 path): NCCL's ``fmaxf``/``fminf`` for MAX/MIN, AVG as the SUM over n (integers:
@@ -226,6 +226,25 @@ def allreduce_mixed(group: MixedGroup, tensor: torch.Tensor, op, values: Values,
     real_op = prepare_reduce(group, tensor, op, values, faulty)
     reduce_real(tensor, real_op)
     finish_reduce(group, tensor, op, values, key, faulty)
+
+
+def reduce_mixed(group: MixedGroup, tensor: torch.Tensor, root: int, op, values: Values,
+                 key: tuple, reduce_real_to: Callable[[torch.Tensor, _R, int], None],
+                 faulty: Sequence[Faulty] = ()) -> None:
+    """A reduce to group rank ``root``: only a real root's ``tensor`` changes
+    (NCCL writes the root's buffer only).  A real root: every member prepares
+    a copy of its contribution (a non-root's buffer stays as it was, whatever
+    the real reduce does to its input), ``reduce_real_to(buffer, op, member)``
+    reduces to the root's real member, which finishes.  A virtual root: no
+    real member receives anything, no real op."""
+    if root not in group.real_positions:
+        return
+    mine = root == group.position
+    buffer = tensor if mine else tensor.detach().clone()
+    real_op = prepare_reduce(group, buffer, op, values, faulty)
+    reduce_real_to(buffer, real_op, group.assigned[root])
+    if mine:
+        finish_reduce(group, buffer, op, values, key, faulty)
 
 
 def reduce_scatter_mixed(group: MixedGroup, output: torch.Tensor, input: torch.Tensor, op,

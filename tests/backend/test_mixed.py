@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from prism_debug.backend.mixed import (MixedGroup, allgather_mixed, allreduce_mixed,
                                        alltoall_mixed, broadcast_mixed, multiplicities,
-                                       reduce_scatter_mixed)
+                                       reduce_mixed, reduce_scatter_mixed)
 from prism_debug.backend.values import POLICIES, Values
 
 R = dist.ReduceOp
@@ -86,7 +86,7 @@ class Members:
             raise errors[0]
         return results
 
-    def _exchange(self, j: int, item) -> list:
+    def exchange(self, j: int, item) -> list:
         self._slots[j] = item
         self._barrier.wait()
         everything = list(self._slots)
@@ -96,7 +96,7 @@ class Members:
     def reduce_real(self, j: int):
         def reduce(tensor: torch.Tensor, op) -> None:
             assert op not in (R.AVG, R.PREMUL_SUM)  # gloo has neither
-            prepared = self._exchange(j, tensor.clone())
+            prepared = self.exchange(j, tensor.clone())
             combine = binary(op.name, tensor.is_floating_point())
             acc = prepared[0].clone()
             for other in prepared[1:]:  # in member order
@@ -106,18 +106,18 @@ class Members:
 
     def gather_real(self, j: int):
         def gather(outputs: list, input: torch.Tensor) -> None:
-            for out, shard in zip(outputs, self._exchange(j, input.clone()), strict=True):
+            for out, shard in zip(outputs, self.exchange(j, input.clone()), strict=True):
                 out.copy_(shard)
         return gather
 
     def broadcast_real(self, j: int):
         def broadcast(tensor: torch.Tensor, source: int) -> None:
-            tensor.copy_(self._exchange(j, tensor.clone())[source])
+            tensor.copy_(self.exchange(j, tensor.clone())[source])
         return broadcast
 
     def alltoall_real(self, j: int):
         def alltoall(outputs: list, inputs: list) -> None:
-            sent = self._exchange(j, [t.clone() for t in inputs])
+            sent = self.exchange(j, [t.clone() for t in inputs])
             for i, out in enumerate(outputs):
                 out.copy_(sent[i][j])
         return alltoall
@@ -474,3 +474,31 @@ def test_alltoall_chunks_of_another_size_than_the_assigned_members_are_seeded():
         return outputs
     for outputs in members.run(body):
         same_bits(outputs[1], torch.randn(2, generator=values.generator((*KEY, 1))))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("root", range(5))
+def test_reduce_changes_a_real_roots_buffer_only(policy, root):
+    n, real = 5, (1, 3)
+    members = Members(2)
+    values = Values(policy, SEED)
+    xs = [torch.tensor([1.0, -2.0, 0.5]), torch.tensor([3.0, 0.25, -1.0])]
+
+    def reduce_to(j):
+        def reduce(buffer, op, member):
+            everything = members.exchange(j, buffer.clone())
+            buffer.add_(torch.rand(3))  # a real reduce may use a non-root's input as scratch
+            if j == member:
+                buffer.copy_(everything[0] + everything[1])
+        return reduce
+
+    def body(j):
+        tensor = xs[j].clone()
+        reduce_mixed(MixedGroup(n, real, j), tensor, root, R.SUM, values, KEY, reduce_to(j))
+        return tensor
+    results = members.run(body)
+    for j, got in enumerate(results):
+        if real[j] == root:
+            same_bits(got, brute_force(xs, MixedGroup(n, real, 0), "SUM", policy))
+        else:
+            same_bits(got, xs[j])  # as it was: a virtual root, or not the root
