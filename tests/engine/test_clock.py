@@ -4,6 +4,8 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from prism_debug.engine import EmulatedClock
 
@@ -224,3 +226,35 @@ def test_a_clock_never_capped_or_rebased_reads_as_before():
     wall.t = 6.0
     clock.exclude_since(5.5)
     assert clock.now() == 6.0 - 0.75 and clock.excluded_s == 0.75
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["tick", "cap", "uncap", "hold", "release"]),
+                          st.floats(0.0, 2.0), st.floats(-1.0, 3.0)), max_size=40))
+def test_caps_and_holds_in_any_order_never_run_the_clock_backwards(steps):
+    wall = FakeWall(100.0)
+    clock = EmulatedClock(raw=wall)
+    clock.rebase()
+    caps: list[tuple[int, float]] = []
+    hold = None
+    last = clock.now()
+    for action, amount, value in steps:
+        if action == "tick":
+            wall.t += amount
+        elif action == "cap":
+            caps.append((clock.cap(last + value), max(last + value, last)))
+        elif action == "uncap" and caps:
+            token, limit = caps.pop(int(amount * 7) % len(caps))
+            before = clock.now()
+            set_to = clock.uncap(token, value)
+            assert set_to >= min(before, limit)  # never below what others may have read
+        elif action == "hold" and hold is None:
+            hold, _ = clock.enter()
+        elif action == "release" and hold is not None:
+            clock.leave(hold)
+            hold = None
+        reading = clock.now()
+        assert reading >= last
+        assert all(reading <= limit for _, limit in caps)
+        last = reading
+    assert clock.excluded_s >= 0.0
