@@ -176,9 +176,13 @@ class EmulatedClock:
         in force still limit the reading.  Returns the reading set."""
         with self._cap_lock:
             floor = self._caps.pop(token)
-            raw = self._uncapped()
+            excluded, held, _ = self._state
+            unshifted = (self._raw() if held is None else held) - excluded
+            offset = self._shift[0]  # (set: cap() made it)
+            raw = unshifted - offset
             target = min(raw, max(done, floor))
-            offset = self._shift[0] + (raw - target if raw > target else 0.0)  # set by cap()
+            if raw > target:  # the offset that reads target now, not an increment
+                offset = unshifted - target  # of it: no rounding piles up
             self._shift = (offset, min(self._caps.values(), default=math.inf))
             return target
 
