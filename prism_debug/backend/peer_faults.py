@@ -36,8 +36,9 @@ _REDUCTIONS = frozenset({"all_reduce", "reduce", "reduce_scatter"})
 
 
 class PeerFaults:
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, real_ranks: frozenset[int] = frozenset()) -> None:
         self.rank = rank  # the real rank: never its own faulty peer
+        self._real = real_ranks | {rank}  # nor any other real rank (--ranks)
         self.active: tuple[Injection, ...] = ()  # the value faults, for the hot path's test
         self._version = 0  # bumped by set(): each group keeps its members found for one
 
@@ -55,7 +56,7 @@ class PeerFaults:
             found = []
             for injection in self.active:
                 members = sorted(index[r] for r in injection.targets
-                                 if r in index and r != self.rank)
+                                 if r in index and r not in self._real)
                 if members:
                     found.append((injection.fault, members, _Spoil.of(injection.fault)))
             pg._prism_faulty_members = (self._version, found)

@@ -1,5 +1,6 @@
 """A prism group's ops where it has several real members: their part runs
-on the real gloo communicator among them (backend/real_comms.py).
+on the real gloo communicator among them (backend/real_comms.py), the
+virtual peers' part as the run's values policy says (backend/mixed.py).
 
 The op keeps the prism group's path — arrival on the emulated clock, the
 digest, the engine's completion, the watchdog and the flight recorder — and
@@ -7,18 +8,19 @@ only its data comes from the other real processes.  The real exchange
 happens inside the op's hold of the emulated clock: it is the harness's
 time, not the job's (the replay engine says when the op completes).
 
-* A group whose members are all real runs each collective as the job's
-  backend does.  gloo lacks NCCL's AVG and PREMUL_SUM: they run as a SUM,
-  then the division or after the multiplication NCCL does, so a script
-  written for NCCL gets NCCL's answer.
+* Collectives: a group whose members are all real gets exactly the real
+  op; one that mixes m real members with virtual peers gets the real op
+  among the m, each virtual peer contributing as ``mixed`` assigns it (under
+  ``mirror``, what its assigned real member contributes).  gloo lacks NCCL's
+  AVG and PREMUL_SUM: they run as a SUM of pre-multiplied contributions, then
+  the division, so a script written for NCCL gets NCCL's answer.
 * Point-to-point ops between two real ranks run for real, whatever the rest
   of their group is; a real rank's sends to and receives from a virtual
   peer keep the virtual path.  A real send or receive is issued without
   waiting (two ranks that both send first must not deadlock, as in gloo):
   a receive's data, and its digest, are there once its Work is waited.
-* A group that mixes several real members with virtual peers is not served
-  yet: its collectives raise :class:`UnsupportedOperation` (one real member
-  with virtual peers is the usual case, and takes the virtual path).
+* The values' keys are the group's (its family, index and op count), the
+  same on every member, so seeded virtual contributions agree everywhere.
 
 (``group`` below is the :class:`~prism_debug.backend.process_group.PrismProcessGroup`
 that owns these ops, which imports this module: unannotated, one way.)
@@ -29,10 +31,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from prism_debug.backend import mixed
 from prism_debug.backend.real_comms import RealGroup
-from prism_debug.errors import UnsupportedOperation
 
-_R = dist.ReduceOp.RedOpType
+_ALLTOALL_TAG = 0x7072  # apart from the script's own tags (gloo matches on peer and tag)
 
 
 class RealOps:
@@ -40,170 +42,211 @@ class RealOps:
         self._group = group
         self._rt = group._rt
         self.real = real
+        self.mixed = mixed.MixedGroup(real.size, real.positions, real.index)
+        # the group's collectives so far: every member issues them in one order
+        # (its point-to-point ops are each rank's own, so they are not counted)
+        self._collectives = 0
 
-    # -- collectives among all-real members ---------------------------------------
+    def _key(self, i: int = 0) -> tuple:
+        group = self._group
+        return ("real", group.ref.family, group.ref.index, self._collectives, i)
 
-    def _all_real(self, op: str) -> None:
-        if not self.real.all_real:
-            raise UnsupportedOperation(
-                f"{op} on {self._group!r}: the group has {len(self.real.members)} real members "
-                f"(ranks {', '.join(map(str, self.real.members))}) among {self.real.size}; "
-                "collectives of a group that mixes several real ranks with virtual peers are "
-                "not supported yet: choose --ranks so that each such group has all or one of "
-                "its members real")
+    def _faulty(self) -> tuple:
+        return self._group._faulty() if self._rt.peer_faults.active else ()
+
+    # -- the real ops among the real members (gloo ranks = member indices) ------------
+
+    def _reduce_real(self, tensor: torch.Tensor, op) -> None:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp(op)
+        self.real.pg.allreduce([tensor], opts).wait()
+
+    def _reduce_real_to(self, tensor: torch.Tensor, op, member: int) -> None:
+        opts = dist.ReduceOptions()
+        opts.reduceOp = dist.ReduceOp(op)
+        opts.rootRank = member
+        self.real.pg.reduce([tensor], opts).wait()
+
+    def _gather_real(self, outputs: list, input: torch.Tensor) -> None:
+        self.real.pg.allgather([outputs], [input]).wait()
+
+    def _broadcast_real(self, tensor: torch.Tensor, member: int) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = member
+        self.real.pg.broadcast([tensor], opts).wait()
+
+    def _alltoall_real(self, outputs: list, inputs: list) -> None:
+        # gloo has no list all-to-all: a send and a receive per other member,
+        # all issued before any is waited (the order a ring of them needs)
+        me, works = self.real.index, []
+        for j, (out, inp) in enumerate(zip(outputs, inputs)):
+            if j == me:
+                out.copy_(inp)
+            else:
+                works.append(self.real.pg.send([inp.contiguous()], j, _ALLTOALL_TAG))
+                works.append(self.real.pg.recv([out], j, _ALLTOALL_TAG))
+        for work in works:
+            work.wait()
+
+    # -- reductions ----------------------------------------------------------------------
 
     def allreduce(self, tensors, opts, call: str):
-        self._all_real("all_reduce")
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
+        self._collectives += 1
         rt.inputs(tensors)
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        _reduce(self.real.pg, tensors, op, self.real.size)
+        faulty = self._faulty()
+        for i, tensor in enumerate(tensors):
+            mixed.allreduce_mixed(self.mixed, tensor, op, rt.values, self._key(i),
+                                  self._reduce_real, faulty)
         rt.digest(tensors)
         return group._complete("all_reduce", _nbytes(tensors), t0, arrival, tensors, call=call)
 
     def reduce(self, tensors, opts):
-        self._all_real("reduce")
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
+        self._collectives += 1
         rt.inputs(tensors)
-        kind, factor = _kind(opts.reduceOp)
-        before = [t.clone() for t in tensors] if opts.rootRank != group._me else None
-        gloo_opts = dist.ReduceOptions()
-        gloo_opts.rootRank = opts.rootRank
-        gloo_opts.reduceOp = _gloo_op(kind)
-        _premultiply(tensors, kind, factor)
-        self.real.pg.reduce(tensors, gloo_opts).wait()
-        if before is not None:  # NCCL writes the result on the root only
-            for tensor, old in zip(tensors, before):
-                tensor.copy_(old)
-        else:
-            _average(tensors, kind, self.real.size)
+        faulty = self._faulty()
+        for i, tensor in enumerate(tensors):
+            mixed.reduce_mixed(self.mixed, tensor, opts.rootRank, opts.reduceOp, rt.values,
+                               self._key(i), self._reduce_real_to, faulty)
+        if opts.rootRank == group._me:
             rt.digest(tensors)
         return group._complete("reduce", _nbytes(tensors), t0, arrival, tensors)
 
     def reduce_scatter(self, outputs, input_lists, opts):
-        self._all_real("reduce_scatter")
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
-        for inputs in input_lists:
+        self._collectives += 1
+        faulty = self._faulty()
+        for i, (out, inputs) in enumerate(zip(outputs, input_lists)):
             rt.inputs(inputs)
-        # as an all-reduce of each stacked input, then this rank's chunk: gloo's
-        # reduce_scatter reduces in the same order, and every op kind is served
-        for out, inputs in zip(outputs, input_lists):
             whole = torch.stack([t.reshape(-1) for t in inputs])
-            _reduce(self.real.pg, [whole], opts.reduceOp, self.real.size)
-            out.copy_(whole[group._me].view_as(out))
+            mixed.reduce_scatter_mixed(self.mixed, out, whole, opts.reduceOp, rt.values,
+                                       self._key(i), self._reduce_real, faulty)
         rt.digest(outputs)
         nbytes = sum(_nbytes(inputs) for inputs in input_lists)
         return group._complete("reduce_scatter", nbytes, t0, arrival, outputs,
                                inputs=input_lists)
 
     def reduce_scatter_tensors(self, outputs, inputs, opts, call: str):
-        self._all_real("reduce_scatter")
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
+        self._collectives += 1
         rt.inputs(inputs)
-        for out, inp in zip(outputs, inputs):
-            whole = inp.clone()
-            _reduce(self.real.pg, [whole], opts.reduceOp, self.real.size)
-            out.copy_(whole.reshape(self.real.size, -1)[group._me].view_as(out))
+        faulty = self._faulty()
+        for i, (out, inp) in enumerate(zip(outputs, inputs)):
+            mixed.reduce_scatter_mixed(self.mixed, out, inp, opts.reduceOp, rt.values,
+                                       self._key(i), self._reduce_real, faulty)
         rt.digest(outputs)
         return group._complete("reduce_scatter", _nbytes(inputs), t0, arrival, outputs,
                                inputs=inputs, call=call)
 
-    def allgather(self, output_lists, input_tensors, call: str = "all_gather"):
-        self._all_real("all_gather")
+    # -- gathers -----------------------------------------------------------------------
+
+    def allgather(self, output_lists, input_tensors):
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
+        self._collectives += 1
         rt.inputs(input_tensors)
-        self.real.pg.allgather(output_lists, input_tensors).wait()
-        for outs in output_lists:
+        for i, (outs, inp) in enumerate(zip(output_lists, input_tensors)):
+            mixed.allgather_mixed(self.mixed, outs, inp, rt.values, self._key(i),
+                                  self._gather_real)
             rt.digest(outs)
         nbytes = _nbytes(input_tensors) * self.real.size
         return group._complete("all_gather", nbytes, t0, arrival, output_lists,
                                inputs=input_tensors)
 
     def all_gather_tensors(self, outputs, inputs, call: str):
-        self._all_real("all_gather")
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
+        self._collectives += 1
         rt.inputs(inputs)
-        for out, inp in zip(outputs, inputs):
-            self.real.pg._allgather_base(out, inp).wait()
+        for i, (out, inp) in enumerate(zip(outputs, inputs)):
+            slots = list(out.view(self.real.size, -1).unbind(0))
+            mixed.allgather_mixed(self.mixed, slots, inp.reshape(-1), rt.values, self._key(i),
+                                  self._gather_real)
         rt.digest(outputs)
         return group._complete("all_gather", _nbytes(outputs), t0, arrival, outputs,
                                inputs=inputs, call=call)
 
     def gather(self, output_lists, input_tensors, opts):
-        self._all_real("gather")
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
+        self._collectives += 1
         rt.inputs(input_tensors)
-        gloo_opts = dist.GatherOptions()
-        gloo_opts.rootRank = opts.rootRank
-        self.real.pg.gather(output_lists, input_tensors, gloo_opts).wait()
-        if opts.rootRank == group._me:
-            for outs in output_lists:
-                rt.digest(outs)
+        root, mine = opts.rootRank, opts.rootRank == group._me
+        if root in self.real.positions:  # a virtual root: nothing reaches a real rank
+            member = self.mixed.assigned[root]
+            for i, inp in enumerate(input_tensors):  # (a non-root has no outputs)
+                gloo = dist.GatherOptions()
+                gloo.rootRank = member
+                outs = output_lists[i] if mine else []
+                slots = [outs[p] for p in self.real.positions] if mine else []
+                self.real.pg.gather([slots] if mine else [], [inp], gloo).wait()
+                if mine:
+                    mixed.fill_virtual_slots(self.mixed, outs, rt.values, self._key(i))
+                    rt.digest(outs)
         nbytes = _nbytes(input_tensors) * self.real.size
         return group._complete("gather", nbytes, t0, arrival, output_lists,
                                inputs=input_tensors)
 
     def scatter(self, output_tensors, input_lists, opts):
-        self._all_real("scatter")
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
-        root = opts.rootRank == group._me
-        if root:
-            for inputs in input_lists:
-                rt.inputs(inputs)
-        gloo_opts = dist.ScatterOptions()
-        gloo_opts.rootRank = opts.rootRank
-        self.real.pg.scatter(output_tensors, input_lists if root else [], gloo_opts).wait()
+        self._collectives += 1
+        root = opts.rootRank
+        mine = root == group._me
+        for i, out in enumerate(output_tensors):
+            if root in self.real.positions:
+                gloo = dist.ScatterOptions()
+                gloo.rootRank = self.mixed.assigned[root]
+                if mine:
+                    rt.inputs(input_lists[i])
+                chunks = [[input_lists[i][p] for p in self.real.positions]] if mine else []
+                self.real.pg.scatter([out], chunks, gloo).wait()
+            else:  # a virtual root's data is its own: no model of a real rank knows it
+                rt.values.fill_seeded(out, self._key(i))
         rt.digest(output_tensors)
         nbytes = _nbytes(output_tensors) * self.real.size
         return group._complete("scatter", nbytes, t0, arrival, output_tensors,
-                               source=opts.rootRank, inputs=input_lists if root else [])
+                               source=root, inputs=input_lists if mine else [])
 
     def broadcast(self, tensors, opts):
-        self._all_real("broadcast")
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
-        gloo_opts = dist.BroadcastOptions()
-        gloo_opts.rootRank = opts.rootRank
-        self.real.pg.broadcast(tensors, gloo_opts).wait()
+        self._collectives += 1
+        for i, tensor in enumerate(tensors):
+            mixed.broadcast_mixed(self.mixed, tensor, opts.rootRank, rt.values, self._key(i),
+                                  self._broadcast_real)
         rt.digest(tensors)
         return group._complete("broadcast", _nbytes(tensors), t0, arrival, tensors,
                                source=opts.rootRank)
 
+    # -- all-to-all ----------------------------------------------------------------------
+
     def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes):
-        self._all_real("all_to_all")
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
+        self._collectives += 1
         rt.inputs([input])
-        self.real.pg.alltoall_base(output, input, list(output_split_sizes or []),
-                               list(input_split_sizes or []), dist.AllToAllOptions()).wait()
+        n = self.real.size
+        outs = _split(output, output_split_sizes, n)
+        ins = _split(input, input_split_sizes, n)
+        mixed.alltoall_mixed(self.mixed, outs, ins, rt.values, self._key(), self._alltoall_real)
         rt.digest([output])
         return group._complete("all_to_all", input.nbytes, t0, arrival, [output],
                                inputs=[input], call="all_to_all_single")
 
     def alltoall(self, output_tensors, input_tensors):
-        self._all_real("all_to_all")
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
+        self._collectives += 1
         rt.inputs(input_tensors)
-        # gloo has no list all-to-all: one send and one receive per peer,
-        # all issued before any is waited (the order a ring of them needs)
-        works = []
-        for peer, (out, inp) in enumerate(zip(output_tensors, input_tensors)):
-            if peer == group._me:
-                out.copy_(inp)
-            else:
-                works.append(self.real.pg.send([inp.contiguous()], peer, _ALLTOALL_TAG))
-                works.append(self.real.pg.recv([out], peer, _ALLTOALL_TAG))
-        for work in works:
-            work.wait()
+        mixed.alltoall_mixed(self.mixed, output_tensors, input_tensors, rt.values, self._key(),
+                             self._alltoall_real)
         rt.digest(output_tensors)
         return group._complete("all_to_all", _nbytes(input_tensors), t0, arrival,
                                output_tensors, inputs=input_tensors)
@@ -211,10 +254,10 @@ class RealOps:
     def barrier(self):
         group = self._group
         t0, arrival = group._arrive()
-        self.real.pg.barrier().wait()  # a barrier of the real members only
+        self.real.pg.barrier().wait()  # the real members meet; virtual peers arrive on time
         return group._complete("barrier", 0, t0, arrival, [])
 
-    # -- point to point -------------------------------------------------------------
+    # -- point to point -------------------------------------------------------------------
 
     def is_real_peer(self, group_peer: int) -> bool:
         return group_peer in self.real.positions
@@ -241,41 +284,14 @@ class RealOps:
         return work
 
 
-_ALLTOALL_TAG = 0x7072  # apart from the script's own tags (gloo matches on peer and tag)
-
-
-def _kind(op) -> tuple[int, object]:
-    kind = (op if isinstance(op, _R) else op.op).value
-    return kind, (op.factor if kind == _R.PREMUL_SUM.value else None)
-
-
-def _gloo_op(kind: int) -> dist.ReduceOp:
-    if kind in (_R.AVG.value, _R.PREMUL_SUM.value):
-        return dist.ReduceOp.SUM
-    return dist.ReduceOp(_R(kind))
-
-
-def _premultiply(tensors, kind: int, factor) -> None:
-    if kind == _R.PREMUL_SUM.value:
-        for tensor in tensors:
-            tensor.mul_(factor.item() if isinstance(factor, torch.Tensor) else factor)
-
-
-def _average(tensors, kind: int, n: int) -> None:
-    if kind == _R.AVG.value:
-        for tensor in tensors:
-            tensor.div_(n)
-
-
-def _reduce(pg, tensors, op, n: int) -> None:
-    """``op`` over the real members, in place, as NCCL defines it."""
-    kind, factor = _kind(op)
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = _gloo_op(kind)
-    _premultiply(tensors, kind, factor)
-    pg.allreduce(tensors, opts).wait()
-    _average(tensors, kind, n)
-
-
 def _nbytes(tensors) -> int:
     return sum(t.nbytes for t in tensors)
+
+
+def _split(tensor: torch.Tensor, sizes, n: int) -> list[torch.Tensor]:
+    if sizes:
+        return list(tensor.split(list(sizes)))
+    if tensor.shape[0] % n:
+        raise ValueError(f"all_to_all_single: dim 0 of size {tensor.shape[0]} is not divisible "
+                         f"by the group size {n}; pass split sizes")
+    return list(tensor.chunk(n))

@@ -72,7 +72,7 @@ class Runtime:
         self.completer = FutureCompleter(self.clock, self._future_completed)
         self._last_activity = self.clock.now()
         if self.peer_faults is None:
-            self.peer_faults = PeerFaults(self.rank)
+            self.peer_faults = PeerFaults(self.rank, frozenset(self.real_ranks))
 
     def next_group_id(self) -> int:
         """Process groups are numbered as torch numbers them: 0 is the default."""
@@ -88,7 +88,7 @@ class Runtime:
     def wait_until(self, done: float) -> float:
         """Block the caller until the emulated clock reads ``done``; the time waited."""
         clock = self.clock
-        start = _perf_counter() - clock.excluded_s
+        start = clock.now()
         if start >= done:  # the common case for cheap ops: nothing to wait for
             return 0.0
         waited = clock.wait_until(done)

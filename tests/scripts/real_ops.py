@@ -29,6 +29,13 @@ if "--pair" in sys.argv:
         results["from_peer"] = got.tolist()
         if rank == 1:  # a virtual peer's receive: the rank does not wait for anyone real
             dist.send(torch.ones(2), dst=2)
+        # the world: two real members among virtual peers
+        x = torch.tensor([rank + 1.0]); dist.all_reduce(x); results["world_sum"] = x.item()
+        outs = [torch.empty(1) for _ in range(world)]
+        dist.all_gather(outs, torch.tensor([rank + 1.0]))
+        results["world_gather"] = [o.item() for o in outs]
+        x = torch.tensor([rank + 1.0]); dist.broadcast(x, src=world - 1)
+        results["world_broadcast"] = x.item()
     print("RESULTS " + json.dumps(results), flush=True)
     dist.destroy_process_group()
     sys.exit(0)
