@@ -294,7 +294,7 @@ def test_replicas_of_the_example_agree_to_the_bit(example, data):
     assert all(done < math.inf for done in known.values())  # nothing failed: all complete
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(pipeline_jobs(), st.data())
 def test_replicas_of_a_pipeline_agree_to_the_bit(job_, data):
     graph, before, _ = job_
@@ -323,7 +323,7 @@ def test_replicas_agree_under_stochastic_compute(example, data):
     check_replicas(graph, ranks, feeds, cost, data, compute=compute)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(pipeline_jobs(), st.data())
 def test_replicas_agree_with_windows_added_at_different_moments(job_, data):
     graph, _, _ = job_
