@@ -12,6 +12,13 @@ shaped like a group max).  Ranks that differ inside a group, a perturbed
 class or a recorded replay take the full per-rank path (the engine's
 Hypothesis properties compare the two).
 
+Several real ranks (:class:`RealRanks`, a job with several real processes,
+each holding a replica of the engine): a class with one real rank keeps the
+shortcut, a class with more takes the full path with every real arrival
+written in, and a class issues only once all its real ranks' arrivals there
+are known, so every replica takes the same path whatever order the
+arrivals come in.
+
 (``loop`` below is the :class:`~prism_debug.engine.loop.EventLoop`, which
 imports this module: unannotated, to keep the imports one way.)"""
 

@@ -13,7 +13,16 @@ world all-reduce) wait until every class involved has issued its matching op.
 The real rank, when there is one, is an element of its class's arrays whose
 arrivals come from the real process (:meth:`ReplayEngine.real_issue`): its
 class is held at the real rank's position, so a late real rank delays its
-groups and everything downstream, as in the full-size job.
+groups and everything downstream, as in the full-size job.  A job may have
+several real ranks (``real_ranks``): each process holds a replica of the
+engine that its own rank drives and the others' arrivals are fed to
+(:meth:`ReplayEngine.peer_issue`); replicas fed the same arrivals, in any
+order, compute the same timeline to the last bit.
+
+The engine is not thread-safe: a caller with several threads (the agent's
+main thread, its futures thread, the threads receiving peers' arrivals)
+calls it under one lock.  No call blocks; a completion not known yet is
+inf, asked again after the next call that fed it something.
 
 This module is the engine's interface (perturbations, the real rank, what a
 trace or a console asks); :mod:`.loop` replays, :mod:`.layout` lays out the
@@ -363,7 +372,8 @@ class ReplayEngine:
     def completion(self, rank: int, iteration: int, op_index: int) -> float:
         """When op ``op_index`` of ``iteration`` of real rank ``rank`` (this
         engine's or a peer's) completes, as :meth:`real_completion` answers:
-        inf while not known (yet)."""
+        inf while not known (yet).  An op's completion is kept until its
+        class ends the second iteration after the op's (ask before then)."""
         if rank not in self.real_ranks:
             raise GraphError(f"rank {rank} is not a real rank of this engine "
                              f"({list(self.real_ranks)})")
