@@ -482,3 +482,28 @@ def test_a_window_for_a_later_iteration_leaves_the_compute_done_so_far_alone():
     assert timelines[0] == timelines[1]
     # the TP group {2, 3} arrives at op 2 at 0.1 + (0.2 + 0.3): done 0.1 later, then ends
     assert float.fromhex(timelines[0][2][1]) == 0.1 + (0.2 + 0.3) + COST
+
+
+def test_a_class_that_never_blocks_stays_near_the_slowest_real_class():
+    """Stage 0 isends to stage 1 and never waits; stages 1 and 2 are real.
+    With stage 2's real rank still in iteration 1, stage 0 may not run more
+    than one iteration past it, however far stage 1's real rank has gone."""
+    tp_op = OpSpec("all_reduce", "tp", 64)
+    programs = (ClassProgram(0, (OpSpec("send", "pp", 64, peer=1),), (), (issue(0, 1.0), end())),
+                ClassProgram(1, (OpSpec("recv", "pp", 64, peer=-1),), (),
+                             (issue(0), wait(0), end())),
+                ClassProgram(2, (tp_op,), (), (issue(0, 1.0), wait(0), end())))
+    graph = ExecutionGraph(mesh=Mesh((3, 2), ("pp", "tp")), families={"pp": ("pp",),
+                                                                      "tp": ("tp",)},
+                           class_axis="pp", programs=programs, gpus_per_node=8)
+    for me in (2, 4):
+        engine = ReplayEngine(graph, constant_cost, real_rank=me, real_ranks=[2, 4])
+        for iteration in range(1, 7):
+            feed(engine, me, graph, ("issue", 2, iteration, 0, float(iteration)))
+            if me == 2 and engine.real_completion((iteration, 0)) == math.inf:
+                break  # its process waits for the receive
+            feed(engine, me, graph, ("end", 2, iteration))
+        assert engine._states[2].iteration == 1
+        assert engine._states[0].iteration == 3  # ended iteration 2, held at 3's start
+        assert engine.completion(2, 3, 0) == math.inf
+        assert engine.completion(2, 2, 0) == pytest.approx(2.0 + COST)
