@@ -24,12 +24,25 @@ from prism_debug.graph.execution import ClassProgram
 Drawn = tuple[Sequence[Time], Sequence[float] | None, dict[int, Draws]]
 
 
+def keyed_generator(seed, class_id: int, iteration: int, stream: int) -> np.random.Generator:
+    """The generator of one class, iteration and stream (0: gaps, 1: the
+    population maxima's uniforms, 2: per-rank factors), a function of the
+    seed and the key alone: what several real ranks' replicas draw, so the
+    draws do not depend on when each replica makes them."""
+    return np.random.Generator(np.random.SFC64(np.random.SeedSequence(
+        seed, spawn_key=(class_id, iteration, stream))))
+
+
 class GapSource:
     def __init__(self, layout: Layout, compute: ComputeModel, rng: np.random.Generator,
-                 states: list[ClassState]) -> None:
+                 states: list[ClassState], keyed_seed=None) -> None:
+        """``keyed_seed`` (not None: several real ranks) draws from
+        :func:`keyed_generator` instead of ``rng``, which one real rank keeps
+        using as always (seeded timelines do not move)."""
         self.layout = layout
         self._compute = compute
         self._rng = rng
+        self._keyed_seed = keyed_seed
         # the population maxima's uniforms come from a generator of their own,
         # so the compute model's draws are the unsampled engine's
         self._uniform_rng = rng.spawn(1)[0]
@@ -56,13 +69,20 @@ class GapSource:
         """The model's persistent per-rank factors, once per class in class order."""
         draw = getattr(self._compute, "rank_factors", None)
         for state in self._states:
-            factors = None if draw is None else draw(state.program.class_id,
-                                                     self.layout.model_shape, self._rng)
+            class_id = state.program.class_id
+            factors = None if draw is None else draw(class_id, self.layout.model_shape,
+                                                     self._generator(class_id, 0, 2, self._rng))
             if factors is not None:
                 factors = np.asarray(factors, dtype=float)
                 state.rank_factors = self.layout.internal_drawn(factors) if factors.ndim \
                     else float(factors)
             state.forget_factors()
+
+    def _generator(self, class_id: int, iteration: int, stream: int,
+                   shared: np.random.Generator) -> np.random.Generator:
+        if self._keyed_seed is None:
+            return shared
+        return keyed_generator(self._keyed_seed, class_id, iteration, stream)
 
     def relayout(self, column_map) -> None:
         """The layout changed: re-lay out what is drawn and not yet taken."""
@@ -76,7 +96,8 @@ class GapSource:
         if base is None:
             base = self._base_gaps[key] = tuple(float(e.gap_s) for e in program.events(iteration))
         shape = self.layout.model_shape if self.per_rank else self.layout.local_shape
-        gaps = self._compute.gaps_s(program.class_id, iteration, base, shape, self._rng)
+        gaps = self._compute.gaps_s(program.class_id, iteration, base, shape,
+                                    self._generator(program.class_id, iteration, 0, self._rng))
         if len(gaps) != len(base):
             raise ValueError(f"the compute model gave {len(gaps)} gaps for the {len(base)} "
                              f"events of class {program.class_id} in iteration {iteration}")
@@ -99,7 +120,8 @@ class GapSource:
                              for a, n in enumerate(self.layout.class_shape)))
                 for e in program.events(iteration)
                 if e.action == "issue" and ops[e.op].population]
-        normals = self._uniform_rng.standard_normal(sum(1 + math.prod(s) for _, s in needing))
+        rng = self._generator(program.class_id, iteration, 1, self._uniform_rng)
+        normals = rng.standard_normal(sum(1 + math.prod(s) for _, s in needing))
         draws, at = {}, 0
         for op, shape in needing:
             size = math.prod(shape)

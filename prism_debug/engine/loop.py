@@ -19,7 +19,8 @@ from prism_debug.cost import Placement
 from prism_debug.engine.compute import ComputeModel
 from prism_debug.engine.gaps import GapSource, map_drawn
 from prism_debug.engine.layout import Layout
-from prism_debug.engine.real import issue_alone, real_peer, shared, with_real
+from prism_debug.engine.real import (RealRanks, attach_reals, end_real_iteration, issue_alone,
+                                     real_peer, relayout_reals, shared, with_real)
 from prism_debug.engine.sampling import group_max
 from prism_debug.engine.state import ClassState, OpInfo, OpTiming, RealRank, Unit, describe_op
 from prism_debug.engine.times import Time, at, least, max_over, maximum, roll, squeeze
@@ -28,22 +29,20 @@ from prism_debug.graph.execution import Event, ExecutionGraph, GraphError, OpSpe
 
 CostFn = Callable[[OpSpec, Placement], float]
 
-# How many ended iterations the real rank's completions are kept for.
-_REAL_DONE_ITERATIONS = 2
-
 
 class EventLoop:
     def __init__(self, graph: ExecutionGraph, cost: CostFn, layout: Layout, windows: Windows,
                  compute: ComputeModel, rng: np.random.Generator, *, real: RealRank | None,
-                 record: bool) -> None:
+                 record: bool, multi: RealRanks | None = None) -> None:
         self.graph = graph
         self.layout = layout
         self.windows = windows
         self._cost = cost
         self.record = record
         self.records: list[OpTiming] = []
-        self.real = real
+        self.real = real  # the local real rank (its completions are asked)
         self._real_class = None if real is None else real.class_id
+        self.multi = multi  # several real ranks (see :class:`.real.RealRanks`), or None
         self.target: float = math.inf  # the iteration every class stops after
         # True once advance() went as far as it can and nothing changed since
         # (the real rank's completion is then known without another advance)
@@ -58,7 +57,9 @@ class EventLoop:
         self.states = [ClassState(p, layout.class_index(p.class_id),
                                   tuple(self._op_info(op) for op in p.ops))
                        for p in graph.programs]
-        self._gaps = GapSource(layout, compute, rng, self.states)
+        attach_reals(self.states, real, multi)
+        self._gaps = GapSource(layout, compute, rng, self.states,
+                               None if multi is None else multi.seed)
         # A per-rank model draws in the layout's sampled shape: its first draws
         # wait for the first advance (perturbations and the real rank set
         # columns apart before).  Others draw now (a bad model fails here).
@@ -95,20 +96,15 @@ class EventLoop:
             for waiting in self._rendezvous.values():
                 for key, entry in waiting.items():
                     waiting[key] = tuple(column_map(v) for v in entry)
-            if self.real is not None:
-                self.real.done = {k: column_map(v) for k, v in self.real.done.items()}
-                self.real.last = {k: (column_map(v[0]), *v[1:]) if isinstance(v[0], np.ndarray)
-                                  else v for k, v in self.real.last.items()}
             self.windows.forget_parts()
             self._costs.clear()
-        if self.real is not None:
-            self.real.index = self.layout.internal_coordinates(self.real.rank)
-            self.real.plans.clear()
+        relayout_reals(self, column_map)
 
     def add_window(self, window: Perturbation | LinkPerturbation) -> None:
         """Put a perturbation in force from the next event on."""
-        if isinstance(window, Perturbation) and window.kind == "slow":
-            self._settle_compute()
+        if isinstance(window, Perturbation) and window.kind == "slow" and (self.multi is None
+                or window.first_iteration <= max(s.iteration for s in self.states)):
+            self._settle_compute()  # (not for a window no class reached: see RealRanks)
         self.windows.add(window)
         self._windows_changed(window)
 
@@ -157,13 +153,15 @@ class EventLoop:
     def _step(self, state: ClassState) -> bool:
         if state.iteration > self.target:
             return False
-        is_real = state.program.class_id == self._real_class
-        if is_real and state.pc > self.real.allowed:
+        is_real = state.reals is not None
+        if is_real and (state.pc > self.real.allowed if self.multi is None
+                        else not self.multi.ready(state)):
             return False
-        if (self._real_class is not None and not is_real
-                and state.iteration > self.states[self._real_class].iteration + 1):
+        if self._real_class is not None and not is_real and state.iteration > 1 + (
+                self.states[self._real_class].iteration if self.multi is None
+                else self.multi.slowest()):
             # a class that never blocks (an isend nobody waits for) would run on
-            # forever: nothing the real rank does now needs it further ahead
+            # forever: nothing the real ranks do now need it further ahead
             return False
         events = state.events
         event = events[state.pc]
@@ -252,15 +250,8 @@ class EventLoop:
         for key, free in state.p2p_free.items():
             state.p2p_free[key] = squeeze(free)
         state.iteration_starts.append(state.t)
-        if state.program.class_id == self._real_class:
-            real = self.real
-            real.allowed = -1
-            real.last.clear()
-            real.arrivals.clear()
-            ended = state.iteration - 1
-            real.done = {k: v for k, v in real.done.items()
-                         if k[0] >= ended - _REAL_DONE_ITERATIONS}
-            real.done.update(((ended, op), done) for op, done in state.done.items())
+        if state.reals is not None:
+            end_real_iteration(state, self.multi)
         state.done.clear()
 
     # -- compute -----------------------------------------------------------------------------
@@ -304,9 +295,11 @@ class EventLoop:
         state.issued_at[event.op] = (state.epoch, state.gap_clock)
         if self._volatile_links:  # a link's state depends on when the op runs
             self._costs.pop((state.program.class_id, event.op), None)
-        real_here = is_real and self.real.pending is not None \
-            and self.real.pending[0] == state.pc
-        if info.local and not (self.record or real_here or self._arrivals_perturbed):
+        real_here = is_real and state.reals[0].pending is not None \
+            and state.reals[0].pending[0] == state.pc
+        perturbed = self._arrivals_perturbed and (
+            self.multi is None or self.windows.arrivals_perturbed_in(state.iteration))
+        if info.local and not (self.record or real_here or perturbed):
             # The fast path: no one needs the per-rank arrivals, only the groups' last.
             cost, lowest = self._op_cost(state, event.op)
             self._complete(state, event.op,
@@ -314,9 +307,9 @@ class EventLoop:
                                        cost), slack=lowest)
             state.issued += 1
             return
-        if real_here and info.local and self.real_shortcuts and not (
-                self.record or self._arrivals_perturbed) and issue_alone(self, state,
-                                                                          event.op, info):
+        if real_here and len(state.reals) == 1 and info.local and self.real_shortcuts and not (
+                self.record or perturbed) and issue_alone(self, state, event.op, info,
+                                                          state.reals[0]):
             state.issued += 1
             return
         arrival = self._now(state)
@@ -325,7 +318,7 @@ class EventLoop:
         for p, part in self.windows.active("fail", state, op.family):
             arrival = np.where(part, math.inf, arrival)
         if real_here:
-            arrival = with_real(arrival, self.layout.class_shape, self, event.op)
+            arrival = with_real(arrival, self.layout.class_shape, state.reals, event.op)
         state.arrivals[event.op] = arrival
         state.issued += 1
         if op.is_p2p:
@@ -579,9 +572,9 @@ class EventLoop:
                                          self.layout.external(done),
                                          cause or (state.program.class_id, op_index)))
         if iteration != state.iteration:
-            # Its class has moved on: only the real rank may still wait for it.
-            if state.program.class_id == self._real_class:
-                self.real.done[(iteration, op_index)] = done
+            # Its class has moved on: only its real ranks may still wait for it.
+            if state.reals is not None:
+                state.reals[0].done[(iteration, op_index)] = done
             return
         state.done[op_index] = done
         state.slack[op_index] = slack

@@ -12,31 +12,41 @@ shaped like a group max).  Ranks that differ inside a group, a perturbed
 class or a recorded replay take the full per-rank path (the engine's
 Hypothesis properties compare the two).
 
+Several real ranks (:class:`RealRanks`, a job with several real processes,
+each holding a replica of the engine): a class with one real rank keeps the
+shortcut, a class with more takes the full path with every real arrival
+written in, and a class issues only once all its real ranks' arrivals there
+are known, so every replica takes the same path whatever order the
+arrivals come in.
+
 (``loop`` below is the :class:`~prism_debug.engine.loop.EventLoop`, which
 imports this module: unannotated, to keep the imports one way.)"""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from prism_debug.engine.state import ClassState, OpInfo
-from prism_debug.graph.execution import Event, ExecutionGraph, OpSpec
+from prism_debug.engine.state import ClassState, OpInfo, RealRank, describe_op
+from prism_debug.engine.times import at
+from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, GraphError, OpSpec
 
 
-def issue_alone(loop, state: ClassState, op_index: int, info: OpInfo) -> bool:
-    """Complete the real rank's collective inside its class from the class's
-    times (while they agree within its groups) and the real rank's arrival;
-    False (nothing done) when the full per-rank path must take it."""
-    real = loop.real
+def issue_alone(loop, state: ClassState, op_index: int, info: OpInfo, real: RealRank) -> bool:
+    """Complete ``real``'s collective inside its class from the class's
+    times (while they agree within its groups) and its arrival, the class's
+    only real rank; False (nothing done) when the full per-rank path must
+    take it."""
     arrival = real.pending[1]
     if not info.shared:  # a group of the real rank alone ends at its arrival
         return False
     now = loop._now(state)
     if now.__class__ is float:
         peers = last = now
-        plan = _plan(loop, info.axes, None)
+        plan = _plan(loop, real, info.axes, None)
     elif isinstance(now, np.ndarray):
-        plan = _plan(loop, info.axes, now.shape)
+        plan = _plan(loop, real, info.axes, now.shape)
         if plan is None:
             return False
         last = loop.group_max(state, now, info, op_index)
@@ -67,17 +77,17 @@ def issue_alone(loop, state: ClassState, op_index: int, info: OpInfo) -> bool:
     return True
 
 
-def _plan(loop, axes: tuple[int, ...], shape: tuple[int, ...] | None):
+def _plan(loop, real: RealRank, axes: tuple[int, ...], shape: tuple[int, ...] | None):
     """For an op on ``axes`` of a class whose times have ``shape`` (None: a
     scalar): where the real rank's group max is in the group maxima, the
     shape of group maxima and the real rank's group in it (None, None: one
     group); None when the real rank's element of the times may be its own
     alone in its group.  (Worked out once per layout.)"""
     key = (axes, shape)
-    plans = loop.real.plans
+    plans = real.plans
     if key in plans:
         return plans[key]
-    index = loop.real.index
+    index = real.index
     class_shape = loop.layout.class_shape
     plan = None
     if shape is None or (len(shape) == len(class_shape) and any(
@@ -94,13 +104,14 @@ def _plan(loop, axes: tuple[int, ...], shape: tuple[int, ...] | None):
     return plan
 
 
-def with_real(arrival, shape: tuple[int, ...], loop, op_index: int) -> np.ndarray:
-    """The class's arrivals with the real rank's written in (the full path)."""
-    real = loop.real
+def with_real(arrival, shape: tuple[int, ...], reals: tuple[RealRank, ...],
+              op_index: int) -> np.ndarray:
+    """The class's arrivals with its real ranks' written in (the full path)."""
     full = np.empty(shape)
     full[...] = arrival  # (cheaper than np.array(np.broadcast_to(...)))
-    full[real.index] = real.arrivals[op_index] = real.pending[1]
-    real.pending = None
+    for real in reals:
+        full[real.index] = real.arrivals[op_index] = real.pending[1]
+        real.pending = None
     return full
 
 
@@ -140,3 +151,216 @@ def real_peer(graph: ExecutionGraph, rank: int, op: OpSpec) -> int:
     coords = list(mesh.coordinates(rank))
     coords[axis] = (coords[axis] + op.peer) % mesh.shape[axis]
     return mesh.rank(coords)
+
+
+# -- what the event loop does for every real rank -------------------------------------
+
+# How many ended iterations a real class's completions are kept for (an async
+# op may be waited for after the next optimizer step: DDP futures).
+REAL_DONE_ITERATIONS = 2
+
+
+def attach_reals(states: list[ClassState], real: RealRank | None,
+                 multi: RealRanks | None) -> None:
+    """Tell each class its real ranks (``multi`` holds several, else ``real``
+    is the one, if any)."""
+    if multi is not None:
+        multi.states = states
+        for class_id, reals in multi.by_class.items():
+            states[class_id].reals = reals
+    elif real is not None:
+        states[real.class_id].reals = (real,)
+
+
+def relayout_reals(loop, column_map) -> None:
+    """The layout changed: re-lay out what the real ranks hold (``column_map``
+    None: held arrays stay valid) and find their elements again."""
+    reals = ([] if loop.real is None else [loop.real]) if loop.multi is None \
+        else list(loop.multi.by_rank.values())
+    if column_map is not None:
+        mapped: dict[int, dict] = {}  # a class's real ranks share one ``done``
+        for real in reals:
+            done = mapped.get(id(real.done))
+            if done is None:
+                done = mapped[id(real.done)] = {k: column_map(v) for k, v in real.done.items()}
+            real.done = done
+            real.last = {k: (column_map(v[0]), *v[1:]) if isinstance(v[0], np.ndarray) else v
+                         for k, v in real.last.items()}
+    for real in reals:
+        real.index = loop.layout.internal_coordinates(real.rank)
+        real.plans.clear()
+
+
+def end_real_iteration(state: ClassState, multi: RealRanks | None) -> None:
+    """A class with real ranks ended an iteration (``state.iteration`` is the
+    next one): keep its completions a while, forget the rest."""
+    ended = state.iteration - 1
+    reals = state.reals
+    done = {k: v for k, v in reals[0].done.items() if k[0] >= ended - REAL_DONE_ITERATIONS}
+    done.update(((ended, op), d) for op, d in state.done.items())
+    for real in reals:
+        real.allowed = -1
+        real.last.clear()
+        real.arrivals.clear()
+        real.done = done
+    if multi is not None:
+        multi.forget(reals, ended)
+
+
+class RealRanks:
+    """Several real ranks (``len(R) > 1``): every replica holds every real
+    rank, its own (``local``, driven by real_issue) and its peers' (fed by
+    peer_issue), and treats them alike, so that replicas fed the same
+    arrivals in any order compute the same timeline to the last bit.
+
+    A class with real ranks issues an op only once every one of them has
+    arrived there, and ends an iteration only once every one of them has
+    ended it; other events (waits, compute) it runs as soon as it can.  Each
+    rank's arrivals wait here, keyed ``(iteration, op index)``, until its
+    class takes them.  ``seed`` keys the engine's draws by (class,
+    iteration, stream) so that they do not depend on when a replica makes
+    them (:mod:`.gaps`).
+
+    What else keeps replicas bit-identical: the class's shortcut
+    (:func:`issue_alone`) only for a class with one real rank, the same on
+    every replica; a ``slow`` window added for an iteration no class reached
+    settles no pending compute (a factor is fixed per class and iteration);
+    a ``delay``/``fail`` window sends a class down the per-rank path only in
+    the iterations it covers, not from when it was added.  Windows must then
+    be added before any class reaches their first iteration (the caller
+    picks it ahead: §2.4 of the design)."""
+
+    def __init__(self, graph: ExecutionGraph, ranks, local: int, seed) -> None:
+        self.graph = graph
+        self.seed = seed
+        self.by_rank = {r: RealRank(r, graph.class_of(r)) for r in ranks}
+        self.local = self.by_rank[local]
+        by_class: dict[int, list[RealRank]] = {}
+        for real in self.by_rank.values():
+            by_class.setdefault(real.class_id, []).append(real)
+        self.by_class = {c: tuple(reals) for c, reals in sorted(by_class.items())}
+        for reals in self.by_class.values():
+            done: dict = {}  # one class, one timeline of completions
+            for real in reals:
+                real.done = done
+        self.states: list[ClassState] = []  # the event loop's, once it has them
+        self._arrivals: dict[int, dict[tuple[int, int], float]] = {r: {} for r in ranks}
+        self._ended: dict[int, set[int]] = {r: set() for r in ranks}
+        # the local rank's place in its program: its iteration, and the event
+        # index its next issue is looked for from
+        self.iteration = 1
+        self.pc = 0
+        self._issues: dict[int, tuple] = {}  # id(events) -> (events, next_issues, issued ops)
+
+    # -- what the event loop asks ---------------------------------------------------------
+
+    def ready(self, state: ClassState) -> bool:
+        """Whether the class may take its next event: an issue once every real
+        rank of the class arrived there (their ``pending`` then set), an
+        iteration's end once every one ended it."""
+        event = state.events[state.pc]
+        reals = state.reals
+        if event.action == "issue":
+            key = (state.iteration, event.op)
+            arrivals = [self._arrivals[real.rank].get(key) for real in reals]
+            if None in arrivals:
+                return False
+            for real, arrival in zip(reals, arrivals):
+                real.pending = (state.pc, arrival)
+        if event.action == "end" or state.pc == len(state.events) - 1:
+            return all(state.iteration in self._ended[real.rank] for real in reals)
+        return True
+
+    def slowest(self) -> int:
+        """The iteration of the real class furthest behind (virtual classes
+        run at most one iteration ahead of it)."""
+        return min(self.states[c].iteration for c in self.by_class)
+
+    def forget(self, reals: tuple[RealRank, ...], ended: int) -> None:
+        for real in reals:
+            arrivals = self._arrivals[real.rank]
+            for key in [k for k in arrivals if k[0] <= ended]:
+                del arrivals[key]
+            self._ended[real.rank].discard(ended)
+
+    # -- what the replay engine feeds -----------------------------------------------------
+
+    def local_issue(self, spec: OpSpec, arrival: float) -> tuple[int, int]:
+        """The local rank issues its next op: its (iteration, op index)."""
+        program = self.graph.programs[self.local.class_id]
+        events, following, _ = self._program_at(program, self.iteration)
+        index = following[self.pc]
+        expected = program.ops[events[index].op] if index is not None else None
+        if expected is None or (expected.kind, expected.family, expected.nbytes,
+                                expected.peer) != (spec.kind, spec.family, spec.nbytes, spec.peer):
+            want = "the end of the iteration" if expected is None else describe_op(expected)
+            raise GraphError(
+                f"the script does not follow the graph: in iteration {self.iteration} rank "
+                f"{self.local.rank} issued {describe_op(spec)} where the graph has {want}")
+        self.pc = index + 1
+        handle = (self.iteration, events[index].op)
+        self._arrivals[self.local.rank][handle] = float(arrival)
+        return handle
+
+    def local_iteration_end(self) -> None:
+        program = self.graph.programs[self.local.class_id]
+        events, following, _ = self._program_at(program, self.iteration)
+        skipped = following[self.pc]
+        if skipped is not None:
+            raise GraphError(
+                f"the script does not follow the graph: rank {self.local.rank} ended iteration "
+                f"{self.iteration} without issuing "
+                f"{describe_op(program.ops[events[skipped].op])}, which the graph has next")
+        self._ended[self.local.rank].add(self.iteration)
+        self.iteration += 1
+        self.pc = 0
+
+    def peer_issue(self, rank: int, iteration: int, op_index: int, arrival: float) -> None:
+        real = self._peer(rank)
+        program = self.graph.programs[real.class_id]
+        if iteration < 1 or op_index not in self._program_at(program, iteration)[2]:
+            raise GraphError(f"rank {rank} cannot issue op {op_index} in iteration {iteration}: "
+                             f"its class program issues no such op")
+        arrival = float(arrival)
+        key = (iteration, op_index)
+        if iteration < self.states[real.class_id].iteration:
+            return  # its class took it already: a repeat
+        known = self._arrivals[rank].setdefault(key, arrival)
+        if known.hex() != arrival.hex():
+            raise GraphError(f"rank {rank}'s arrival at op {op_index} of iteration {iteration} "
+                             f"came twice: {known!r}, then {arrival!r}")
+
+    def peer_iteration_end(self, rank: int, iteration: int) -> None:
+        real = self._peer(rank)
+        if iteration < 1:
+            raise GraphError(f"iterations count from 1, got {iteration}")
+        if iteration >= self.states[real.class_id].iteration:
+            self._ended[rank].add(iteration)
+
+    def _peer(self, rank: int) -> RealRank:
+        real = self.by_rank.get(rank)
+        if real is None or real is self.local:
+            raise GraphError(f"rank {rank} is not a peer real rank of this engine (real ranks "
+                             f"{sorted(self.by_rank)}, this one {self.local.rank})")
+        return real
+
+    def _program_at(self, program: ClassProgram, iteration: int) -> tuple:
+        events = program.events(iteration)
+        found = self._issues.get(id(events))
+        if found is None or found[0] is not events:
+            found = self._issues[id(events)] = (
+                events, next_issues(events),
+                frozenset(e.op for e in events if e.action == "issue"))
+        return found
+
+    # -- what the replay engine answers ---------------------------------------------------
+
+    def completion(self, rank: int, iteration: int, op_index: int, shape) -> float:
+        """When a real rank's op completes, inf while not known (yet)."""
+        real = self.by_rank[rank]
+        state = self.states[real.class_id]
+        done = state.done.get(op_index) if state.iteration == iteration \
+            else real.done.get((iteration, op_index))
+        if done is None:
+            return math.inf
+        return done if done.__class__ is float else at(done, real.index, shape)

@@ -13,7 +13,16 @@ world all-reduce) wait until every class involved has issued its matching op.
 The real rank, when there is one, is an element of its class's arrays whose
 arrivals come from the real process (:meth:`ReplayEngine.real_issue`): its
 class is held at the real rank's position, so a late real rank delays its
-groups and everything downstream, as in the full-size job.
+groups and everything downstream, as in the full-size job.  A job may have
+several real ranks (``real_ranks``): each process holds a replica of the
+engine that its own rank drives and the others' arrivals are fed to
+(:meth:`ReplayEngine.peer_issue`); replicas fed the same arrivals, in any
+order, compute the same timeline to the last bit.
+
+The engine is not thread-safe: a caller with several threads (the agent's
+main thread, its futures thread, the threads receiving peers' arrivals)
+calls it under one lock.  No call blocks; a completion not known yet is
+inf, asked again after the next call that fed it something.
 
 This module is the engine's interface (perturbations, the real rank, what a
 trace or a console asks); :mod:`.loop` replays, :mod:`.layout` lays out the
@@ -30,7 +39,7 @@ import numpy as np
 from prism_debug.engine.compute import ComputeModel, GraphCompute
 from prism_debug.engine.layout import Layout
 from prism_debug.engine.loop import CostFn, EventLoop, describe_op
-from prism_debug.engine.real import arrivals_of, next_issues
+from prism_debug.engine.real import RealRanks, arrivals_of, next_issues
 from prism_debug.engine.state import OpTiming, RealRank
 from prism_debug.engine.times import at
 from prism_debug.engine.windows import LinkPerturbation, Perturbation, Windows
@@ -57,7 +66,7 @@ def generator(seed) -> np.random.Generator:
 
 class ReplayEngine:
     def __init__(self, graph: ExecutionGraph, cost: CostFn, *, real_rank: int | None = None,
-                 record: bool = False, compress: bool = True,
+                 real_ranks=None, record: bool = False, compress: bool = True,
                  compute: ComputeModel | None = None, seed: int = 0,
                  sample_columns: int | None = None) -> None:
         """Replay ``graph`` with op costs from ``cost``; follow the real
@@ -66,30 +75,52 @@ class ReplayEngine:
         default); it draws from one generator seeded with ``seed``.  Under a
         per-rank model (``compute.per_rank``) the engine simulates the
         explicit columns and at most ``sample_columns`` others
-        (:data:`SAMPLE_COLUMNS` by default; see :mod:`.sampling`)."""
+        (:data:`SAMPLE_COLUMNS` by default; see :mod:`.sampling`).
+
+        ``real_ranks`` (the job's real ranks, ``real_rank`` among them; None:
+        ``real_rank`` alone) with several ranks makes this engine one replica
+        of a job with several real processes: ``real_rank`` drives it through
+        :meth:`real_issue`, the others' arrivals are fed through
+        :meth:`peer_issue` and :meth:`peer_iteration_end`, and replicas fed
+        the same arrivals compute the same timeline to the last bit,
+        whatever the order (see :class:`.real.RealRanks`; the draws are then
+        keyed by class, iteration and stream, so a seeded timeline differs
+        from one real rank's)."""
         self.graph = graph
         self.mesh = graph.mesh
         self.real_rank = real_rank
-        real = None
-        if real_rank is not None:
-            if not 0 <= real_rank < self.mesh.world_size:
-                raise GraphError(f"rank {real_rank} is outside the graph's world of "
+        ranks = [] if real_rank is None else [real_rank]
+        if real_ranks is not None:
+            ranks = sorted(real_ranks)
+            if real_rank not in ranks or len(set(ranks)) != len(ranks):
+                raise GraphError(f"the real ranks {ranks} must name each rank once, this "
+                                 f"engine's real rank {real_rank} among them")
+        for rank in ranks:
+            if not 0 <= rank < self.mesh.world_size:
+                raise GraphError(f"rank {rank} is outside the graph's world of "
                                  f"{self.mesh.world_size}")
+        self.real_ranks = tuple(ranks)
+        real = multi = None
+        if len(ranks) > 1:
+            multi = RealRanks(graph, ranks, real_rank, seed)
+            real = multi.local
+        elif real_rank is not None:
             real = RealRank(real_rank, graph.class_of(real_rank))
+        self._multi = multi
         self._real_class = None if real is None else real.class_id
         per_rank = getattr(compute, "per_rank", False)
         self._layout = Layout(graph, compress, (sample_columns or SAMPLE_COLUMNS) if per_rank
                               else None)
-        if real_rank is not None:  # (before a per-rank model draws in the layout's shape)
-            self._layout.keep_apart(self._layout.mask([real_rank]))
+        if ranks:  # (before a per-rank model draws in the layout's shape)
+            self._layout.keep_apart(self._layout.mask(ranks))
         self._windows = Windows(self._layout)
         self._loop = EventLoop(graph, cost, self._layout, self._windows,
                                GraphCompute() if compute is None else compute,
-                               generator(seed), real=real, record=record)
+                               generator(seed), real=real, record=record, multi=multi)
         self._states = self._loop.states
         # id(events) -> (events, the index of the first issue at or after each)
         self._next_issues: dict[int, tuple] = {}
-        self._loop.keep_apart(self._layout.mask([] if real_rank is None else [real_rank]))
+        self._loop.keep_apart(self._layout.mask(ranks))
 
     @property
     def record(self) -> bool:
@@ -194,7 +225,15 @@ class ReplayEngine:
     def real_issue(self, spec: OpSpec, arrival: float) -> tuple[int, int]:
         """The real rank issues its next op at ``arrival``; returns a handle for
         :meth:`real_completion`.  The op must be the next one its class
-        program issues, or :class:`GraphError` names the first mismatch."""
+        program issues, or :class:`GraphError` names the first mismatch.
+        The handle is (iteration, op index): the op's index in the class
+        program's ``ops`` (what :meth:`peer_issue` names on other replicas).
+        With several real ranks the real rank may run ahead of its class,
+        which waits for its peers' arrivals."""
+        if self._multi is not None:
+            handle = self._multi.local_issue(spec, arrival)
+            self._loop.advance()
+            return handle
         state = self._states[self._real_class]
         real = self._loop.real
         events = state.events
@@ -216,7 +255,9 @@ class ReplayEngine:
 
     def real_completion(self, handle: tuple[int, int]) -> float:
         """When the real rank's op completes: inf while it cannot yet (its peers
-        have not issued their side, or never will: a failed peer)."""
+        have not issued their side, or never will: a failed peer; with
+        several real ranks, also while an arrival it depends on has not been
+        fed).  Once finite, the answer never changes."""
         iteration, op = handle
         state = self._states[self._real_class]
         real = self._loop.real
@@ -291,6 +332,10 @@ class ReplayEngine:
 
     def real_iteration_end(self) -> None:
         """The real rank finished an iteration: its class may run to the end."""
+        if self._multi is not None:
+            self._multi.local_iteration_end()
+            self._loop.advance()
+            return
         state = self._states[self._real_class]
         real = self._loop.real
         events = state.events
@@ -304,6 +349,44 @@ class ReplayEngine:
         real.allowed = len(events) - 1
         self._loop.advance()
         real.allowed = -1
+
+    # -- several real ranks ----------------------------------------------------------
+
+    def peer_issue(self, rank: int, iteration: int, op_index: int, arrival: float) -> None:
+        """Another real rank, ``rank``, issued op ``op_index`` of ``iteration``
+        at ``arrival`` (job time).  ``op_index`` is the op's index in the
+        ``ops`` of ``rank``'s class program (0-based; ``program.events(
+        iteration)`` issues it), the second element of the handle
+        :meth:`real_issue` returned on ``rank``'s own replica.  Any order
+        with the local rank's calls and other feeds; a repeat of a known
+        arrival is ignored, a different one is a :class:`GraphError`."""
+        self._peers().peer_issue(rank, iteration, op_index, arrival)
+        self._loop.advance()
+
+    def peer_iteration_end(self, rank: int, iteration: int) -> None:
+        """Another real rank ended ``iteration`` (after issuing all its ops:
+        their arrivals may still come after this call)."""
+        self._peers().peer_iteration_end(rank, iteration)
+        self._loop.advance()
+
+    def completion(self, rank: int, iteration: int, op_index: int) -> float:
+        """When op ``op_index`` of ``iteration`` of real rank ``rank`` (this
+        engine's or a peer's) completes, as :meth:`real_completion` answers:
+        inf while not known (yet).  An op's completion is kept until its
+        class ends the second iteration after the op's (ask before then)."""
+        if rank not in self.real_ranks:
+            raise GraphError(f"rank {rank} is not a real rank of this engine "
+                             f"({list(self.real_ranks)})")
+        if self._multi is None:
+            return self.real_completion((iteration, op_index))
+        if not self._loop.settled:
+            self._loop.advance()
+        return self._multi.completion(rank, iteration, op_index, self.class_shape)
+
+    def _peers(self) -> RealRanks:
+        if self._multi is None:
+            raise GraphError("this engine follows one real rank: it has no peers to be fed")
+        return self._multi
 
     # -- records -----------------------------------------------------------------------
 

@@ -113,6 +113,9 @@ class ClassState:
         self.p2p_free: dict[tuple, Time] = {}
         self.queues: dict[tuple, collections.deque] = {}
         self.open_unit: Unit | None = None
+        # the class's real ranks, None when it has none (the event loop's
+        # ``is_real``; see :mod:`.real`)
+        self.reals: tuple[RealRank, ...] | None = None
 
     def next_sequence(self, key: tuple) -> int:
         n = self.sequence.get(key, 0)

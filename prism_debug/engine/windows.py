@@ -88,6 +88,11 @@ class Windows:
         self.volatile_links = any(link.period_s is not None or link.first_iteration > 1
                                   or link.last_iteration < math.inf for link in self.links)
 
+    def arrivals_perturbed_in(self, iteration: int) -> bool:
+        """Whether a delay or fail window covers some op of ``iteration``."""
+        return any(p.kind != "slow" and p.first_iteration <= iteration <= p.last_iteration
+                   for p in self.perturbations)
+
     def forget_parts(self) -> None:
         """The class arrays' layout changed: cut the masks again."""
         for p in self.perturbations:
