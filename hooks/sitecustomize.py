@@ -4,7 +4,7 @@ It makes every Python process the run starts — the script and whatever the
 script spawns — load the prism-debug agent as soon as it imports torch, and
 costs nothing in processes that never do.  Only the first of them (the rank's own
 process) links to the debugger bus; the others load the agent without a link (see
-``agent.agent._claim_bus``), so no subprocess can speak for the rank.  Python
+``agent.config.claim_bus``), so no subprocess can speak for the rank.  Python
 imports only the first ``sitecustomize`` on the path, so this one then runs the
 one it shadows.
 """

@@ -29,10 +29,11 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
-from prism_debug.agent.config import ENV_VAR, OWNER_ENV_VAR, AgentConfig
+from prism_debug.agent.config import ENV_VAR, AgentConfig, claim_bus
 from prism_debug.agent.debugger import Debugger
 from prism_debug.agent import no_gpu
 from prism_debug.agent.handshake import Handshake
+from prism_debug.agent.real import OneTimeline
 from prism_debug.agent.reload import Sources, apply as apply_reload
 from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog
@@ -82,7 +83,7 @@ class Agent:
                 graph, Variability.from_dict(config.variability))
             replay = ReplayEngine(graph, model.op_time_s, real_rank=config.rank,
                                   record=bool(config.trace_ranks), compute=compute,
-                                  seed=config.seed)
+                                  seed=config.seed, real_ranks=config.real_ranks or None)
             engine = self.graph_engine = GraphEngine(graph, replay, self._fatal)
         else:
             engine = LockstepEngine(CostModel(profile), profile.gpus_per_node)
@@ -99,6 +100,9 @@ class Agent:
             side_store=config.side_store and SideStore.from_dict(config.side_store),
             real_ranks=config.real_ranks,
         )
+        # several real ranks replaying one world: one timeline (agent/real.py)
+        self.timeline = OneTimeline(self.graph_engine, self.runtime, self.runtime.side_store,
+                                    self._fatal) if len(config.real_ranks) > 1 and graph else None
         # faults in force: each as written, whom it hits, and the replay
         # engine's handle; changes asked while the rank runs wait for the next
         # boundary (the engine is the main thread's)
@@ -214,6 +218,8 @@ class Agent:
         self.debugger.release()
 
     def _on_init(self, requested_backend: str) -> None:
+        if self.timeline is not None:  # the real ranks have met: the clocks read job time
+            self.timeline.start()
         self.initialised = True
         self._backend = requested_backend
         self.sources.scan()  # modules imported since torch (before the clock starts)
@@ -232,6 +238,8 @@ class Agent:
 
     def _on_exit(self) -> None:
         self.runtime.completer.close()
+        if self.timeline is not None:
+            self.timeline.stop()
         if self.runtime.real_comms is not None:
             self.runtime.real_comms.close()
         if self.link is not None:
@@ -522,6 +530,8 @@ class Agent:
                 spec = self.graph_engine.op_of(deferred)
                 extras["last_arrival"] = {"rank": last[0], "op": spec.kind,
                                           "family": spec.family, "wait_s": waited}
+        if self.timeline is not None and self.tracker.iteration > 1:
+            extras["real_ops"] = self.timeline.real_ops(self.tracker.iteration - 1)
         if self.config.trace_ranks:
             replay = self.graph_engine.replay
             iteration = self.tracker.iteration
@@ -580,21 +590,5 @@ def bootstrap() -> None:
         sys.exit(f"prism-debug: error: cannot load the agent configuration "
                  f"${ENV_VAR}={os.environ.get(ENV_VAR)}: {exc}")
     if config is not None:
-        Agent(_claim_bus(config)).install()
+        Agent(claim_bus(config)).install()
 
-
-def _claim_bus(config: AgentConfig) -> AgentConfig:
-    """The rank's own process talks on the bus; the processes it starts that import
-    torch too (a ``subprocess`` of Python, spawned DataLoader workers) load the agent
-    without a link, so none of them can speak for the rank.  The first process to load
-    the agent claims the bus in its environment, which its children inherit (a pid,
-    not a flag: a process that execs itself keeps its claim; a restored copy keeps
-    its pid, which CRIU restores)."""
-    owner = os.environ.get(OWNER_ENV_VAR)
-    if owner is None:
-        os.environ[OWNER_ENV_VAR] = str(os.getpid())
-        return config
-    if owner == str(os.getpid()):
-        return config
-    return dataclasses.replace(config, bus=None, bus_curve=None, bus_secret=None,
-                               start_paused=False)

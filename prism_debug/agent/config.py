@@ -82,3 +82,20 @@ class AgentConfig:
     def from_environment(cls) -> "AgentConfig | None":
         path = os.environ.get(ENV_VAR)
         return cls.read(path) if path else None
+
+
+def claim_bus(config: AgentConfig) -> AgentConfig:
+    """The rank's own process talks on the bus; the processes it starts that import
+    torch too (a ``subprocess`` of Python, spawned DataLoader workers) load the agent
+    without a link, so none of them can speak for the rank.  The first process to load
+    the agent claims the bus in its environment, which its children inherit (a pid,
+    not a flag: a process that execs itself keeps its claim; a restored copy keeps
+    its pid, which CRIU restores)."""
+    owner = os.environ.get(OWNER_ENV_VAR)
+    if owner is None:
+        os.environ[OWNER_ENV_VAR] = str(os.getpid())
+        return config
+    if owner == str(os.getpid()):
+        return config
+    return dataclasses.replace(config, bus=None, bus_curve=None, bus_secret=None,
+                               start_paused=False)

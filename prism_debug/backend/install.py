@@ -109,6 +109,9 @@ def install(runtime: Runtime, on_init: Callable[[str], None],
         _, pg_store = c10d._world.pg_map[default_pg]
         c10d._world.pg_map[default_pg] = (dist.Backend(requested), pg_store)
         c10d._world.pg_backend_config[default_pg] = requested
+        if runtime.real_comms is not None:
+            runtime.real_comms.meet()  # the real ranks start the job's time together
+            runtime.clock.rebase()
         on_init(requested)
 
     _patch("init_process_group", init_process_group)

@@ -85,6 +85,12 @@ class RealComms:
             side.host, side.port, is_master=False, timeout=timeout))
         self._groups: list[RealGroup] = []
 
+    def meet(self) -> None:
+        """Wait until every real rank is here (a barrier on the store): where
+        their clocks start counting job time together."""
+        self._store.set(f"meet/{self.me}", b"1")
+        self._store.wait([f"meet/{rank}" for rank in self.real_ranks])
+
     def group(self, global_ranks: Sequence[int], ref: GroupRef,
               timeout: datetime.timedelta | None = None) -> RealGroup | None:
         """The real communicator of the group ``ref`` (made now: every real

@@ -65,9 +65,10 @@ class PrismWork(dist._Work):
         done = self.done
         if done == math.inf:
             # not known yet: the engine learns it when a thread issues the ops
-            # its peers' side waits for; or never (a failed peer), and then
-            # the deadline below is the watchdog's
-            done = runtime.completer.await_known(self, self.deadline)
+            # its peers' side waits for, or another real rank's arrival comes
+            # in; or never (a failed peer), and then the deadline below is the
+            # watchdog's
+            done = self._await_known()
         if self.group is not None and done > self.deadline:
             # it will not finish in time (a peer that never arrives, or very
             # late): the rank sits here until NCCL's watchdog would fire
@@ -85,6 +86,23 @@ class PrismWork(dist._Work):
             runtime.recorder.wait(runtime.clock.now(), self.recorded)
             self.recorded = None  # a second wait on the same work waits for nothing
         return True
+
+    def _await_known(self) -> float:
+        runtime = self._runtime
+        if runtime.real_comms is None:
+            return runtime.completer.await_known(self, self.deadline)
+        # Another real rank's arrival is on its way: the clock stops where the
+        # wait began (for every thread), and once the answer is in it reads the
+        # op's completion if the wait was long enough, else where it stopped —
+        # the exchange's latency is the harness's, not the job's (agent/real.py).
+        clock = runtime.clock
+        token = clock.cap()
+        done = math.inf
+        try:
+            done = runtime.completer.await_known(self, self.deadline)
+        finally:
+            clock.uncap(token, done)
+        return done
 
     def _wait_real(self) -> None:
         """The real peer's side of the op: the harness's time, off the clock

@@ -61,6 +61,12 @@ class GraphEngine:
         # the agent sets it once a console talks to the rank.
         self.keep_last_arrivals = False
         self._issued: list[DeferredCompletion] = []
+        # several real ranks: where this rank's arrivals and iteration ends are
+        # told to the others (``issued(iteration, op, arrival)``,
+        # ``iteration_ended(iteration)``; agent/real.py), and its iteration
+        self.exchange = None
+        self.iteration = 1
+        self.arrivals: dict[int, list[tuple[int, float]]] = {}  # (op, arrival) by iteration
 
     def _mismatch(self, error: GraphError):
         if self._on_mismatch is None:
@@ -96,6 +102,9 @@ class GraphEngine:
             handle = self.replay.real_issue(spec, arrival)
         except GraphError as error:
             self._mismatch(error)
+        if self.exchange is not None:
+            self.exchange.issued(handle[0], handle[1], arrival)
+            self.arrivals.setdefault(handle[0], []).append((handle[1], arrival))
         deferred = DeferredCompletion(self.replay, handle)
         if self.keep_last_arrivals:
             self._issued.append(deferred)
@@ -126,6 +135,9 @@ class GraphEngine:
             self.replay.real_iteration_end()
         except GraphError as error:
             self._mismatch(error)
+        if self.exchange is not None:
+            self.exchange.iteration_ended(self.iteration)
+        self.iteration += 1
 
 
 def _ranks(ranks) -> str:

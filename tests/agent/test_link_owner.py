@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from prism_debug.agent.config import OWNER_ENV_VAR, AgentConfig
+from prism_debug.agent.config import OWNER_ENV_VAR, AgentConfig, claim_bus
 from prism_debug.agent.link import BusLink
 
 agent = pytest.importorskip("prism_debug.agent.agent")
@@ -21,14 +21,14 @@ def config(**fields) -> AgentConfig:
 
 def test_the_first_process_claims_the_bus_and_keeps_it(monkeypatch):
     monkeypatch.delenv(OWNER_ENV_VAR, raising=False)
-    assert agent._claim_bus(config()) == config()
+    assert claim_bus(config()) == config()
     assert os.environ[OWNER_ENV_VAR] == str(os.getpid())
-    assert agent._claim_bus(config()) == config()  # the same process again (an exec)
+    assert claim_bus(config()) == config()  # the same process again (an exec)
 
 
 def test_a_process_the_rank_started_loads_the_agent_without_a_link(monkeypatch):
     monkeypatch.setenv(OWNER_ENV_VAR, str(os.getpid() + 1))  # the rank is our parent
-    claimed = agent._claim_bus(config())
+    claimed = claim_bus(config())
     assert (claimed.bus, claimed.bus_curve, claimed.bus_secret, claimed.start_paused) == (
         None, None, None, False)
     assert os.environ[OWNER_ENV_VAR] == str(os.getpid() + 1)

@@ -1,0 +1,105 @@
+"""The agent's part in a run of several real ranks (``--ranks``): one
+timeline shared by every real rank's replay engine.
+
+Each real rank's process replays the whole world itself, so the replicas
+must agree: every real rank's arrivals are published as it issues its ops
+(backend/exchange.py) and fed into every other replica, which holds the
+classes of real ranks at an op until all their arrivals are known (the
+engine's own rule).  Three things make the replicas bit-identical and the
+times the job's:
+
+* one origin: the real ranks meet (a barrier of their real world group) in
+  ``init_process_group`` and every clock reads 0 from there, as the engine's
+  virtual peers do;
+* one lock: the rank's threads and the exchange's receivers call the engine
+  only under it, never waiting while they hold it;
+* no exchange latency in the job's time: a rank that waits for another real
+  rank's arrival caps its clock where its wait began, and once the answer is
+  known sets it to the op's completion (or where it stopped, if later); the
+  wall time between is the harness's (engine/clock.py's cap and uncap).
+
+Each iteration event carries ``real_ops``: every real rank's completions in
+the iteration before it, as this replica computed them (``float.hex``), and
+this rank's own arrivals there, so the replicas can be compared to the last
+bit, and with an offline replay of everyone's arrivals.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from prism_debug.backend.exchange import ISSUE, ArrivalExchange
+from prism_debug.backend.real_comms import SideStore
+from prism_debug.engine.graph_engine import GraphEngine
+
+
+class LockedReplay:
+    """The replay engine behind a lock: every method call takes it."""
+
+    def __init__(self, replay, lock: threading.RLock) -> None:
+        self._replay = replay
+        self._lock = lock
+
+    def __getattr__(self, name: str):
+        value = getattr(self._replay, name)
+        if not callable(value):
+            return value
+        lock = self._lock
+
+        def locked(*args, **kwargs):
+            with lock:
+                return value(*args, **kwargs)
+        return locked
+
+    def __setattr__(self, name: str, value) -> None:
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._replay, name, value)
+
+
+class OneTimeline:
+    """Publishes this rank's arrivals and feeds the others' into its engine."""
+
+    def __init__(self, engine: GraphEngine, runtime, side: SideStore, on_error) -> None:
+        self._lock = threading.RLock()
+        self._replay = engine.replay
+        self._engine = engine
+        self._runtime = runtime
+        engine.replay = LockedReplay(engine.replay, self._lock)
+        self.exchange = ArrivalExchange(side, runtime.rank, runtime.real_ranks, self._feed,
+                                        on_error=on_error)
+        engine.exchange = self.exchange
+
+    def start(self) -> None:
+        """At init_process_group, once the real ranks have met and the clock
+        reads 0: from here on every arrival is job time."""
+        self.exchange.start()
+
+    def _feed(self, rank: int, kind: int, iteration: int, op: int, arrival: float) -> None:
+        with self._lock:  # (a receiver thread)
+            if kind == ISSUE:
+                self._replay.peer_issue(rank, iteration, op, arrival)
+            else:
+                self._replay.peer_iteration_end(rank, iteration)
+            self._runtime.completer.engine_advanced()
+
+    def real_ops(self, iteration: int) -> dict:
+        """Every real rank's completions in ``iteration``, in program order,
+        as ``float.hex`` ("inf" where this replica does not know one yet),
+        and this rank's own arrivals ([op, arrival hex]): what an offline
+        replay needs to check them."""
+        graph, replay = self._engine.graph, self._replay
+        done = {}
+        with self._lock:
+            for rank in replay.real_ranks:
+                program = graph.programs[graph.class_of(rank)]
+                done[str(rank)] = [replay.completion(rank, iteration, event.op).hex()
+                                   for event in program.events(iteration)
+                                   if event.action == "issue"]
+        arrivals = self._engine.arrivals.pop(iteration, [])
+        return {"iteration": iteration, "done": done,
+                "arrivals": [[op, arrival.hex()] for op, arrival in arrivals]}
+
+    def stop(self) -> None:
+        self.exchange.stop()

@@ -1,0 +1,114 @@
+"""One timeline: every real rank's replay engine agrees on every op's time.
+
+Four real ranks of an 8,192-rank job (``examples/device_time.py``, tp 2 x
+dp 4,096: ranks 0-3 are two tensor-parallel pairs, and each data-parallel
+group holds two of them among 4,096), one of them a real straggler.  Each replica reports, per iteration, every real rank's
+completions as it computed them; they must be equal to the last bit, and
+equal to an offline replay fed the arrivals the ranks recorded — what the
+graph implies for those arrivals, computed without any process, exchange or
+clock."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from prism_debug.cost import CostModel, HardwareProfile
+from prism_debug.engine import ReplayEngine
+from prism_debug.graph import ExecutionGraph
+from tests.cli import cli
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVICE_TIME = ROOT / "examples" / "device_time.py"
+RANKS = (0, 1, 2, 3)
+ITERATIONS = 4
+
+
+def replicas(run_dir: Path) -> dict[int, dict[int, dict]]:
+    """Per real rank, per iteration, its ``real_ops`` (the rank folders may be
+    under one run folder or one per host)."""
+    found = {}
+    for events in sorted(run_dir.rglob("rank-*/events.jsonl")):
+        rank = int(events.parent.name.removeprefix("rank-"))
+        records = [json.loads(line) for line in events.read_text().splitlines()]
+        found[rank] = {e["real_ops"]["iteration"]: e["real_ops"] for e in records
+                       if e["kind"] == "iteration" and "real_ops" in e}
+    return found
+
+
+def assert_one_timeline(views: dict[int, dict[int, dict]]) -> None:
+    assert sorted(views) == list(RANKS)
+    iterations = sorted(views[0])
+    assert iterations == list(range(1, ITERATIONS))  # the last one's is never reported
+    for iteration in iterations:
+        done = [views[rank][iteration]["done"] for rank in RANKS]
+        assert all(d == done[0] for d in done), f"replicas differ in iteration {iteration}"
+        assert sorted(done[0]) == [str(r) for r in RANKS]
+        assert "inf" not in sum(done[0].values(), [])
+
+
+@pytest.fixture(scope="module")
+def straggler_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("timeline")
+    run = cli("run", "--world-size", "8192", "--ranks", "0-3", "--no-bus",
+              "--run-dir", str(run_dir), "--", sys.executable, str(DEVICE_TIME),
+              "--tp", "2", "--pp", "1", "--iterations", str(ITERATIONS),
+              env={"DEVICE_TIME_SLOW_RANK": "3", "DEVICE_TIME_SLOW_FACTOR": "3"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run_dir
+
+
+def test_four_replicas_agree_to_the_last_bit(straggler_run):
+    assert_one_timeline(replicas(straggler_run))
+
+
+def replay_offline(run_dir: Path, views, slower: dict | None = None) -> ReplayEngine:
+    """Rank 0's replica again, fed the ranks' recorded arrivals (``slower``:
+    a rank's arrivals taken from another rank instead)."""
+    config = json.loads((run_dir / "rank-0" / "agent.json").read_text())
+    graph = ExecutionGraph.load(Path(config["graph_path"]))
+    cost = CostModel(HardwareProfile.from_dict(config["hardware"])).op_time_s
+    offline = ReplayEngine(graph, cost, real_rank=0, real_ranks=RANKS, seed=config["seed"])
+    own_ops = graph.programs[graph.class_of(0)].ops
+    for iteration in sorted(views[0]):
+        for rank in RANKS[1:]:
+            source = (slower or {}).get(rank, rank)
+            for op, arrival in views[source][iteration]["arrivals"]:
+                offline.peer_issue(rank, iteration, op, float.fromhex(arrival))
+            offline.peer_iteration_end(rank, iteration)
+        for op, arrival in views[0][iteration]["arrivals"]:
+            offline.real_issue(own_ops[op], float.fromhex(arrival))
+        offline.real_iteration_end()
+    offline.graph = graph
+    return offline
+
+
+def completions(engine: ReplayEngine, rank: int, iteration: int) -> list[str]:
+    program = engine.graph.programs[engine.graph.class_of(rank)]
+    return [engine.completion(rank, iteration, e.op).hex()
+            for e in program.events(iteration) if e.action == "issue"]
+
+
+def test_the_replicas_are_what_the_graph_implies_for_the_ranks_arrivals(straggler_run):
+    views = replicas(straggler_run)
+    offline = replay_offline(straggler_run, views)
+    for iteration in sorted(views[0]):
+        for rank in RANKS:
+            assert views[0][iteration]["done"][str(rank)] == completions(offline, rank, iteration)
+
+
+def test_the_straggler_holds_back_a_real_rank_it_never_meets(straggler_run):
+    # rank 3 (three times slower) is in a tp group with 2 and a dp group with 1;
+    # rank 0 is in neither: its last op of the iteration (a dp all-reduce with
+    # 2) waits for 2, whom 3 held back.  Had 2 and 3 arrived as 0 and 1 did
+    # (the same classes: tp ranks 0 and 1), 0 would be done sooner.
+    views = replicas(straggler_run)
+    quick = replay_offline(straggler_run, views, slower={2: 0, 3: 1})
+    iteration = max(views[0])
+    recorded = float.fromhex(views[0][iteration]["done"]["0"][-1])
+    assert float.fromhex(completions(quick, 0, iteration)[-1]) < recorded
