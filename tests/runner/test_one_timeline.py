@@ -10,7 +10,12 @@ clock."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -71,7 +76,12 @@ def replay_offline(run_dir: Path, views, slower: dict | None = None) -> ReplayEn
     """Rank 0's replica again, fed the ranks' recorded arrivals (``slower``:
     a rank's arrivals taken from another rank instead)."""
     config = json.loads((run_dir / "rank-0" / "agent.json").read_text())
-    graph = ExecutionGraph.load(Path(config["graph_path"]))
+    return replay_offline_from(Path(config["graph_path"]), config, views, slower)
+
+
+def replay_offline_from(graph_path: Path, config: dict, views,
+                        slower: dict | None = None) -> ReplayEngine:
+    graph = ExecutionGraph.load(graph_path)
     cost = CostModel(HardwareProfile.from_dict(config["hardware"])).op_time_s
     offline = ReplayEngine(graph, cost, real_rank=0, real_ranks=RANKS, seed=config["seed"])
     own_ops = graph.programs[graph.class_of(0)].ops
@@ -112,3 +122,43 @@ def test_the_straggler_holds_back_a_real_rank_it_never_meets(straggler_run):
     iteration = max(views[0])
     recorded = float.fromhex(views[0][iteration]["done"]["0"][-1])
     assert float.fromhex(completions(quick, 0, iteration)[-1]) < recorded
+
+
+def test_two_torchrun_hosts_share_one_timeline(straggler_run, tmp_path):
+    # the same job, ranks 0-1 on one "host" and 2-3 (the straggler's) on the
+    # other: two torchrun agents on this machine, each with its controller
+    graph = json.loads((straggler_run / "rank-0" / "agent.json").read_text())["graph_path"]
+    with socket.socket() as probe:  # a free port for the rendezvous both agents name
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "DEVICE_TIME_SLOW_RANK": "3", "DEVICE_TIME_SLOW_FACTOR": "3"}
+    agents = [subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "tl",
+         "-m", "prism_debug.cli", "run", "--world-size", "8192", "--ranks", "0-3", "--no-bus",
+         "--graph", graph, "--run-dir", str(tmp_path), "--", sys.executable, str(DEVICE_TIME),
+         "--tp", "2", "--pp", "1", "--iterations", str(ITERATIONS)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        stdin=subprocess.DEVNULL, start_new_session=True) for _ in range(2)]
+    try:
+        outputs = [agent.communicate(timeout=300)[0] for agent in agents]
+    finally:
+        for agent in agents:  # the agent, its worker and the ranks, if still there
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent.pid, signal.SIGKILL)
+    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(outputs)[-4000:]
+    views = replicas(tmp_path)
+    assert_one_timeline(views)
+    hosts = {p.parent.name for p in tmp_path.rglob("rank-*")}
+    assert hosts == {"node-0", "node-1"}
+    # and the offline replay of the hosts' arrivals is what they computed
+    config = json.loads(next(tmp_path.rglob("rank-0/agent.json")).read_text())
+    offline = replay_offline_from(Path(graph), config, views)
+    for iteration in sorted(views[0]):
+        for rank in RANKS:
+            assert views[0][iteration]["done"][str(rank)] == completions(offline, rank, iteration)
+    # host 1's straggler holds back host 0's rank 0
+    quick = replay_offline_from(Path(graph), config, views, slower={2: 0, 3: 1})
+    last = max(views[0])
+    assert float.fromhex(completions(quick, 0, last)[-1]) < float.fromhex(
+        views[0][last]["done"]["0"][-1])
