@@ -170,3 +170,19 @@ def test_two_torchrun_hosts_share_one_timeline(straggler_run, tmp_path):
     quick = replay_offline_from(Path(graph), config, views, slower={2: 0, 3: 1})
     for iteration in sorted(views[0])[1:]:
         assert held_back(views[0], quick, iteration) > 0.01
+
+
+def test_perturbed_and_stochastic_peers_keep_one_timeline(straggler_run, tmp_path):
+    # a slowed virtual rank and every virtual rank's compute drawn: each replica
+    # puts the perturbation in force and draws the peers itself, the same way
+    graph = json.loads((straggler_run / "rank-0" / "agent.json").read_text())["graph_path"]
+    run = cli("run", "--world-size", "8192", "--ranks", "0-3", "--no-bus", "--graph", graph,
+              "--perturb", "slow 6 2", "--variability", "cv=0.05", "--seed", "3",
+              "--run-dir", str(tmp_path), "--", sys.executable, str(DEVICE_TIME),
+              "--tp", "2", "--pp", "1", "--iterations", str(ITERATIONS))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    views = replicas(tmp_path)
+    assert_one_timeline(views)
+    # not the unperturbed timeline: the slowed peer shares rank 0's dp group
+    quiet = replicas(straggler_run)
+    assert views[0][2]["done"] != quiet[0][2]["done"]
