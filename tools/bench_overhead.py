@@ -89,8 +89,9 @@ def measure(kind: str, tree: Path, world: int, ops: int, graph: Path | None,
 PAIR = ["--group-size", "2", "--no-world"]
 
 
-def measure_pair(kind: str, world: int, ops: int) -> float:
-    """Median-iteration µs per collective of rank 0 of the pair."""
+def measure_pair(kind: str, world: int, ops: int) -> tuple[float, float]:
+    """(median-iteration µs per collective, its main thread's CPU µs per
+    collective) of rank 0 of the pair."""
     env = _env(ROOT)
     workload = [str(WORKLOAD), "--ops", str(ops), *PAIR]
     if kind == "gloo":
@@ -101,28 +102,32 @@ def measure_pair(kind: str, world: int, ops: int) -> float:
                    "--lockstep", "--no-bus", "--world-size", str(world), "--ranks", "0-1",
                    "--", sys.executable, *workload]
     out = subprocess.run(command, capture_output=True, text=True, env=env, check=True).stdout
-    return float(re.search(r"median_us=([\d.]+)", out).group(1))
+    found = re.search(r"median_us=([\d.]+) cpu_us=([\d.]+)", out)
+    return float(found.group(1)), float(found.group(2))
 
 
 def real_pair(repeats: int, ops: int) -> None:
     kinds = [("gloo", 2), ("prism", 2), ("prism", 8192)]
-    samples: dict[tuple[str, int], list[float]] = {kind: [] for kind in kinds}
+    samples: dict[tuple[str, int], list[tuple[float, float]]] = {kind: [] for kind in kinds}
     for _ in range(repeats):
         for kind, world in kinds:  # interleaved
             samples[kind, world].append(measure_pair(kind, world, ops))
     print(f"{'kind':>14} {'median-iteration µs/collective (runs)':>44} {'median':>8} "
-          f"{'spread':>7}")
-    medians = {}
-    for (kind, world), values in samples.items():
-        medians[kind, world] = statistics.median(values)
-        print(f"{kind + ' ' + str(world):>14} {' '.join(f'{v:.1f}' for v in values):>44} "
-              f"{medians[kind, world]:>8.1f} {_spread(values):>7}")
-    gloo = medians["gloo", 2]
+          f"{'spread':>7} {'cpu µs':>7}")
+    medians, cpus = {}, {}
+    for (kind, world), runs in samples.items():
+        wall = [w for w, _ in runs]
+        medians[kind, world] = statistics.median(wall)
+        cpus[kind, world] = statistics.median(c for _, c in runs)
+        print(f"{kind + ' ' + str(world):>14} {' '.join(f'{v:.1f}' for v in wall):>44} "
+              f"{medians[kind, world]:>8.1f} {_spread(wall):>7} {cpus[kind, world]:>7.1f}")
+    gloo, gloo_cpu = medians["gloo", 2], cpus["gloo", 2]
     for world in (8192, 2):
-        prism = medians["prism", world]
+        prism, cpu = medians["prism", world], cpus["prism", world]
         suffix = "" if world == 2 else f"_{world}"
         print(f"overhead_real{suffix}: gloo_us={gloo:.1f} prism_us={prism:.1f} "
-              f"overhead_us={prism - gloo:.1f} ratio={prism / gloo:.2f}")
+              f"overhead_us={prism - gloo:.1f} ratio={prism / gloo:.2f} "
+              f"cpu_gloo_us={gloo_cpu:.1f} cpu_prism_us={cpu:.1f}")
 
 
 def _spread(values: list[float]) -> str:
