@@ -144,7 +144,8 @@ def wait_until(condition, timeout_s: float = 30.0) -> None:
 def test_commands_reach_the_bound_rank_only_and_a_client_naming_none_drives_the_lowest(
         controller, agents):
     server = controller.server
-    assert sorted(controller.hellos) == [(r, agents[r].pid) for r in RANKS]
+    # (a link says hello again each second until answered: a slow loop may see two)
+    assert sorted(set(controller.hellos)) == [(r, agents[r].pid) for r in RANKS]
     assert [server.agents[r].pid for r in RANKS] == [agents[r].pid for r in RANKS]
     with BusClient(server.commands, server.events) as high, \
             BusClient(server.commands, server.events) as low:
@@ -216,7 +217,7 @@ def test_rank_4097s_hello_from_rank_4096s_process_is_refused(controller):
     # the link was told why, in the words the controller used
     assert (f"the controller refused the rank's bus link: agent.hello refused: pid "
             f"{impostor.pid} is not rank 4097 (pid {real.pid})") in said
-    assert controller.hellos == [(4097, real.pid)]
+    assert set(controller.hellos) == {(4097, real.pid)}
 
 
 def test_a_hello_for_a_rank_the_controller_does_not_run_is_refused(controller):
