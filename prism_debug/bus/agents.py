@@ -5,9 +5,10 @@ connection to the controller's ROUTER.  This table says which connection speaks 
 which rank, and believes a connection's ``agent.hello`` only when it carries the
 session's secret and comes, over the local socket, from that rank's own process (or
 one it started): rank 4097's hello from rank 4096's process is refused as a forged
-one is.  It also holds what the server owes each rank: the requests forwarded and
-not answered yet, and those waiting for the rank to come back (a snapshot, a
-restore).
+one is.  The server's records of what it owes each rank — requests forwarded and
+not answered yet (:class:`Forwarded`), requests waiting for the rank to come back
+from a snapshot or a restore (:class:`Queued`) — are typed here too, each naming
+its rank: only that rank's agent answers it, and only that rank's leaving fails it.
 
 No ZeroMQ here: the server hands in the sender's identity and the pid the kernel
 gave (``SO_PEERCRED``), so the checks read, and are tested, on their own.
