@@ -34,9 +34,10 @@ from prism_debug.faults import fault_from_dict
 
 # 2: faults travel as typed dicts (perturb, faults, unperturb); 3: a client's hello may
 # name the rank it drives (a controller running several ranks).  A frame carries the
-# lowest version that can say it — only a hello naming a rank is version 3 — so a
-# single-rank session's frames are what they were, and a version-2 peer (an older
-# client, a rank restored from an older snapshot) is still understood.
+# lowest version that says it, and must: only a hello naming a rank is version 3.  So
+# a single-rank session's frames are byte for byte what they were, a version-2 peer (an
+# older client, a rank restored from an older snapshot) is still understood, and an
+# older controller refuses a hello naming a rank by its version.
 PROTOCOL_VERSION = 3
 READ_VERSIONS = (2, 3)
 BASE_VERSION = 2  # what every frame but a rank-naming hello carries
@@ -280,7 +281,8 @@ def encode_request(verb: str, args: Mapping[str, Any] | None = None,
                            request_id=message["id"]) from exc
 
 
-def _parse(frame: bytes, what: str) -> dict[str, Any]:
+def _parse(frame: bytes, what: str, versions: tuple[int, ...] = (BASE_VERSION,)
+           ) -> dict[str, Any]:
     """The JSON object in ``frame``, checked for size and protocol version."""
     if len(frame) > MAX_FRAME_BYTES:
         raise BadMessage(f"{what} of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES}-byte "
@@ -293,18 +295,18 @@ def _parse(frame: bytes, what: str) -> dict[str, Any]:
     if type(message) is not dict:
         raise BadMessage(f"{what} must be a JSON object, got {_got(message)}")
     version = message.get("v")
-    if type(version) is not int or version not in READ_VERSIONS:
+    if type(version) is not int or version not in versions:
         shown = "no version 'v'" if version is None else f"protocol version {version!r}"
-        raise BadMessage(f"{what} has {shown}; this prism-debug speaks protocol versions "
-                         f"{_join([str(v) for v in READ_VERSIONS])} (run the same prism-debug "
-                         "on both ends)")
+        raise BadMessage(f"{what} has {shown}; this prism-debug speaks protocol "
+                         f"{_plural('version', versions)} {_join([str(v) for v in versions])} "
+                         "(run the same prism-debug on both ends)")
     return message
 
 
 def decode_request(frame: bytes, verbs: Mapping[str, ArgSchema] = VERBS) -> Request:
     """The request in ``frame``, or :class:`BadMessage` / :class:`UnknownVerb` /
     :class:`BadArguments` (carrying the request id whenever the frame had a usable one)."""
-    message = _parse(frame, "request")
+    message = _parse(frame, "request", READ_VERSIONS)
     request_id = message.get("id")
     if type(request_id) is not str or not 1 <= len(request_id) <= MAX_ID_CHARS:
         got = "none" if "id" not in message else (
@@ -325,6 +327,11 @@ def decode_request(frame: bytes, verbs: Mapping[str, ArgSchema] = VERBS) -> Requ
     if type(args) is not dict:
         raise BadMessage(f"request 'args' must be an object, got {_got(args)}",
                          request_id=request_id)
+    if message["v"] != _version_of(verb, args):
+        named = " naming a rank" if verb == "hello" and "rank" in args else ""
+        raise BadMessage(f"request has protocol version {message['v']}, but a {verb!r} "
+                         f"request{named} is version {_version_of(verb, args)} (run the same "
+                         "prism-debug on both ends)", request_id=request_id)
     schema = verbs.get(verb)
     if schema is None:
         raise UnknownVerb(f"unknown verb {verb!r}; known verbs: {', '.join(sorted(verbs))}",

@@ -25,6 +25,7 @@ from prism_debug.bus.agents import AgentTable
 from prism_debug.bus.client import BusClient
 from prism_debug.bus.protocol import (
     BadArguments,
+    BadMessage,
     RankUnavailable,
     decode_request,
     encode_request,
@@ -405,10 +406,19 @@ def test_only_a_hello_naming_a_rank_needs_protocol_3():
     plain = json.loads(encode_request("hello", {"client": "c"}, id="a"))
     assert (named["v"], plain["v"]) == (3, 2)
     assert json.loads(encode_request("status", {}, id="a"))["v"] == 2
-    for frame in (encode_request("hello", {"client": "c", "rank": 1}, id="a"),
-                  json.dumps({"v": 2, "id": "a", "verb": "hello",
-                              "args": {"client": "c", "rank": 1}}).encode()):
-        assert decode_request(frame).args == {"client": "c", "rank": 1}
+    assert decode_request(encode_request("hello", {"client": "c", "rank": 1})).args == {
+        "client": "c", "rank": 1}
+    # a frame carries the version it needs, no other: a single-rank session's frames
+    # are what they were, and a version-3 status is no request of this prism-debug
+    for message, text in [
+            ({"v": 2, "verb": "hello", "args": {"client": "c", "rank": 1}},
+             "request has protocol version 2, but a 'hello' request naming a rank is "
+             "version 3 (run the same prism-debug on both ends)"),
+            ({"v": 3, "verb": "status"}, "request has protocol version 3, but a 'status' "
+             "request is version 2 (run the same prism-debug on both ends)")]:
+        with pytest.raises(BadMessage) as refused:
+            decode_request(json.dumps({**message, "id": "a"}).encode())
+        assert (str(refused.value), refused.value.request_id) == (text, "a")
 
 
 def test_a_single_rank_server_is_the_one_it_always_was(short_dir):

@@ -386,7 +386,7 @@ def test_encode_error_takes_a_class_a_type_string_or_any_exception():
     (frame(v=2, id="a", ok=False, error={"type": "Internal"}),
      "error reply 'error' must be an object with str 'type' and 'message'"),
     (frame(v=0, id="a", ok=True, result={}), "reply has protocol version 0; this prism-debug "
-                                             "speaks protocol versions 2 and 3 (run the same "
+                                             "speaks protocol version 2 (run the same "
                                              "prism-debug on both ends)"),
 ])
 def test_a_malformed_reply_is_a_bad_message(raw, message):
