@@ -3,7 +3,9 @@
 A client is what the console (and scripts, and tests) drive: one request at a
 time, answered by the reply that carries its id, with replies to requests that
 already timed out dropped on the floor.  Events are buffered as they arrive so
-that waiting for one kind (``paused``) loses none of the others.
+that waiting for one kind (``paused``) loses none of the others.  A client of a
+controller running several ranks subscribes to one rank's events (its topic
+prefix): each rank's are numbered apart, so it counts only its own rank's gaps.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from prism_debug.bus.protocol import (
     decode_event,
     decode_reply,
     encode_request,
+    event_topic,
     new_request_id,
 )
 from prism_debug.bus.sessions import SessionInfo
@@ -38,12 +41,13 @@ _DRAIN_MAX = 10_000  # events moved into the buffer per call, at most
 class BusClient:
     def __init__(self, commands_endpoint: str, events_endpoint: str,
                  curve: curve_keys.ClientCurve | None = None, *,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, rank: int | None = None) -> None:
+        """``rank``: receive that rank's events only (None: every rank's)."""
         self.commands_endpoint = commands_endpoint
         self.events_endpoint = events_endpoint
         #: events the controller published that this client never saw (gaps in seq)
         self.missed = 0
-        self._last_seq: int | None = None
+        self._last_seq: dict[int, int] = {}  # per rank: each rank's events numbered apart
         self._buffer: collections.deque[dict[str, Any]] = collections.deque()
         context = context or zmq.Context.instance()
         self._commands = context.socket(zmq.DEALER)
@@ -57,7 +61,7 @@ class BusClient:
                 curve_keys.apply_client(socket, (curve.public, curve.secret),
                                         curve.server_public)
         self._events.setsockopt(zmq.RCVHWM, 20_000)  # the controller's PUB queues as many
-        self._events.setsockopt(zmq.SUBSCRIBE, b"")
+        self._events.setsockopt(zmq.SUBSCRIBE, b"" if rank is None else event_topic(rank))
         # watched until the CURVE handshake is done: a server with another key
         # fails it, which check_server tells apart from a silent controller
         self._monitor = (self._commands.get_monitor_socket(
@@ -69,15 +73,19 @@ class BusClient:
         self._closed = False
 
     @classmethod
-    def for_session(cls, info: SessionInfo, *,
-                    context: zmq.Context | None = None) -> "BusClient":
-        """A client of a published session, with CURVE when the session uses it."""
+    def for_session(cls, info: SessionInfo, *, context: zmq.Context | None = None,
+                    rank: int | None = None) -> "BusClient":
+        """A client of a published session, with CURVE when the session uses it.  Of a
+        session of several ranks it receives ``rank``'s events (default: the lowest's,
+        the rank a hello naming none drives); of one rank's, every event."""
         curve = None
         if info.curve_public is not None:
             public, secret = curve_keys.load_client()
             curve = curve_keys.ClientCurve(public=public, secret=secret,
                                            server_public=info.curve_public.encode("ascii"))
-        return cls(info.commands, info.events, curve, context=context)
+        if rank is None and len(info.ranks) > 1:
+            rank = min(info.ranks)
+        return cls(info.commands, info.events, curve, context=context, rank=rank)
 
     def check_server(self, timeout_s: float = 10.0) -> None:
         """With CURVE: wait for the handshake with the controller; :class:`KeysError`
@@ -152,11 +160,11 @@ class BusClient:
         except BadMessage as exc:
             log.warning("ignoring a malformed event: %s", exc)
             return True
-        seq = event["seq"]
-        if self._last_seq is not None and seq > self._last_seq + 1:
-            self.missed += seq - self._last_seq - 1
+        seq, last = event["seq"], self._last_seq.get(event["rank"])
+        if last is not None and seq > last + 1:
+            self.missed += seq - last - 1
         # a lower seq means a new numbering (a controller restarted): it becomes the base
-        self._last_seq = seq
+        self._last_seq[event["rank"]] = seq
         self._buffer.append(event)
         return True
 

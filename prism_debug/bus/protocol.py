@@ -32,7 +32,15 @@ from prism_debug.errors import (
 )
 from prism_debug.faults import fault_from_dict
 
-PROTOCOL_VERSION = 2  # 2: faults travel as typed dicts (perturb, faults, unperturb)
+# 2: faults travel as typed dicts (perturb, faults, unperturb); 3: a client's hello may
+# name the rank it drives (a controller running several ranks).  A frame carries the
+# lowest version that says it, and must: only a hello naming a rank is version 3.  So
+# a single-rank session's frames are byte for byte what they were, a version-2 peer (an
+# older client, a rank restored from an older snapshot) is still understood, and an
+# older controller refuses a hello naming a rank by its version.
+PROTOCOL_VERSION = 3
+READ_VERSIONS = (2, 3)
+BASE_VERSION = 2  # what every frame but a rank-naming hello carries
 MAX_FRAME_BYTES = 1 << 20
 # What ZeroMQ itself accepts on every socket of the bus (ZMQ_MAXMSGSIZE): a larger
 # frame is dropped as its header arrives, before any memory is allocated for it, and its
@@ -83,7 +91,7 @@ _NONE = type(None)
 _NO_ARGS: ArgSchema = types.MappingProxyType({})
 
 VERBS: Mapping[str, ArgSchema] = types.MappingProxyType({
-    "hello": {"client": ((str,), True)},
+    "hello": {"client": ((str,), True), "rank": ((int,), False)},
     "status": _NO_ARGS,
     "where": _NO_ARGS,
     "break": {"kind": ((str,), True), "iteration": ((int,), False), "op": ((str,), False),
@@ -253,12 +261,19 @@ def new_request_id() -> str:
     return secrets.token_hex(8)
 
 
+def _version_of(verb: str, args: Mapping[str, Any]) -> int:
+    """The lowest protocol version that says this request: an older controller
+    refuses a hello naming a rank by its version, not by an argument it lacks."""
+    return PROTOCOL_VERSION if verb == "hello" and "rank" in args else BASE_VERSION
+
+
 def encode_request(verb: str, args: Mapping[str, Any] | None = None,
                    id: str | None = None) -> bytes:  # noqa: A002 - the wire's name
     """One request frame.  Arguments are not checked here: the receiver checks them, and
     tests need to send bad ones."""
-    message = {"v": PROTOCOL_VERSION, "id": new_request_id() if id is None else id,
-               "verb": verb, "args": dict(args or {})}
+    args = dict(args or {})
+    message = {"v": _version_of(verb, args), "id": new_request_id() if id is None else id,
+               "verb": verb, "args": args}
     try:
         return _dumps(message)
     except (TypeError, ValueError) as exc:
@@ -266,7 +281,8 @@ def encode_request(verb: str, args: Mapping[str, Any] | None = None,
                            request_id=message["id"]) from exc
 
 
-def _parse(frame: bytes, what: str) -> dict[str, Any]:
+def _parse(frame: bytes, what: str, versions: tuple[int, ...] = (BASE_VERSION,)
+           ) -> dict[str, Any]:
     """The JSON object in ``frame``, checked for size and protocol version."""
     if len(frame) > MAX_FRAME_BYTES:
         raise BadMessage(f"{what} of {len(frame)} bytes exceeds the {MAX_FRAME_BYTES}-byte "
@@ -279,17 +295,18 @@ def _parse(frame: bytes, what: str) -> dict[str, Any]:
     if type(message) is not dict:
         raise BadMessage(f"{what} must be a JSON object, got {_got(message)}")
     version = message.get("v")
-    if type(version) is not int or version != PROTOCOL_VERSION:
+    if type(version) is not int or version not in versions:
         shown = "no version 'v'" if version is None else f"protocol version {version!r}"
-        raise BadMessage(f"{what} has {shown}; this prism-debug speaks protocol version "
-                         f"{PROTOCOL_VERSION} (run the same prism-debug on both ends)")
+        raise BadMessage(f"{what} has {shown}; this prism-debug speaks protocol "
+                         f"{_plural('version', versions)} {_join([str(v) for v in versions])} "
+                         "(run the same prism-debug on both ends)")
     return message
 
 
 def decode_request(frame: bytes, verbs: Mapping[str, ArgSchema] = VERBS) -> Request:
     """The request in ``frame``, or :class:`BadMessage` / :class:`UnknownVerb` /
     :class:`BadArguments` (carrying the request id whenever the frame had a usable one)."""
-    message = _parse(frame, "request")
+    message = _parse(frame, "request", READ_VERSIONS)
     request_id = message.get("id")
     if type(request_id) is not str or not 1 <= len(request_id) <= MAX_ID_CHARS:
         got = "none" if "id" not in message else (
@@ -310,6 +327,11 @@ def decode_request(frame: bytes, verbs: Mapping[str, ArgSchema] = VERBS) -> Requ
     if type(args) is not dict:
         raise BadMessage(f"request 'args' must be an object, got {_got(args)}",
                          request_id=request_id)
+    if message["v"] != _version_of(verb, args):
+        named = " naming a rank" if verb == "hello" and "rank" in args else ""
+        raise BadMessage(f"request has protocol version {message['v']}, but a {verb!r} "
+                         f"request{named} is version {_version_of(verb, args)} (run the same "
+                         "prism-debug on both ends)", request_id=request_id)
     schema = verbs.get(verb)
     if schema is None:
         raise UnknownVerb(f"unknown verb {verb!r}; known verbs: {', '.join(sorted(verbs))}",
@@ -321,7 +343,7 @@ def decode_request(frame: bytes, verbs: Mapping[str, ArgSchema] = VERBS) -> Requ
 # --- replies ------------------------------------------------------------------------------
 
 def encode_reply(id: str, result: Mapping[str, Any]) -> bytes:  # noqa: A002
-    return _dumps({"v": PROTOCOL_VERSION, "id": id, "ok": True, "result": dict(result)})
+    return _dumps({"v": BASE_VERSION, "id": id, "ok": True, "result": dict(result)})
 
 
 def encode_error(id: str | None, exc_or_type: BaseException | type[BusError] | str,  # noqa: A002
@@ -339,7 +361,7 @@ def encode_error(id: str | None, exc_or_type: BaseException | type[BusError] | s
         error_type = InternalError.type
         if message is None:
             message = f"{type(exc_or_type).__name__}: {exc_or_type}"
-    return _dumps({"v": PROTOCOL_VERSION, "id": id, "ok": False,
+    return _dumps({"v": BASE_VERSION, "id": id, "ok": False,
                    "error": {"type": error_type, "message": message or ""}})
 
 
@@ -380,7 +402,7 @@ def event_topic(rank: int, kind: str = "") -> bytes:
 def encode_event(seq: int, rank: int, kind: str, data: Mapping[str, Any],
                  wall: float | None = None) -> tuple[bytes, bytes]:
     """``(topic, body)``: the two frames of one event on the PUB socket."""
-    body = {"v": PROTOCOL_VERSION, "seq": seq, "rank": rank, "kind": kind,
+    body = {"v": BASE_VERSION, "seq": seq, "rank": rank, "kind": kind,
             "wall": time.time() if wall is None else wall, "data": dict(data)}
     return event_topic(rank, kind), _dumps(body)
 

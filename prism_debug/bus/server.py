@@ -1,21 +1,23 @@
 """The controller's end of the bus: a ROUTER for commands and a PUB for events.
 
-Clients (the console, scripts) and the agent inside the rank all talk to the
+Clients (the console, scripts) and the agent inside each rank all talk to the
 ROUTER.  A verb the controller owns (``hello``, ``snapshots``, ``restore`` …)
-is answered here; every other verb is forwarded to the agent and its reply
-relayed back under the client's request id.  Events — from the agent, and
-those the controller sees itself (iterations, output, snapshots, exit) — go
-out on the PUB socket with one sequence of numbers, so a client can tell it
-missed some.
+is answered here; every other verb is forwarded to the agent of the client's rank
+and its reply relayed back under the client's request id.  A controller runs one
+rank, or several (one process and one agent each, :mod:`prism_debug.bus.agents`):
+a client's ``hello`` may name the rank it drives, else it drives the lowest.
+Events — from the agents, and those the controller sees itself (iterations,
+output, snapshots, exit) — go out on the PUB socket under their rank's topic,
+each rank's with one sequence of numbers, so a client can tell it missed some.
 
 Who may talk to it (see README, "Security model"): the sockets are ``ipc://`` files
 in a directory only the user can enter (:mod:`prism_debug.bus.runtime`); bound to an
 address beyond loopback, a TCP endpoint is added and the whole bus requires CURVE
-with the user's client key.  The agent is whoever proves it: an ``agent.hello``
-carrying the session's secret, sent over the ipc socket by the rank's own process
+with the user's client key.  A rank's agent is whoever proves it: an ``agent.hello``
+carrying the session's secret, sent over the ipc socket by that rank's own process
 (its pid, from the kernel's ``SO_PEERCRED``, is the rank's or a descendant's).  Each
 agent connection has an identity of its own, so no other connection can take over
-the agent's (no ``ROUTER_HANDOVER``).  ZeroMQ drops frames over ``MAX_WIRE_BYTES``
+an agent's (no ``ROUTER_HANDOVER``).  ZeroMQ drops frames over ``MAX_WIRE_BYTES``
 before allocating them, and every table is bounded.
 
 The agent closes its connection for every snapshot (CRIU cannot dump a live
@@ -37,13 +39,13 @@ reply, a handler's exception becomes an ``Internal`` error reply.
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import itertools
 import json
 import logging
 import os
 import secrets
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,12 +53,15 @@ import zmq
 
 from prism_debug.bus import keys as curve_keys
 from prism_debug.bus import runtime
+from prism_debug.bus.agents import AgentConnection, AgentTable, Forwarded, Queued, peer_pid
+from prism_debug.bus.sessions import ranks_text
 from prism_debug.errors import ConfigError
 from prism_debug.bus.protocol import (
     AGENT_EVENT_KINDS,
     MAX_WIRE_BYTES,
-    PROTOCOL_VERSION,
+    BASE_VERSION,
     VERBS,
+    BadArguments,
     BadMessage,
     BusError,
     BusTimeout,
@@ -81,8 +86,8 @@ AGENT_SILENT_S = 5.0  # no heartbeat for this long: the agent is reported lost
 CLIENT_CHECK_S = 2.0  # how often clients that went away without detaching are noticed
 # bounds of the tables a peer makes grow: past them a request is refused (Busy)
 MAX_CLIENTS = 64
-MAX_QUEUED = 256  # requests waiting for the agent to come back
-MAX_FORWARDED = 1024  # requests the agent has not answered yet
+MAX_QUEUED = 256  # requests waiting for an agent to come back, all ranks together
+MAX_FORWARDED = 1024  # requests one rank's agent has not answered yet
 EVENT_HWM = 20_000  # events queued for one subscriber before it misses some
 # sent to every client now and then: it drops a reply to no request of its own,
 # and the ROUTER raises EHOSTUNREACH for a client whose connection is gone
@@ -94,15 +99,6 @@ class Pending:
     """A client's request whose reply comes later (a snapshot being dumped)."""
     client: bytes
     request_id: str
-
-
-@dataclasses.dataclass(frozen=True)
-class _Forwarded:
-    """A request sent to the agent and not answered yet."""
-    on_reply: Callable[[dict], None]
-    due: float  # monotonic: it fails then
-    frame: bytes  # as sent, id included: sent again as is
-    connection: bytes  # the agent connection it was last sent on
 
 
 class Deferred(Exception):
@@ -118,18 +114,27 @@ Handler = Callable[[bytes, dict], dict]
 
 
 class BusServer:
-    def __init__(self, rank: int, host: str = "127.0.0.1",
+    """The bus of one controller, serving ``ranks`` (one rank, or the local real
+    ranks of a multi-rank run).  ``rank`` is the lowest of them: a client that
+    names none drives it, and the single-rank spellings below (``rank_pid``,
+    ``agent_pid``, ``agent_connected``, ``on_agent_hello`` …) speak of it."""
+
+    def __init__(self, ranks: int | Iterable[int], host: str = "127.0.0.1",
                  directory: Path | None = None) -> None:
         if "://" in host or host.count(":") == 1 or not host:
             raise ConfigError(f"--bind {host!r}: give an address only (127.0.0.1, 0.0.0.0, "
                               "::1, …); the ports are chosen and written to the session file")
-        self.rank = rank
-        # what the rank's agent shows in its hello (from agent.json or the control
+        self.agents = AgentTable([ranks] if isinstance(ranks, int) else ranks)
+        self.ranks = self.agents.ranks
+        self.rank = self.ranks[0]
+        # what each rank's agent shows in its hello (from agent.json or the control
         # file, both 0600): the socket's permissions keep others out, this keeps out
-        # the user's own other processes that would speak for the rank
+        # the user's own other processes that would speak for a rank
         self.secret = secrets.token_urlsafe(32)
-        # the rank's pid as the controller knows it (Popen, restore); set by the session
+        # the rank's pid as the controller knows it (Popen, restore); set by a
+        # single-rank session.  A multi-rank one sets agents.pid_of(rank) instead.
         self.rank_pid: Callable[[], int | None] = lambda: None
+        self.agents.pid_of = lambda rank: self.rank_pid() if rank == self.rank else None
         server_keys = curve_keys.server_keys_for(host)  # None on loopback: no TCP at all
         # made before anything that must be closed: a refused directory leaves nothing open
         sockets_dir = runtime.private_dir(directory)
@@ -179,32 +184,33 @@ class BusServer:
             self.close()
             raise
         self._handlers: dict[str, Handler] = {}
-        # agent request id -> what was sent, on which connection, who waits for the reply
-        self._forwarded: dict[str, _Forwarded] = {}
+        # agent request id -> what was sent, to which rank, on which connection, who
+        # waits for the reply (the ids are unique across ranks: one count)
+        self._forwarded: dict[str, Forwarded] = {}
         self._ids = itertools.count(1)
         # in every id we give the agent: unlike a count, never this session's and another's
         self._nonce = secrets.token_hex(8)
         self.resent = 0  # requests sent again to a later connection of the agent (tests)
-        self._seq = 0
+        self._seq = {rank: 0 for rank in self.ranks}  # each rank's events numbered apart
         self.clients: dict[bytes, float] = {}  # identity -> last request (wall)
-        # the connection that proved itself the agent (None: none yet, or it left)
-        self._agent: bytes | None = None
-        self.agent_pid: int | None = None
+        # identity -> the rank a client's hello named; a client absent here drives the lowest
+        self._client_ranks: dict[bytes, int] = {}
         # what peers tried and were refused: counted for status and the tests
         self.refused_hellos = 0
         self.dropped_events = 0
-        self.agent_connected = False
-        self.agent_expected = True  # the rank is starting, or briefly away: requests wait
-        # requests waiting for the agent to connect: (verb, args, on_reply, due)
-        self._queued: list[tuple[str, dict, Callable[[dict], None], float]] = []
-        self._agent_seen = 0.0
-        self._agent_lost_reported = False
+        # requests waiting for their rank's agent to connect
+        self._queued: list[Queued] = []
+        # a rank's agent proved itself (rank, pid); by default the single-rank spelling
         self.on_agent_hello: Callable[[int], None] = lambda pid: None
-        # every client went away (left, detached or vanished): the rank stays as it is
+        self.on_rank_agent_hello: Callable[[int, int], None] = \
+            lambda rank, pid: self.on_agent_hello(pid)
+        # every client went away (left, detached or vanished): the ranks stay as they are
         self.on_last_client_gone: Callable[[], None] = lambda: None
-        # the rank paused (the event's data): the session tells its terminal when
-        # nobody is attached to see it
+        # a rank paused (rank, the event's data): the session tells its terminal when
+        # nobody is attached to see it; by default the single-rank spelling
         self.on_rank_paused: Callable[[dict], None] = lambda where: None
+        self.on_rank_paused_at: Callable[[int, dict], None] = \
+            lambda rank, where: self.on_rank_paused(where)
         self._clients_checked = time.monotonic()
         self._poller = zmq.Poller()
         self._poller.register(self._router, zmq.POLLIN)
@@ -242,82 +248,110 @@ class BusServer:
         raise a :class:`BusError` (sent as a typed error) or :class:`Deferred`."""
         self._handlers[verb] = handler
 
+    # the lowest rank's agent, in the words of a single-rank session
+    @property
+    def agent_pid(self) -> int | None:
+        return self.agents.lowest.pid
+
+    @property
+    def agent_connected(self) -> bool:
+        return self.agents.lowest.connected
+
+    @property
+    def agent_expected(self) -> bool:
+        return self.agents.lowest.expected
+
+    def client_rank(self, client: bytes) -> int:
+        """The rank ``client`` drives: the one its hello named, else the lowest."""
+        return self._client_ranks.get(client, self.rank)
+
     def forward(self, client: bytes, request_id: str, verb: str, args: dict) -> None:
-        """Send a client's request on to the agent; its reply goes back to the client."""
+        """Send a client's request on to its rank's agent; the reply goes back to
+        the client (naming the rank, when the session holds several)."""
+        rank = self.client_rank(client)
+
         def relay(message: dict) -> None:
             message["id"] = request_id
+            if self.agents.several and type(message.get("result")) is dict:
+                message["result"].setdefault("rank", rank)
             frame = json.dumps(message, separators=(",", ":")).encode()
             if len(frame) > MAX_WIRE_BYTES:  # the client's socket would drop it, and us
                 frame = encode_error(request_id, BadMessage(
-                    f"the rank's reply to {verb} is {len(frame)} bytes, over the bus's "
-                    f"{MAX_WIRE_BYTES}-byte limit"))
+                    f"{self.agents.name(rank)}'s reply to {verb} is {len(frame)} bytes, "
+                    f"over the bus's {MAX_WIRE_BYTES}-byte limit"))
             self._send(client, frame)
-        self.ask_agent(verb, args, relay)
+        self.ask_agent(verb, args, relay, rank=rank)
 
-    def ask_agent(self, verb: str, args: dict, on_reply: Callable[[dict], None]) -> None:
-        """Send a request to the agent; ``on_reply`` gets its reply message
-        (``ok`` and ``result`` or ``error``), or a made-up error one if the
-        rank goes away or stays silent.  While the agent is briefly away (a
-        snapshot, a restore) requests wait for it to come back."""
+    def ask_agent(self, verb: str, args: dict, on_reply: Callable[[dict], None],
+                  rank: int | None = None) -> None:
+        """Send a request to ``rank``'s agent (default: the lowest rank's);
+        ``on_reply`` gets its reply message (``ok`` and ``result`` or ``error``),
+        or a made-up error one if the rank goes away or stays silent.  While the
+        agent is briefly away (a snapshot, a restore) requests wait for it."""
+        agent = self.agents[self.rank if rank is None else rank]
         due = time.monotonic() + FORWARD_TIMEOUT_S
-        if not self.agent_connected or self._agent is None:
-            if not self.agent_expected:
-                raise RankUnavailable("the rank is not connected to the bus (it has not started "
-                                      "yet, or it exited): status tells which")
-            self._queue(verb, args, on_reply, due)
+        if not agent.connected or agent.identity is None:
+            if not agent.expected:
+                raise RankUnavailable(f"{self.agents.name(agent.rank)} is not connected to "
+                                      "the bus (it has not started yet, or it exited): status "
+                                      "tells which")
+            self._queue(Queued(verb, args, on_reply, due, agent.rank))
             return
-        if len(self._forwarded) >= MAX_FORWARDED:
-            raise Busy(f"the rank has {MAX_FORWARDED} requests unanswered already: wait for "
-                       "them (or for their timeout) and ask again")
+        owed = sum(1 for f in self._forwarded.values() if f.rank == agent.rank)
+        if owed >= MAX_FORWARDED:
+            raise Busy(f"{self.agents.name(agent.rank)} has {MAX_FORWARDED} requests "
+                       "unanswered already: wait for them (or for their timeout) and ask again")
         agent_id = f"f{self._nonce}.{next(self._ids)}"
         frame = encode_request(verb, args, id=agent_id)
         try:
-            self._router.send_multipart([self._agent, frame], zmq.NOBLOCK)
+            self._router.send_multipart([agent.identity, frame], zmq.NOBLOCK)
         except zmq.ZMQError:
             # it has just closed its end (a snapshot) and not said so yet
-            self.agent_away()
-            self._queue(verb, args, on_reply, due)
+            agent.away()
+            self._queue(Queued(verb, args, on_reply, due, agent.rank))
             return
         # kept until answered: sent again if this connection goes before it answers
-        self._forwarded[agent_id] = _Forwarded(on_reply, due, frame, self._agent)
+        self._forwarded[agent_id] = Forwarded(on_reply, due, frame, agent.identity, agent.rank)
 
-    def _queue(self, verb: str, args: dict, on_reply: Callable[[dict], None],
-               due: float) -> None:
+    def _queue(self, queued: Queued) -> None:
         if len(self._queued) >= MAX_QUEUED:
-            raise Busy(f"{MAX_QUEUED} requests wait for the rank to come back to the bus "
-                       "already: ask again once it is back (status tells)")
-        self._queued.append((verb, args, on_reply, due))
+            raise Busy(f"{MAX_QUEUED} requests wait for {self.agents.name(queued.rank)} to "
+                       "come back to the bus already: ask again once it is back (status tells)")
+        self._queued.append(queued)
 
-    def agent_away(self) -> None:
-        """The agent closed its end for a while (a snapshot): requests wait."""
-        self.agent_connected = False
-        self._agent = None
-        self.agent_expected = True
+    def agent_away(self, rank: int | None = None) -> None:
+        """``rank``'s agent (default: the lowest's) closed its end for a while (a
+        snapshot): requests wait."""
+        self.agents[self.rank if rank is None else rank].away()
 
-    def agent_gone(self) -> None:
-        """The rank exited or is being replaced: what it owed fails now."""
-        self.agent_connected = False
-        self._agent = None
-        self.agent_expected = False
-        failed = [forwarded.on_reply for forwarded in self._forwarded.values()]
-        failed += [on_reply for _, _, on_reply, _ in self._queued]
-        self._forwarded.clear()
-        self._queued.clear()
+    def agent_gone(self, rank: int | None = None) -> None:
+        """``rank``'s process (default: the lowest's) exited or is being replaced:
+        what it owed fails now."""
+        agent = self.agents[self.rank if rank is None else rank]
+        agent.gone()
+        failed = [f.on_reply for f in self._forwarded.values() if f.rank == agent.rank]
+        failed += [q.on_reply for q in self._queued if q.rank == agent.rank]
+        self._forwarded = {agent_id: f for agent_id, f in self._forwarded.items()
+                           if f.rank != agent.rank}
+        self._queued = [q for q in self._queued if q.rank != agent.rank]
         for on_reply in failed:
             on_reply(_error_message(RankUnavailable(
-                "the rank went away before answering (it exited or was replaced by a "
-                "restored copy)")))
+                f"{self.agents.name(agent.rank)} went away before answering (it exited or "
+                "was replaced by a restored copy)")))
 
     # -- sending --------------------------------------------------------------------
 
-    def publish(self, kind: str, data: dict[str, Any]) -> None:
-        frames = encode_event(self._seq + 1, self.rank, kind, data)
+    def publish(self, kind: str, data: dict[str, Any], rank: int | None = None) -> None:
+        """An event of ``rank`` (default: the lowest), under its topic and in its
+        numbering: a console subscribed to its own rank sees no gaps of others'."""
+        rank = self.rank if rank is None else rank
+        frames = encode_event(self._seq[rank] + 1, rank, kind, data)
         if len(frames[1]) > MAX_WIRE_BYTES:  # every subscriber would drop it (and the link)
             self.dropped_events += 1
             log.warning("dropping a %s event of %d bytes (over %d)", kind, len(frames[1]),
                         MAX_WIRE_BYTES)
             return
-        self._seq += 1
+        self._seq[rank] += 1
         self._pub.send_multipart(list(frames))
 
     def reply(self, pending: Pending, result: dict) -> None:
@@ -333,6 +367,7 @@ class BusServer:
             self.forget_client(client)
 
     def forget_client(self, client: bytes) -> None:
+        self._client_ranks.pop(client, None)
         if self.clients.pop(client, None) is not None and not self.clients:
             self.on_last_client_gone()
 
@@ -360,7 +395,8 @@ class BusServer:
                     f"a message is one frame; got {len(parts) - 1}")))
             return
         sender, frame = parts[0].bytes, parts[1].bytes
-        if sender == self._agent and self._relay_agent_reply(frame):
+        agent = self.agents.speaking_as(sender)
+        if agent is not None and self._relay_agent_reply(agent, frame):
             return
         try:
             request = decode_request(frame, SERVER_VERBS)
@@ -380,10 +416,14 @@ class BusServer:
         self.clients[sender] = time.time()
         handler = self._handlers.get(request.verb)
         try:
+            if request.verb == "hello":
+                self._bind_client(sender, request.args)
             if handler is None:
                 self.forward(sender, request.id, request.verb, request.args)
                 return
             result = handler(sender, request.args)
+            if request.verb == "hello" and (self.agents.several or "rank" in request.args):
+                result = {**result, "rank": self.client_rank(sender)}  # whom it drives now
         except Deferred as deferred:
             try:
                 deferred.on_pending(Pending(sender, request.id))
@@ -399,20 +439,21 @@ class BusServer:
             return
         self._send(sender, encode_reply(request.id, result))
 
+    def _bind_client(self, client: bytes, args: dict) -> None:
+        """A client's hello binds it to the rank it names (else to the lowest): its
+        forwarded verbs go to that rank's agent."""
+        rank = args.get("rank", self.rank)
+        if rank not in self.agents:
+            raise BadArguments(f"this session does not hold rank {rank}: it holds "
+                               f"{ranks_text(self.ranks)} (prism-debug ps lists the sessions)")
+        self._client_ranks[client] = rank
+
     def _agent_hello(self, sender: bytes, request, peer: str | None) -> None:
-        """A connection that says it is the rank's agent: believed only with the
-        session's secret, from the rank's own process (or one it started)."""
-        pid = _peer_pid(peer)
+        """A connection that says it is a rank's agent: believed only with the
+        session's secret, from that rank's own process (or one it started)."""
+        pid = peer_pid(peer)
         try:
-            if not hmac.compare_digest(request.args["secret"].encode(), self.secret.encode()):
-                raise Unauthorized("agent.hello refused: wrong session secret")
-            if pid is None:
-                raise Unauthorized("agent.hello refused: the rank says hello over the "
-                                   "controller's local socket only")
-            expected = self.rank_pid()
-            if expected is None or not _descends(pid, expected):
-                raise Unauthorized(f"agent.hello refused: pid {pid} is not the rank this "
-                                   f"controller runs (pid {expected})")
+            agent = self.agents.admit(sender, request.args, self.secret, pid)
         except Unauthorized as exc:
             self.refused_hellos += 1
             # the right secret from another of the user's processes is most often a
@@ -421,25 +462,26 @@ class BusServer:
                     else logging.WARNING, "%s", exc.message)
             self._send(sender, encode_error(request.id, exc))
             return
-        self._agent = sender
+        agent.identity = sender
         self._from_agent(sender, request, pid)
 
     def _from_agent(self, sender: bytes, request, pid: int | None = None) -> None:
-        if sender != self._agent:
+        agent = self.agents.speaking_as(sender)
+        if agent is None:
             self._send(sender, encode_error(request.id, BadMessage(
                 f"{request.verb} is the rank's own verb")))
             return
-        self._agent_seen = time.monotonic()
-        if self._agent_lost_reported:
-            self._agent_lost_reported = False
-            self.publish("agent.back", {})
+        agent.seen = time.monotonic()
+        if agent.lost_reported:
+            agent.lost_reported = False
+            self.publish("agent.back", {}, agent.rank)
         if request.verb == "agent.events":
             for event in request.args["events"]:
                 if (type(event) is list and len(event) == 2 and event[0] in AGENT_EVENT_KINDS
                         and type(event[1]) is dict):
-                    self.publish(event[0], event[1])
+                    self.publish(event[0], event[1], agent.rank)
                     if event[0] == "paused":
-                        self.on_rank_paused(event[1])
+                        self.on_rank_paused_at(agent.rank, event[1])
                 else:
                     self.dropped_events += 1
                     if self.dropped_events == 1 or self.dropped_events % 1000 == 0:
@@ -448,23 +490,25 @@ class BusServer:
             return
         self._send(sender, encode_reply(request.id, {}))
         if request.verb == "agent.hello":
-            self.agent_connected = True
-            self.agent_expected = True
-            self.agent_pid = pid  # the kernel's word, as this controller sees it
-            self._resend(sender)
-            queued, self._queued = self._queued, []
-            for verb, args, on_reply, _ in queued:
-                self.ask_agent(verb, args, on_reply)
-            self.on_agent_hello(pid)
+            agent.connected = True
+            agent.expected = True
+            agent.pid = pid  # the kernel's word, as this controller sees it
+            self._resend(agent)
+            queued = [q for q in self._queued if q.rank == agent.rank]
+            self._queued = [q for q in self._queued if q.rank != agent.rank]
+            for q in queued:
+                self.ask_agent(q.verb, q.args, q.on_reply, rank=q.rank)
+            self.on_rank_agent_hello(agent.rank, pid)
 
-    def _resend(self, connection: bytes) -> None:
-        """Send the requests an earlier connection of the agent left unanswered
-        again, first and in their order, on ``connection``.  Only the same
-        process's: a rank replaced by a restore failed what it owed
+    def _resend(self, agent: AgentConnection) -> None:
+        """Send the requests an earlier connection of ``agent``'s rank left
+        unanswered again, first and in their order, on its new connection.  Only
+        the same process's: a rank replaced by a restore failed what it owed
         (:meth:`agent_gone`).  The agent may have done one already and lost
         only the reply as it closed: it answers a known id with that reply."""
+        connection = agent.identity
         for agent_id, forwarded in self._forwarded.items():
-            if forwarded.connection == connection:
+            if forwarded.rank != agent.rank or forwarded.connection == connection:
                 continue
             try:
                 self._router.send_multipart([connection, forwarded.frame], zmq.NOBLOCK)
@@ -472,20 +516,24 @@ class BusServer:
                 return  # gone again already: the next hello sends them
             self._forwarded[agent_id] = dataclasses.replace(forwarded, connection=connection)
             self.resent += 1
-            log.info("sent %s again to the rank's new bus connection", agent_id)
+            log.info("sent %s again to %s's new bus connection", agent_id,
+                     self.agents.name(agent.rank))
 
-    def _relay_agent_reply(self, frame: bytes) -> bool:
-        """Pass the agent's reply to a forwarded request on to its client;
-        False when the frame is no reply (a request of the agent's own)."""
+    def _relay_agent_reply(self, agent: AgentConnection, frame: bytes) -> bool:
+        """Pass ``agent``'s reply to a forwarded request on to its client; False
+        when the frame is no reply (a request of the agent's own)."""
         try:
             message = json.loads(frame)
         except (ValueError, RecursionError):
             return False
         if type(message) is not dict or "ok" not in message or type(message.get("id")) is not str:
             return False
-        self._agent_seen = time.monotonic()
-        forwarded = self._forwarded.pop(message.get("id"), None)
-        if forwarded is not None:  # else: late, for a request that already timed out
+        agent.seen = time.monotonic()
+        forwarded = self._forwarded.get(message["id"])
+        # else: late, for a request that already timed out; or another rank's id,
+        # which this agent was never sent and cannot answer
+        if forwarded is not None and forwarded.rank == agent.rank:
+            del self._forwarded[message["id"]]
             forwarded.on_reply(message)
         return True
 
@@ -495,22 +543,24 @@ class BusServer:
             self._clients_checked = now
             for client in list(self.clients):
                 self._send(client, _PING)
-        late = [q for q in self._queued if now > q[3]]
+        late = [q for q in self._queued if now > q.due]
         if late:
-            self._queued = [q for q in self._queued if now <= q[3]]
-            for _, _, on_reply, _ in late:
-                on_reply(_error_message(BusTimeout(
-                    f"the rank did not come back to the bus within {FORWARD_TIMEOUT_S:.0f} s")))
+            self._queued = [q for q in self._queued if now <= q.due]
+            for q in late:
+                q.on_reply(_error_message(BusTimeout(
+                    f"{self.agents.name(q.rank)} did not come back to the bus within "
+                    f"{FORWARD_TIMEOUT_S:.0f} s")))
         for agent_id, forwarded in list(self._forwarded.items()):
             if now > forwarded.due:
                 del self._forwarded[agent_id]
                 forwarded.on_reply(_error_message(BusTimeout(
-                    f"the rank did not answer within {FORWARD_TIMEOUT_S:.0f} s: it may be "
-                    "stuck outside Python (where shows its stack)")))
-        if (self.agent_connected and not self._agent_lost_reported
-                and now - self._agent_seen > AGENT_SILENT_S):
-            self._agent_lost_reported = True
-            self.publish("agent.lost", {"silent_s": round(now - self._agent_seen, 1)})
+                    f"{self.agents.name(forwarded.rank)} did not answer within "
+                    f"{FORWARD_TIMEOUT_S:.0f} s: it may be stuck outside Python (where shows "
+                    "its stack)")))
+        for agent in self.agents:
+            if agent.connected and not agent.lost_reported and now - agent.seen > AGENT_SILENT_S:
+                agent.lost_reported = True
+                self.publish("agent.lost", {"silent_s": round(now - agent.seen, 1)}, agent.rank)
 
     def close(self) -> None:
         if getattr(self, "_authenticator", None) is not None:
@@ -525,39 +575,8 @@ class BusServer:
                 pass
 
 
-def _peer_pid(peer: str | None) -> int | None:
-    """The sender's pid from ZeroMQ's ``Peer-Address`` of an ipc connection
-    (``host:uid:gid:pid``, from SO_PEERCRED); None for TCP or another user's process."""
-    if not peer:
-        return None
-    fields = peer.rsplit(":", 3)
-    if len(fields) != 4 or not all(f.isdigit() for f in fields[1:]):
-        return None
-    uid, pid = int(fields[1]), int(fields[3])
-    return pid if uid == os.geteuid() and pid > 0 else None
-
-
-def _descends(pid: int, ancestor: int, depth: int = 64) -> bool:
-    """Whether ``pid`` is ``ancestor`` or one of its descendants (the rank may be
-    started by a shell the command names).  Init adopts every orphan: it is no
-    rank's ancestor here."""
-    if ancestor <= 1:
-        return pid == ancestor
-    for _ in range(depth):
-        if pid == ancestor:
-            return True
-        if pid <= 1:
-            return False
-        try:
-            stat_line = Path(f"/proc/{pid}/stat").read_text()
-            pid = int(stat_line.rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-    return False
-
-
 def _error_message(error: BusError) -> dict:
-    return {"v": PROTOCOL_VERSION, "id": None, "ok": False,
+    return {"v": BASE_VERSION, "id": None, "ok": False,
             "error": {"type": error.type, "message": error.message}}
 
 

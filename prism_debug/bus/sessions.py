@@ -40,9 +40,17 @@ class SessionInfo:
     # the TCP command endpoint for remote clients (attach --connect), with CURVE; the
     # local endpoints above are ipc sockets in a private directory
     remote_commands: str | None = None
+    # a run of several real ranks: all of them (every host's), and this host's place
+    # among the hosts (torchrun's node rank of nnodes); None for a single-rank run,
+    # whose file then reads as it always did
+    all_ranks: tuple[int, ...] | None = None
+    node_rank: int | None = None
+    nnodes: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ranks", tuple(self.ranks))
+        if self.all_ranks is not None:
+            object.__setattr__(self, "all_ranks", tuple(self.all_ranks))
         if not _SESSION_ID.fullmatch(self.session):
             raise ConfigError(f"session id {self.session!r} must be 1..64 letters, digits, "
                               "'.', '_' or '-', starting with a letter or digit")
@@ -52,10 +60,26 @@ class SessionInfo:
         if outside:
             raise ConfigError(f"session {self.session}: ranks {outside} lie outside the world "
                               f"of {self.world_size}")
+        if self.all_ranks is not None:
+            missing = [r for r in self.ranks if r not in self.all_ranks]
+            outside = [r for r in self.all_ranks if not 0 <= r < self.world_size]
+            if missing or outside:
+                raise ConfigError(f"session {self.session}: all_ranks {list(self.all_ranks)} "
+                                  f"must hold its ranks {list(self.ranks)} and lie inside "
+                                  f"the world of {self.world_size}")
+        if (self.node_rank is None) != (self.nnodes is None) or (
+                self.nnodes is not None and not 0 <= self.node_rank < self.nnodes):
+            raise ConfigError(f"session {self.session}: node_rank {self.node_rank} of nnodes "
+                              f"{self.nnodes}: both or neither, 0 <= node_rank < nnodes")
 
     def to_json(self) -> str:
         data = dataclasses.asdict(self)
         data["ranks"] = list(self.ranks)
+        for name in _MULTI_RANK_FIELDS:  # absent, not null: a single-rank file is unchanged
+            if data[name] is None:
+                del data[name]
+        if "all_ranks" in data:
+            data["all_ranks"] = list(self.all_ranks)
         return json.dumps(data, indent=1) + "\n"
 
     @classmethod
@@ -74,8 +98,17 @@ class SessionInfo:
         remote = data.get("remote_commands")
         if type(remote) not in (str, type(None)):
             raise ValueError("field 'remote_commands' is mistyped")
+        multi = {name: data.get(name) for name in _MULTI_RANK_FIELDS}
+        if multi["all_ranks"] is not None and (type(multi["all_ranks"]) is not list or any(
+                type(r) is not int for r in multi["all_ranks"])):
+            raise ValueError("field 'all_ranks' must be a list of ints")
+        if any(type(multi[name]) not in (int, type(None)) for name in ("node_rank", "nnodes")):
+            raise ValueError("fields 'node_rank' and 'nnodes' must be ints")
         # unknown fields are a newer prism-debug's additions: ignore them
-        return cls(**{name: data[name] for name in expected}, remote_commands=remote)
+        return cls(**{name: data[name] for name in expected}, remote_commands=remote, **multi)
+
+
+_MULTI_RANK_FIELDS = ("all_ranks", "node_rank", "nnodes")
 
 
 def new_session_id() -> str:
@@ -163,7 +196,7 @@ def live_sessions(clean: bool = True) -> list[SessionInfo]:
     return sorted(live, key=lambda s: (s.started, s.session))
 
 
-def _ranks_text(ranks: tuple[int, ...]) -> str:
+def ranks_text(ranks: tuple[int, ...]) -> str:
     """``rank 3`` or ``ranks 0-3, 8``: runs of consecutive ranks collapsed."""
     ordered = sorted(set(ranks))
     if not ordered:
@@ -176,6 +209,18 @@ def _ranks_text(ranks: tuple[int, ...]) -> str:
             runs.append([rank, rank])
     text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
     return f"rank {text}" if len(ordered) == 1 else f"ranks {text}"
+
+
+def session_ranks_text(info: SessionInfo) -> str:
+    """What ``ps`` says a session holds: ``rank 4097``, or for a run of several real
+    ranks ``ranks 0-1 (node 0 of 2; job ranks 0-3)`` (the parts it knows)."""
+    held = ranks_text(info.ranks)
+    where = []
+    if info.nnodes is not None:
+        where.append(f"node {info.node_rank} of {info.nnodes}")
+    if info.all_ranks is not None and set(info.all_ranks) != set(info.ranks):
+        where.append(f"job {ranks_text(info.all_ranks)}")
+    return f"{held} ({'; '.join(where)})" if where else held
 
 
 def _ids(sessions: list[SessionInfo]) -> str:
@@ -196,7 +241,7 @@ def find(rank: int | None = None, session: str | None = None) -> SessionInfo:
                                   "(prism-debug ps lists them)")
         if rank is not None and rank not in chosen[0].ranks:
             raise SessionNotFound(f"session {session} does not hold rank {rank}: it holds "
-                                  f"{_ranks_text(chosen[0].ranks)}")
+                                  f"{ranks_text(chosen[0].ranks)}")
         return chosen[0]
     if rank is None:
         if len(live) == 1:
@@ -205,8 +250,11 @@ def find(rank: int | None = None, session: str | None = None) -> SessionInfo:
                               f"one of {_ids(live)}")
     holders = [s for s in live if rank in s.ranks]
     if not holders:
-        held = "; ".join(f"session {s.session} holds {_ranks_text(s.ranks)}" for s in live)
-        raise SessionNotFound(f"no running session holds rank {rank}: {held}")
+        held = "; ".join(f"session {s.session} holds {session_ranks_text(s)}" for s in live)
+        elsewhere = [s for s in live if s.all_ranks is not None and rank in s.all_ranks]
+        hint = (f" (rank {rank} belongs to session {elsewhere[0].session}'s job: its "
+                "controller on another host holds it; attach there)") if elsewhere else ""
+        raise SessionNotFound(f"no running session holds rank {rank}: {held}{hint}")
     if len(holders) > 1:
         raise SessionNotFound(f"{len(holders)} sessions hold rank {rank}: pass --session ID "
                               f"with one of {_ids(holders)}")

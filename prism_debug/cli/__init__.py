@@ -365,7 +365,8 @@ def ps(as_json) -> None:
         return
     click.echo(f"{'session':<24} {'pid':>7} {'world':>7}  {'ranks':<12} {'started':<25} commands")
     for s in live:
-        ranks = ",".join(map(str, s.ranks))
+        ranks = (",".join(map(str, s.ranks)) if len(s.ranks) == 1 and s.all_ranks is None
+                 else sessions.session_ranks_text(s))
         click.echo(f"{s.session:<24} {s.pid:>7} {s.world_size:>7}  {ranks:<12} {s.started:<25} "
                    f"{s.remote_commands or s.commands}{'  (CURVE)' if s.curve_public else ''}")
 

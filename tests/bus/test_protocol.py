@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from prism_debug.bus.protocol import (
     EVENT_KINDS,
+    BASE_VERSION,
     MAX_FRAME_BYTES,
-    PROTOCOL_VERSION,
     VERBS,
     BadArguments,
     BadMessage,
@@ -133,7 +133,7 @@ def test_every_valid_request_round_trips(request):
 def test_every_event_round_trips(seq, rank, kind, data, wall):
     topic, body = encode_event(seq, rank, kind, data, wall=wall)
     assert topic == f"rank.{rank}.{kind}".encode()
-    assert decode_event(topic, body) == {"v": PROTOCOL_VERSION, "seq": seq, "rank": rank,
+    assert decode_event(topic, body) == {"v": BASE_VERSION, "seq": seq, "rank": rank,
                                          "kind": kind, "wall": wall, "data": data}
 
 
@@ -180,13 +180,14 @@ def test_absurd_nesting_is_a_bad_message_not_a_recursion_error():
     (b"[1, 2]", "request must be a JSON object, got list"),
     (b'"status"', "request must be a JSON object, got str"),
     (frame(id="a", verb="status"), "request has no version 'v'; this prism-debug speaks "
-                                   "protocol version 2 (run the same prism-debug on both ends)"),
-    (frame(v=3, id="a", verb="status"), "request has protocol version 3; this prism-debug "
-                                        "speaks protocol version 2 (run the same prism-debug "
-                                        "on both ends)"),
+                                   "protocol versions 2 and 3 (run the same prism-debug on "
+                                   "both ends)"),
+    (frame(v=4, id="a", verb="status"), "request has protocol version 4; this prism-debug "
+                                        "speaks protocol versions 2 and 3 (run the same "
+                                        "prism-debug on both ends)"),
     (frame(v=True, id="a", verb="status"), "request has protocol version True; this "
-                                           "prism-debug speaks protocol version 2 (run the "
-                                           "same prism-debug on both ends)"),
+                                           "prism-debug speaks protocol versions 2 and 3 (run "
+                                           "the same prism-debug on both ends)"),
     (frame(v=2, verb="status"), "request 'id' must be a str of 1..64 characters, got none"),
     (frame(v=2, id=5, verb="status"), "request 'id' must be a str of 1..64 characters, got "
                                       "int"),
@@ -265,7 +266,7 @@ def test_a_caller_may_pass_its_own_verb_table():
     ("status", {"y": 1, "x": 1}, "unknown arguments 'x', 'y' for 'status' (it takes no "
                                  "arguments)"),
     ("hello", {"client": "c", "name": "n"}, "unknown argument 'name' for 'hello' (it takes "
-                                            "client)"),
+                                            "client and rank)"),
     ("break", {"kind": "iter", "iteration": 2, "when": 1},
      "unknown argument 'when' for 'break' (it takes kind, iteration, op, family, seq and "
      "temporary)"),
