@@ -340,9 +340,11 @@ def attach(rank, session_id, connect, server_key, commands, as_json) -> None:
         remote = connect.startswith("tcp://") and hello.get("remote_events")
         client = BusClient(connect, remote or hello["events"], curve)
     else:
-        client = BusClient.for_session(sessions.find(rank=rank, session=session_id))
+        client = BusClient.for_session(sessions.find(rank=rank, session=session_id), rank=rank)
     with client:
-        hello = client.request("hello", client="attach")
+        # naming the rank binds the console to it in a session of several ranks
+        hello = client.request("hello", client="attach",
+                               **({"rank": rank} if rank is not None and not connect else {}))
         console = Console(client, hello["rank"], json_mode=as_json)
         if commands is not None:
             sys.exit(console.run_commands(commands))

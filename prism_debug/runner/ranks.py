@@ -34,6 +34,7 @@ from prism_debug.runner.no_session import NoSession
 from prism_debug.runner.options import RunOptions, RunResult
 from prism_debug.runner.paths import make_run_dir
 from prism_debug.runner.rank_start import agent_config, check_rank_events, finish, start_rank
+from prism_debug.runner.ranks_session import RanksSession
 from prism_debug.runner.torchrun import WORKER_ONLY, Host
 
 Message = Callable[[str], None]
@@ -95,7 +96,12 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
         message(f"host {host.node_rank} of {host.nnodes} under torchrun: the job's real ranks "
                 f"are {ranks_text(host.job_ranks)}")
     message(f"command: {shlex.join(options.command)}")
-    message("debugger: not yet for a run of several real ranks (attach serves one)")
+    session = None if options.bind is None else RanksSession(
+        ranks=ranks, world_size=options.world_size, host=options.bind,
+        job_ranks=options.real_ranks, node=host and (host.node_rank, host.nnodes))
+    if session is not None:
+        message(f"debugger: prism-debug attach --rank R, R one of {ranks_text(ranks)} "
+                f"(session {session.info.session})")
     started: dict[int, _Rank] = {}
     # as torchrun does for several processes on a host, unless the user set it
     extra_env = {} if "OMP_NUM_THREADS" in os.environ or any(
@@ -104,39 +110,49 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
         try:
             for rank in ranks:
                 files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
-                session = NoSession(lambda: None, files)
+                side_of = session.follower_side(rank) if session is not None \
+                    else NoSession(lambda: None, files)
                 config_path = files["log"].parent / "agent.json"
-                agent_config(options, graph, files, rank, session,
+                agent_config(options, graph, files, rank, session or side_of,
                              real_ranks=options.real_ranks,
-                             side_store=side).write(config_path)  # 0600: the store's prefix
+                             side_store=side).write(config_path)  # 0600: secrets
                 child = Child(start_rank(options, rank, files, config_path, extra_env,
                                          drop_env=WORKER_ONLY if host else ()))
-                session.child = child
-                follower = Follower(files["log"], files["events"], rank, message, session,
+                if session is not None:
+                    session.children[rank] = child
+                else:
+                    side_of.child = child
+                follower = Follower(files["log"], files["events"], rank, message, side_of,
                                     table_prefix=f"[rank {rank}] ")
                 started[rank] = _Rank(rank, files, child, follower)
-            exit_code = _supervise(started, message)
+            exit_code = _supervise(started, session, message)
         finally:
             for each in started.values():
                 if each.child.poll() is None:
                     each.child.kill()
+            if session is not None:
+                session.close()
     return _results(options, started, exit_code, message)
 
 
-def _supervise(ranks: dict[int, _Rank], message: Message) -> int:
+def _supervise(ranks: dict[int, _Rank], session: RanksSession | None,
+               message: Message) -> int:
     """Wait for every rank, relaying their output; the first failure's exit
     code (0 when none failed).  Ctrl-C, SIGTERM and SIGHUP go to every rank
     (a second Ctrl-C kills); once a rank fails, the others are stopped."""
     def forward(signum, frame):
+        nonlocal stopping
+        stopping = True  # the ranks end as they were told: no failure of theirs
         for each in running():
             each.child.signal(signum)
 
     def running() -> list[_Rank]:
         return [each for each in ranks.values() if each.exit_code is None]
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
     failure: int | None = None
     interrupted = 0
+    stopping = False
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         while running():
             try:
@@ -146,19 +162,25 @@ def _supervise(ranks: dict[int, _Rank], message: Message) -> int:
                     if code is None:
                         continue
                     each.exit_code = code if code >= 0 else 128 - code
+                    if session is not None:
+                        session.exited(each.rank, each.exit_code)
                     if each.exit_code != 0 and failure is None:
                         failure = each.exit_code
                         others = [r.rank for r in running()]
-                        if others:
+                        if others and not stopping:
                             which = "rank" if len(others) == 1 else "ranks"
                             message(f"prism-debug: rank {each.rank} exited with code "
                                     f"{each.exit_code}: stopping {which} {ranks_text(others)}, "
                                     "as torchrun stops a job's other workers")
                             for other in running():
                                 other.child.signal(signal.SIGTERM)
-                time.sleep(POLL_S)
+                if session is not None:
+                    session.poll(POLL_S)  # the bus, for the loop's sleep
+                else:
+                    time.sleep(POLL_S)
             except KeyboardInterrupt:
                 interrupted += 1
+                stopping = True
                 for each in running():
                     each.child.signal(signal.SIGINT if interrupted == 1 else signal.SIGKILL)
     finally:

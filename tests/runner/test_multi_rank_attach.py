@@ -1,0 +1,72 @@
+"""The debugger bus of a run of several real ranks: one session, a console
+per rank, and what would set the replicas apart refused."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from prism_debug.bus import sessions
+from tests.live_session import SCRIPTS, session_dir, wait_for_session  # noqa: F401
+
+pytestmark = pytest.mark.slow
+
+
+def attach(rank: int, commands: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "prism_debug.cli", "attach", "--rank",
+                           str(rank), "--json", "--command", commands], capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def replies(proc: subprocess.CompletedProcess) -> list[dict]:
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_a_console_drives_one_rank_of_several(tmp_path, session_dir):  # noqa: F811
+    run = subprocess.Popen(
+        [sys.executable, "-m", "prism_debug.cli", "run", "--lockstep", "--world-size", "64",
+         "--ranks", "0-1", "--run-dir", str(tmp_path / "run"), "--", sys.executable,
+         str(SCRIPTS / "train_forever.py")],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        info = wait_for_session(run)
+        assert info.ranks == (0, 1)
+        listed = json.loads(subprocess.run(
+            [sys.executable, "-m", "prism_debug.cli", "ps", "--json"], capture_output=True,
+            text=True, timeout=60).stdout)
+        assert [entry["ranks"] for entry in listed] == [[0, 1]]
+        # rank 1 paused: its console says so; rank 0 runs on, held at its
+        # next all-reduce with rank 1 (no further iteration ends)
+        paused = attach(1, "pause; status")
+        assert paused.returncode == 0, paused.stderr
+        status = replies(paused)[-1]
+        assert (status["rank"], status["state"]) == (1, "paused")
+        time.sleep(1.0)
+        first = replies(attach(0, "status"))[-1]
+        time.sleep(1.0)
+        second = replies(attach(0, "status"))[-1]
+        assert (first["rank"], first["state"]) == (0, "running")
+        assert second["iteration"] == first["iteration"] <= status["iteration"] + 1
+        # what would set the replicas apart, or needs a cut of both, is refused
+        for verb, why in (("perturb slow 5 2", "perturbation would reach this rank's replica"),
+                          ("snapshot", "needs a consistent cut of them all")):
+            refused = attach(1, verb)
+            assert why in refused.stdout + refused.stderr
+        elsewhere = attach(7, "status")
+        assert elsewhere.returncode != 0
+        assert ("no running session holds rank 7: session "
+                f"{info.session} holds ranks 0-1") in elsewhere.stderr
+        # released, rank 1 runs on, and rank 0 with it
+        assert attach(1, "detach").returncode == 0
+        time.sleep(1.0)
+        assert replies(attach(0, "status"))[-1]["iteration"] > second["iteration"]
+    finally:
+        run.send_signal(signal.SIGTERM)
+        out, err = run.communicate(timeout=60)
+    assert "stopping" not in out  # told to stop, no rank failed
+    assert not sessions.live_sessions()
