@@ -49,6 +49,7 @@ import torch
 import torch.distributed as dist
 
 from prism_debug.backend.values import Values
+from prism_debug.backend.values import spoiled as spoil  # (here ``spoiled`` names lists)
 
 _R = dist.ReduceOp.RedOpType
 SUM, AVG, PREMUL_SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR = (
@@ -211,7 +212,7 @@ def finish_reduce(group: MixedGroup, tensor: torch.Tensor, op, values: Values, k
                                    dtype=tensor.dtype)
                 if kind == PREMUL_SUM:
                     draw.mul_(factor)
-                _fold(tensor, _spoil(draw, action, scale), kind)
+                _fold(tensor, spoil(draw, action, scale), kind)
     if kind == AVG:
         if tensor.is_floating_point() or tensor.is_complex():
             tensor.div_(n)
@@ -292,18 +293,7 @@ def _fold_spoiled(tensor: torch.Tensor, kind: _R, base: torch.Tensor,
         copy = base.clone()
         if kind == PREMUL_SUM and factor != 1.0:
             copy.mul_(factor)
-        _fold(tensor, _spoil(copy, action, scale), kind)
-
-
-def _spoil(contribution: torch.Tensor, action: str, scale: float) -> torch.Tensor:
-    """What a faulty peer contributes instead of ``contribution`` (in place)."""
-    if action == "nan":
-        return contribution.fill_(math.nan)
-    if action == "inf":
-        return contribution.fill_(math.inf)
-    if action == "corrupt":
-        return contribution.mul_(scale)
-    raise ValueError(f"unknown peer fault {action!r}")
+        _fold(tensor, spoil(copy, action, scale), kind)
 
 
 def _fold(acc: torch.Tensor, contribution: torch.Tensor, kind: _R) -> None:

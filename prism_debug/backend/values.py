@@ -163,7 +163,7 @@ class Values:
             for rank, action, scale in faulty:
                 draw = torch.randn(tensor.shape, generator=self.generator((*key, "peer", rank)),
                                    dtype=tensor.dtype)
-                _fold(tensor, _spoiled(draw, action, scale), 1, kind)
+                _fold(tensor, spoiled(draw, action, scale), 1, kind)
         else:
             # identical contributions fold together: k copies at once
             counts: dict[tuple[str, float], int] = {}
@@ -171,14 +171,14 @@ class Values:
                 counts[(action, scale)] = counts.get((action, scale), 0) + 1
             for (action, scale), k in counts.items():
                 base = mine.clone() if policy == "mirror" else torch.zeros_like(mine)
-                _fold(tensor, _spoiled(base, action, scale), k, kind)
+                _fold(tensor, spoiled(base, action, scale), k, kind)
         if kind == _AVG:
             tensor.div_(n)
         elif kind == _PREMUL_SUM:
             tensor.mul_(_premul_factor(factor))
 
 
-def _spoiled(contribution: torch.Tensor, action: str, scale: float) -> torch.Tensor:
+def spoiled(contribution: torch.Tensor, action: str, scale: float) -> torch.Tensor:
     """What a faulty peer contributes instead of ``contribution`` (in place)."""
     if action == "nan":
         return contribution.fill_(math.nan)

@@ -10,12 +10,7 @@ clock."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +20,7 @@ from prism_debug.cost import CostModel, HardwareProfile
 from prism_debug.engine import ReplayEngine
 from prism_debug.graph import ExecutionGraph
 from tests.cli import cli
+from tests.runner.hosts import run_on_two_hosts
 
 pytestmark = pytest.mark.slow
 
@@ -137,25 +133,13 @@ def test_two_torchrun_hosts_share_one_timeline(straggler_run, tmp_path):
     # the same job, ranks 0-1 on one "host" and 2-3 (the straggler's) on the
     # other: two torchrun agents on this machine, each with its controller
     graph = json.loads((straggler_run / "rank-0" / "agent.json").read_text())["graph_path"]
-    with socket.socket() as probe:  # a free port for the rendezvous both agents name
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "DEVICE_TIME_SLOW_RANK": "3", "DEVICE_TIME_SLOW_FACTOR": "3"}
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "tl",
-         "-m", "prism_debug.cli", "run", "--world-size", "8192", "--ranks", "0-3", "--no-bus",
-         "--graph", graph, "--run-dir", str(tmp_path), "--", sys.executable, str(DEVICE_TIME),
+    hosts = run_on_two_hosts(
+        ["--world-size", "8192", "--ranks", "0-3", "--no-bus", "--graph", graph,
+         "--run-dir", str(tmp_path), "--", sys.executable, str(DEVICE_TIME),
          "--tp", "2", "--pp", "1", "--iterations", str(ITERATIONS)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-        stdin=subprocess.DEVNULL, start_new_session=True) for _ in range(2)]
-    try:
-        outputs = [agent.communicate(timeout=300)[0] for agent in agents]
-    finally:
-        for agent in agents:  # the agent, its worker and the ranks, if still there
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(agent.pid, signal.SIGKILL)
-    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(outputs)[-4000:]
+        env={"DEVICE_TIME_SLOW_RANK": "3", "DEVICE_TIME_SLOW_FACTOR": "3"})
+    assert [host.returncode for host in hosts] == [0, 0], \
+        "\n".join(host.stdout for host in hosts)[-4000:]
     views = replicas(tmp_path)
     assert_one_timeline(views)
     hosts = {p.parent.name for p in tmp_path.rglob("rank-*")}

@@ -4,18 +4,14 @@ torchrun agents on this machine stand for two hosts."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 
 import pytest
 
 from prism_debug.errors import ConfigError
 from prism_debug.runner.torchrun import WORKER_ONLY, host_of, under_torchrun
+from tests.runner.hosts import run_on_two_hosts
 from tests.runner.test_multi_rank import EXAMPLE, losses, torchrun
 
 WORKER = {"TORCHELASTIC_RUN_ID": "job7", "TORCHELASTIC_RESTART_COUNT": "1", "GROUP_RANK": "1",
@@ -57,23 +53,11 @@ def test_two_hosts_run_four_real_ranks_of_8192_as_one_real_tp4_job(tmp_path):
     # tensor-parallel all-reduce crosses hosts; dp 2048 is mirrored
     real = losses(torchrun(*SMALL, "--data-parallel-size", "2048", "--data-parallel-rank", "0",
                            nproc=4))
-    with socket.socket() as probe:  # a free port for the rendezvous both agents name
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "hosts",
-         "-m", "prism_debug.cli", "run", "--world-size", "8192", "--ranks", "0-3", "--lockstep",
-         "--no-bus", "--run-dir", str(tmp_path), "--", sys.executable, str(EXAMPLE), *SMALL],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        stdin=subprocess.DEVNULL, start_new_session=True) for _ in range(2)]
-    try:
-        outputs = [agent.communicate(timeout=300)[0] for agent in agents]
-    finally:
-        for agent in agents:  # the agent, its worker and the ranks, if still there
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(agent.pid, signal.SIGKILL)
-    assert [agent.returncode for agent in agents] == [0, 0], "\n".join(outputs)[-4000:]
+    hosts = run_on_two_hosts(["--world-size", "8192", "--ranks", "0-3", "--lockstep",
+                              "--no-bus", "--run-dir", str(tmp_path), "--", sys.executable,
+                              str(EXAMPLE), *SMALL])
+    outputs = [host.stdout for host in hosts]
+    assert [host.returncode for host in hosts] == [0, 0], "\n".join(outputs)[-4000:]
     printed = [losses(out.replace("[rank 0] ", "")) for out in outputs]
     assert real in printed and [] in printed  # the host with rank 0 prints them, as tp rank 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["node-0", "node-1"]
