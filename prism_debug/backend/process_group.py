@@ -14,7 +14,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from prism_debug.backend.real_ops import RealOps
+from prism_debug.backend.real_ops import RealOps, split_chunks as _split
 from prism_debug.backend.runtime import Runtime
 from prism_debug.backend.work import PrismWork, coalesced_work, flat_tensors
 from prism_debug.graph import GroupRef
@@ -434,11 +434,3 @@ def _nbytes(tensors) -> int:
 def _chunk(tensor: torch.Tensor, n: int, index: int) -> torch.Tensor:
     return tensor.reshape(n, -1)[index]
 
-
-def _split(tensor: torch.Tensor, sizes, n: int) -> list[torch.Tensor]:
-    if sizes:
-        return list(tensor.split(list(sizes)))
-    if tensor.shape[0] % n:
-        raise ValueError(f"all_to_all_single: dim 0 of size {tensor.shape[0]} is not divisible "
-                         f"by the group size {n}; pass split sizes")
-    return list(tensor.chunk(n))

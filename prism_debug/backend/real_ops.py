@@ -233,8 +233,8 @@ class RealOps:
         self._collectives += 1
         rt.inputs([input])
         n = self.real.size
-        outs = _split(output, output_split_sizes, n)
-        ins = _split(input, input_split_sizes, n)
+        outs = split_chunks(output, output_split_sizes, n)
+        ins = split_chunks(input, input_split_sizes, n)
         mixed.alltoall_mixed(self.mixed, outs, ins, rt.values, self._key(), self._alltoall_real)
         rt.digest([output])
         return group._complete("all_to_all", input.nbytes, t0, arrival, [output],
@@ -288,7 +288,8 @@ def _nbytes(tensors) -> int:
     return sum(t.nbytes for t in tensors)
 
 
-def _split(tensor: torch.Tensor, sizes, n: int) -> list[torch.Tensor]:
+def split_chunks(tensor: torch.Tensor, sizes, n: int) -> list[torch.Tensor]:
+    """``all_to_all_single``'s chunks of ``tensor``: by ``sizes``, else n equal ones."""
     if sizes:
         return list(tensor.split(list(sizes)))
     if tensor.shape[0] % n:
