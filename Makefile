@@ -22,6 +22,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_overhead.py
+	$(BIN)/python tools/bench_overhead.py --real-pair
 	$(BIN)/python tools/bench_snapshot.py
 	$(BIN)/python tools/bench_restore.py
 	$(BIN)/python tools/bench_regression.py

@@ -10,8 +10,11 @@ rank's replica is fed them as they come.
 The events of rank r are keys ``x/<r>/<n>`` (n = 0, 1, ...) on the run's
 side store: a sender thread writes them off the rank's path (the op only
 queues a tuple), one receiver thread per other real rank waits for them in
-order.  Each thread has a store client of its own: a TCPStore client
-serialises its calls, and a receiver blocks in ``wait``.
+order, blocked in the store's ``get`` (no polling: a TCPStore logs every
+wait that times out).  Each thread has a store client of its own: a
+TCPStore client serialises its calls.  :meth:`ArrivalExchange.stop` wakes a
+receiver by writing the key it waits for, if nobody has, with a value no
+event has.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from prism_debug.backend.real_comms import SideStore
 ISSUE, END = 0, 1
 # kind, iteration, op (its index in the class program), arrival (job seconds)
 _EVENT = struct.Struct("<Bqqd")
-_POLL = datetime.timedelta(milliseconds=100)  # how often a waiting receiver checks for stop
+_STOP = b"stop"  # what stop() writes where a receiver waits: no event is 4 bytes long
 
 # (rank, kind, iteration, op, arrival): a receiver hands the events it reads to this
 Feed = Callable[[int, int, int, int, float], None]
@@ -47,19 +50,21 @@ class ArrivalExchange:
         self._on_error = on_error
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._stopping = threading.Event()
-        self._threads: list[threading.Thread] = []
+        self._sender: threading.Thread | None = None
+        self._receivers: dict[int, threading.Thread] = {}
+        self._next = {rank: 0 for rank in self._others}  # the event each receiver waits for
 
     def _store(self) -> dist.Store:
         return dist.PrefixStore(self._side.prefix + "x/", dist.TCPStore(
             self._side.host, self._side.port, is_master=False, timeout=self._timeout))
 
     def start(self) -> None:
-        sender = threading.Thread(target=self._send, name="prism-exchange-send", daemon=True)
-        self._threads.append(sender)
+        self._sender = threading.Thread(target=self._send, name="prism-exchange-send",
+                                        daemon=True)
+        self._sender.start()
         for rank in self._others:
-            self._threads.append(threading.Thread(
-                target=self._receive, args=(rank,), name=f"prism-exchange-{rank}", daemon=True))
-        for thread in self._threads:
+            thread = self._receivers[rank] = threading.Thread(
+                target=self._receive, args=(rank,), name=f"prism-exchange-{rank}", daemon=True)
             thread.start()
 
     # -- this rank's events (the rank's own thread: a queue put each) ------------------
@@ -71,12 +76,25 @@ class ArrivalExchange:
         self._outbox.put((END, iteration, 0, 0.0))
 
     def stop(self) -> None:
-        """Send what is queued, stop the threads (receivers within a poll)."""
-        self._outbox.put(None)
+        """Send what is queued, then stop the threads."""
         self._stopping.set()
-        for thread in self._threads:
-            thread.join(timeout=5)
-        self._threads.clear()
+        self._outbox.put(None)
+        if self._sender is not None:
+            self._sender.join(timeout=5)
+        if self._receivers:
+            try:
+                store = self._store()
+                for rank, thread in self._receivers.items():
+                    for _ in range(50):  # (it may take the key being written meanwhile)
+                        if not thread.is_alive():
+                            break
+                        # written only where nobody has: an event there is read first
+                        store.compare_set(f"{rank}/{self._next[rank]}", "", _STOP)
+                        thread.join(timeout=0.1)
+            except Exception:  # noqa: BLE001 - the store is gone: so are the peers
+                pass
+        self._receivers.clear()
+        self._sender = None
 
     # -- the threads ------------------------------------------------------------------
 
@@ -93,16 +111,16 @@ class ArrivalExchange:
     def _receive(self, rank: int) -> None:
         try:
             store = self._store()
-            received = 0
             while not self._stopping.is_set():
-                key = f"{rank}/{received}"
                 try:
-                    store.wait([key], _POLL)
+                    value = store.get(f"{rank}/{self._next[rank]}")
                 except dist.DistStoreError:
-                    continue  # not yet: look at the stop flag, wait again
-                kind, iteration, op, arrival = _EVENT.unpack(store.get(key))
+                    continue  # the store's timeout (a peer paused that long): wait on
+                if value == _STOP:
+                    return
+                kind, iteration, op, arrival = _EVENT.unpack(value)
                 self._feed(rank, kind, iteration, op, arrival)
-                received += 1
+                self._next[rank] += 1
         except Exception as exc:  # noqa: BLE001 - reported, the thread is gone
             self._failed(exc)
 
