@@ -30,6 +30,7 @@ import threading
 
 from prism_debug.backend.exchange import ISSUE, ArrivalExchange
 from prism_debug.backend.real_comms import SideStore
+from prism_debug.backend.work import off_clock
 from prism_debug.engine.graph_engine import GraphEngine
 
 
@@ -77,7 +78,8 @@ class OneTimeline:
         self.exchange.start()
 
     def _feed(self, rank: int, kind: int, iteration: int, op: int, arrival: float) -> None:
-        with self._lock:  # (a receiver thread)
+        off_clock.thread = True  # (a receiver thread: its work is not the rank's time)
+        with self._lock:
             if kind == ISSUE:
                 self._replay.peer_issue(rank, iteration, op, arrival)
             else:

@@ -18,6 +18,11 @@ from prism_debug.backend.watchdog import TimedOutOp
 log = logging.getLogger(__name__)
 
 
+# set on the harness's own threads that ask the engine for completions (the
+# exchange's receivers, agent/real.py): they must never hold the rank's clock
+off_clock = threading.local()
+
+
 class PrismWork(dist._Work):
     """The handle of one emulated op: done when the emulated clock reaches
     ``done``.  ``wait()`` blocks the calling thread until then."""
@@ -124,8 +129,10 @@ class PrismWork(dist._Work):
         cannot say; called on a thread that drives the engine)."""
         if self._done is None:
             # the replay engine's own work is the harness's, not the job's time
+            # (asked by a thread of the harness's own, it holds nothing: that
+            # thread's work takes no time from the rank's)
             clock = self._runtime.clock
-            hold, _ = clock.enter()
+            hold = None if getattr(off_clock, "thread", False) else clock.enter()[0]
             try:
                 done = self._deferred()
             finally:

@@ -106,33 +106,43 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
     # as torchrun does for several processes on a host, unless the user set it
     extra_env = {} if "OMP_NUM_THREADS" in os.environ or any(
         k == "OMP_NUM_THREADS" for k, _ in options.env) else {"OMP_NUM_THREADS": "1"}
-    with side_store(host) as side:
-        try:
-            for rank in ranks:
-                files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
-                side_of = session.follower_side(rank) if session is not None \
-                    else NoSession(lambda: None, files)
-                config_path = files["log"].parent / "agent.json"
-                agent_config(options, graph, files, rank, session or side_of,
-                             real_ranks=options.real_ranks,
-                             side_store=side).write(config_path)  # 0600: secrets
-                child = Child(start_rank(options, rank, files, config_path, extra_env,
-                                         drop_env=WORKER_ONLY if host else ()))
-                if session is not None:
-                    session.children[rank] = child
-                else:
-                    side_of.child = child
-                follower = Follower(files["log"], files["events"], rank, message, side_of,
-                                    table_prefix=f"[rank {rank}] ")
-                started[rank] = _Rank(rank, files, child, follower)
-            exit_code = _supervise(started, session, message)
-        finally:
-            for each in started.values():
-                if each.child.poll() is None:
-                    each.child.kill()
-            if session is not None:
-                session.close()
+    try:
+        with side_store(host) as side:
+            try:
+                for rank in ranks:
+                    started[rank] = _start(options, graph, run_dir, rank, session, side,
+                                           extra_env, message)
+                exit_code = _supervise(started, session, message)
+            finally:
+                for each in started.values():
+                    if each.child.poll() is None:
+                        each.child.kill()
+    finally:
+        if session is not None:
+            session.close()
     return _results(options, started, exit_code, message)
+
+
+def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, rank: int,
+           session: RanksSession | None, side: dict, extra_env: dict[str, str],
+           message: Message) -> _Rank:
+    """Start one real rank: its folder, its agent's config, its process and
+    the relay of its output (to the session's bus, if any)."""
+    files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
+    relay = session.follower_side(rank) if session is not None \
+        else NoSession(lambda: None, files)
+    config_path = files["log"].parent / "agent.json"
+    agent_config(options, graph, files, rank, session or relay, real_ranks=options.real_ranks,
+                 side_store=side).write(config_path)  # 0600: the bus's and the store's secrets
+    child = Child(start_rank(options, rank, files, config_path, extra_env,
+                             drop_env=WORKER_ONLY if options.host else ()))
+    if session is not None:
+        session.children[rank] = child
+    else:
+        relay.child = child
+    follower = Follower(files["log"], files["events"], rank, message, relay,
+                        table_prefix=f"[rank {rank}] ")
+    return _Rank(rank, files, child, follower)
 
 
 def _supervise(ranks: dict[int, _Rank], session: RanksSession | None,

@@ -73,7 +73,8 @@ def test_two_real_ranks_of_8192_under_mirror_are_one_replica_of_a_real_tp2_job(t
         own = json.loads((tmp_path / "run" / f"rank-{rank}" / "report.json").read_text())
         assert own["rank"] == rank and len(own["iterations"]) == 3
         assert report["ranks"][str(rank)] == own
-    assert "debugger: not yet for a run of several real ranks" in run.stdout
+    assert re.search(r"^debugger: prism-debug attach --rank R, R one of 0-1 \(session "
+                     r"[0-9a-f]{8}\)$", run.stdout, re.MULTILINE)
 
 
 def test_every_collective_among_three_real_ranks_is_the_real_one(tmp_path):
