@@ -184,12 +184,16 @@ def test_zeros_max_follows_fmaxf_for_the_real_ranks_own_nan():
        op=st.sampled_from(FLOAT_OPS), seed=st.integers(0, 2**31))
 def test_any_group_shape_and_values(data, n, policy, op, seed):
     size = data.draw(st.integers(1, 12), label="numel")
-    x = data.draw(st.lists(st.floats(-1e3, 1e3), min_size=size, max_size=size), label="x")
+    # (no subnormal-scale values: a PRODUCT whose partial product underflows to 0
+    # before it meets a faulty inf is NaN in one order of the terms and inf in
+    # another, and the order of a real reduction is not the test's to fix)
+    normal = st.floats(-1e3, 1e3).filter(lambda v: v == 0 or abs(v) > 1e-6)
+    x = data.draw(st.lists(normal, min_size=size, max_size=size), label="x")
     me = data.draw(st.integers(0, n - 1), label="me")
     peers = [r for r in range(n) if r != me]
     chosen = data.draw(st.lists(st.sampled_from(peers), min_size=1, unique=True), label="faulty")
     kinds = st.sampled_from([("nan", 1.0), ("inf", 1.0)]) | st.tuples(
-        st.just("corrupt"), st.floats(-8, 8).filter(lambda s: s != 1))
+        st.just("corrupt"), st.floats(-8, 8).filter(lambda s: s != 1 and abs(s) > 1e-6))
     faulty = {r: data.draw(kinds, label=f"fault of {r}") for r in chosen}
     tensor = torch.tensor(x, dtype=torch.float64)
     spoiled = tuple((r, *faulty[r]) for r in sorted(faulty))
