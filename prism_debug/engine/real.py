@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from prism_debug.engine.state import ClassState, OpInfo, RealRank, describe_op
+from prism_debug.engine.state import ClassState, OpInfo, RealRank, check_follows
 from prism_debug.engine.times import at
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, GraphError, OpSpec
 
@@ -291,12 +291,7 @@ class RealRanks:
         events, following, _ = self._program_at(program, self.iteration)
         index = following[self.pc]
         expected = program.ops[events[index].op] if index is not None else None
-        if expected is None or (expected.kind, expected.family, expected.nbytes,
-                                expected.peer) != (spec.kind, spec.family, spec.nbytes, spec.peer):
-            want = "the end of the iteration" if expected is None else describe_op(expected)
-            raise GraphError(
-                f"the script does not follow the graph: in iteration {self.iteration} rank "
-                f"{self.local.rank} issued {describe_op(spec)} where the graph has {want}")
+        check_follows(expected, spec, self.iteration, self.local.rank)
         self.pc = index + 1
         handle = (self.iteration, events[index].op)
         self._arrivals[self.local.rank][handle] = float(arrival)
@@ -306,11 +301,8 @@ class RealRanks:
         program = self.graph.programs[self.local.class_id]
         events, following, _ = self._program_at(program, self.iteration)
         skipped = following[self.pc]
-        if skipped is not None:
-            raise GraphError(
-                f"the script does not follow the graph: rank {self.local.rank} ended iteration "
-                f"{self.iteration} without issuing "
-                f"{describe_op(program.ops[events[skipped].op])}, which the graph has next")
+        check_follows(None if skipped is None else program.ops[events[skipped].op], None,
+                      self.iteration, self.local.rank)
         self._ended[self.local.rank].add(self.iteration)
         self.iteration += 1
         self.pc = 0

@@ -38,9 +38,9 @@ import numpy as np
 
 from prism_debug.engine.compute import ComputeModel, GraphCompute
 from prism_debug.engine.layout import Layout
-from prism_debug.engine.loop import CostFn, EventLoop, describe_op
+from prism_debug.engine.loop import CostFn, EventLoop
 from prism_debug.engine.real import RealRanks, arrivals_of, next_issues
-from prism_debug.engine.state import OpTiming, RealRank
+from prism_debug.engine.state import OpTiming, RealRank, check_follows
 from prism_debug.engine.times import at
 from prism_debug.engine.windows import LinkPerturbation, Perturbation, Windows
 from prism_debug.graph.execution import ExecutionGraph, GraphError, OpSpec
@@ -242,12 +242,7 @@ class ReplayEngine:
             found = self._next_issues[id(events)] = (events, next_issues(events))
         index = found[1][max(state.pc, real.allowed + 1)]
         expected = state.program.ops[events[index].op] if index is not None else None
-        if expected is None or (expected.kind, expected.family, expected.nbytes,
-                                expected.peer) != (spec.kind, spec.family, spec.nbytes, spec.peer):
-            want = "the end of the iteration" if expected is None else describe_op(expected)
-            raise GraphError(
-                f"the script does not follow the graph: in iteration {state.iteration} rank "
-                f"{self.real_rank} issued {describe_op(spec)} where the graph has {want}")
+        check_follows(expected, spec, state.iteration, self.real_rank)
         real.allowed = index
         real.pending = (index, arrival)
         self._loop.advance()
@@ -341,11 +336,8 @@ class ReplayEngine:
         events = state.events
         skipped = next((e for e in events[max(state.pc, real.allowed + 1):]
                         if e.action == "issue"), None)
-        if skipped is not None:
-            raise GraphError(
-                f"the script does not follow the graph: rank {self.real_rank} ended iteration "
-                f"{state.iteration} without issuing {describe_op(state.program.ops[skipped.op])}"
-                ", which the graph has next")
+        check_follows(None if skipped is None else state.program.ops[skipped.op], None,
+                      state.iteration, self.real_rank)
         real.allowed = len(events) - 1
         self._loop.advance()
         real.allowed = -1

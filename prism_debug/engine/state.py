@@ -10,7 +10,7 @@ import math
 from typing import Sequence
 
 from prism_debug.engine.times import Time
-from prism_debug.graph.execution import ClassProgram, Event, OpSpec
+from prism_debug.graph.execution import ClassProgram, Event, GraphError, OpSpec
 
 
 @dataclasses.dataclass
@@ -172,3 +172,23 @@ def describe_op(op: OpSpec) -> str:
     """An op as error messages name it."""
     peer = f" with the rank {op.peer:+d} along {op.family}" if op.is_p2p else f" on {op.family}"
     return f"{op.kind} of {op.nbytes} bytes{peer}"
+
+
+def check_follows(expected: OpSpec | None, issued: OpSpec | None, iteration: int,
+                  rank: int) -> None:
+    """:class:`GraphError` unless the real ``rank`` did what its class
+    program has next (``expected``; None: the iteration's end): issued
+    ``issued``, or ended the iteration (``issued`` None)."""
+    if issued is None:
+        if expected is not None:
+            raise GraphError(
+                f"the script does not follow the graph: rank {rank} ended iteration "
+                f"{iteration} without issuing {describe_op(expected)}, which the graph has next")
+        return
+    if expected is None or (expected.kind, expected.family, expected.nbytes,
+                            expected.peer) != (issued.kind, issued.family, issued.nbytes,
+                                               issued.peer):
+        want = "the end of the iteration" if expected is None else describe_op(expected)
+        raise GraphError(
+            f"the script does not follow the graph: in iteration {iteration} rank "
+            f"{rank} issued {describe_op(issued)} where the graph has {want}")
