@@ -14,9 +14,10 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from prism_debug.backend.real_ops import RealOps, split_chunks as _split
+from prism_debug.backend.real_ops import RealOps
 from prism_debug.backend.runtime import Runtime
-from prism_debug.backend.work import PrismWork, coalesced_work, flat_tensors
+from prism_debug.backend.work import PrismWork, coalesced_work, flat_tensors, split_chunks
+from prism_debug.backend.work import nbytes as _nbytes
 from prism_debug.graph import GroupRef
 
 
@@ -339,8 +340,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         rt = self._rt
         rt.inputs([input])
         key = self._key()
-        ins = _split(input, input_split_sizes, self._n)
-        outs = _split(output, output_split_sizes, self._n)
+        ins = split_chunks(input, input_split_sizes, self._n)
+        outs = split_chunks(output, output_split_sizes, self._n)
         for peer, out in enumerate(outs):
             self._from_peer(out, ins[self._me], peer, (*key, peer))
         rt.digest([output])
@@ -423,12 +424,6 @@ def _dtype(result: list) -> str:
     while isinstance(result, (list, tuple)) and result:
         result = result[0]
     return str(result.dtype).removeprefix("torch.") if isinstance(result, torch.Tensor) else ""
-
-
-def _nbytes(tensors) -> int:
-    if len(tensors) == 1:  # the common case, without a generator
-        return tensors[0].nbytes
-    return sum(t.nbytes for t in tensors)
 
 
 def _chunk(tensor: torch.Tensor, n: int, index: int) -> torch.Tensor:

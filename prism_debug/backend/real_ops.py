@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from prism_debug.backend import mixed
 from prism_debug.backend.real_comms import RealGroup
+from prism_debug.backend.work import nbytes as _nbytes, split_chunks
 
 _ALLTOALL_TAG = 0x7072  # apart from the script's own tags (gloo matches on peer and tag)
 
@@ -283,16 +284,3 @@ class RealOps:
         work.on_real_done = lambda: rt.digest(tensors)
         return work
 
-
-def _nbytes(tensors) -> int:
-    return sum(t.nbytes for t in tensors)
-
-
-def split_chunks(tensor: torch.Tensor, sizes, n: int) -> list[torch.Tensor]:
-    """``all_to_all_single``'s chunks of ``tensor``: by ``sizes``, else n equal ones."""
-    if sizes:
-        return list(tensor.split(list(sizes)))
-    if tensor.shape[0] % n:
-        raise ValueError(f"all_to_all_single: dim 0 of size {tensor.shape[0]} is not divisible "
-                         f"by the group size {n}; pass split sizes")
-    return list(tensor.chunk(n))

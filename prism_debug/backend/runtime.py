@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import time
 from typing import Callable
 
 import torch
@@ -20,7 +19,6 @@ from prism_debug.backend.work import FutureCompleter, flat_tensors
 from prism_debug.engine import EmulatedClock, Engine
 from prism_debug.graph import FamilyRecorder
 
-_perf_counter = time.perf_counter
 
 
 @dataclasses.dataclass(eq=False)

@@ -422,3 +422,20 @@ def flat_tensors(result) -> list:
         elif hasattr(item, "numel"):
             flat.append(item)
     return flat
+
+
+def nbytes(tensors) -> int:
+    """The bytes of an op's tensors."""
+    if len(tensors) == 1:  # the common case, without a generator
+        return tensors[0].nbytes
+    return sum(t.nbytes for t in tensors)
+
+
+def split_chunks(tensor, sizes, n: int) -> list:
+    """``all_to_all_single``'s chunks of ``tensor``: by ``sizes``, else n equal ones."""
+    if sizes:
+        return list(tensor.split(list(sizes)))
+    if tensor.shape[0] % n:
+        raise ValueError(f"all_to_all_single: dim 0 of size {tensor.shape[0]} is not divisible "
+                         f"by the group size {n}; pass split sizes")
+    return list(tensor.chunk(n))
