@@ -14,14 +14,13 @@ restores (a cut of several ranks is still to come).
 
 from __future__ import annotations
 
-import os
 from typing import Callable
 
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
 from prism_debug.errors import BusError, InvalidState, PrismError
 from prism_debug.runner.children import RankProcess
-from prism_debug.snapshot.store import now_text
+from prism_debug.runner.session import session_info
 
 NOT_YET = ("{verb}: not yet in a run of several real ranks ({why}); the ranks run on as "
            "they are")
@@ -50,14 +49,9 @@ class RanksSession:
             self.children[rank].pid if rank in self.children else None)
         self.exit_codes: dict[int, int] = {}
         node_rank, nnodes = node or (None, None)
-        self.info = sessions.SessionInfo(
-            session=sessions.new_session_id(), pid=os.getpid(),
-            commands=self.server.commands, events=self.server.events,
-            world_size=world_size, ranks=ranks, started=now_text(),
-            curve_public=self.server.curve_public,
-            remote_commands=self.server.remote_commands,
-            all_ranks=job_ranks if node is not None else None,
-            node_rank=node_rank, nnodes=nnodes)
+        self.info = session_info(self.server, world_size, ranks,
+                                 all_ranks=job_ranks if node is not None else None,
+                                 node_rank=node_rank, nnodes=nnodes)
         self.session_file = sessions.publish(self.info)
         server = self.server
         server.handle("hello", self._hello)

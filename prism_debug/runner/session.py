@@ -81,12 +81,7 @@ class Session:
         # a restore whose checks run off the loop: who asked, and the checks
         self._checking: tuple[Pending, concurrent.futures.Future] | None = None
         self._restore_lazy: bool | None = None  # the restore under way's choice
-        self.info = sessions.SessionInfo(
-            session=sessions.new_session_id(), pid=os.getpid(),
-            commands=self.server.commands, events=self.server.events,
-            world_size=world_size, ranks=(rank,), started=now_text(),
-            curve_public=self.server.curve_public,
-            remote_commands=self.server.remote_commands)
+        self.info = session_info(self.server, world_size, (rank,))
         self.session_file = sessions.publish(self.info)
         server = self.server
         server.handle("hello", self._hello)
@@ -557,6 +552,16 @@ class Session:
 
 def _ids(pids: set[int]) -> str:
     return ", ".join(map(str, sorted(pids)))
+
+
+def session_info(server: BusServer, world_size: int, ranks: tuple[int, ...],
+                 **job) -> sessions.SessionInfo:
+    """What ``prism-debug ps`` and ``attach`` learn of a session whose bus is
+    ``server`` (``job``: its share of a job on several hosts)."""
+    return sessions.SessionInfo(
+        session=sessions.new_session_id(), pid=os.getpid(), commands=server.commands,
+        events=server.events, world_size=world_size, ranks=ranks, started=now_text(),
+        curve_public=server.curve_public, remote_commands=server.remote_commands, **job)
 
 
 def open_session(rank: int, world_size: int, bind: str | None, files: dict[str, Path],
