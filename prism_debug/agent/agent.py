@@ -101,8 +101,8 @@ class Agent:
             real_ranks=config.real_ranks,
         )
         # several real ranks replaying one world: one timeline (agent/real.py)
-        self.timeline = OneTimeline(self.graph_engine, self.runtime, self.runtime.side_store,
-                                    self._fatal) if len(config.real_ranks) > 1 and graph else None
+        self.timeline = OneTimeline(self.graph_engine, self.runtime, self._fatal) \
+            if len(config.real_ranks) > 1 and graph else None
         # faults in force: each as written, whom it hits, and the replay
         # engine's handle; changes asked while the rank runs wait for the next
         # boundary (the engine is the main thread's)
@@ -591,4 +591,3 @@ def bootstrap() -> None:
                  f"${ENV_VAR}={os.environ.get(ENV_VAR)}: {exc}")
     if config is not None:
         Agent(claim_bus(config)).install()
-

@@ -29,7 +29,6 @@ from __future__ import annotations
 import threading
 
 from prism_debug.backend.exchange import ISSUE, ArrivalExchange
-from prism_debug.backend.real_comms import SideStore
 from prism_debug.backend.work import off_clock
 from prism_debug.engine.graph_engine import GraphEngine
 
@@ -62,14 +61,14 @@ class LockedReplay:
 class OneTimeline:
     """Publishes this rank's arrivals and feeds the others' into its engine."""
 
-    def __init__(self, engine: GraphEngine, runtime, side: SideStore, on_error) -> None:
+    def __init__(self, engine: GraphEngine, runtime, on_error) -> None:
         self._lock = threading.RLock()
         self._replay = engine.replay
         self._engine = engine
         self._runtime = runtime
         engine.replay = LockedReplay(engine.replay, self._lock)
-        self.exchange = ArrivalExchange(side, runtime.rank, runtime.real_ranks, self._feed,
-                                        on_error=on_error)
+        self.exchange = ArrivalExchange(runtime.side_store, runtime.rank, runtime.real_ranks,
+                                        self._feed, on_error=on_error)
         engine.exchange = self.exchange
 
     def start(self) -> None:
