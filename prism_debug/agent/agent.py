@@ -455,6 +455,7 @@ class Agent:
             torch.cuda.synchronize()  # nothing in flight on the GPU either
         if self.link is not None:  # CRIU cannot dump half of a TCP connection
             self.link.stop()
+        self._cut(iteration)
 
         def announce(fields: dict) -> None:
             self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid(),
@@ -487,11 +488,42 @@ class Agent:
             self.tracker.record_ops = self.config.record_ops
             if control.get("watch_nonfinite"):
                 self.runtime.on_nonfinite = self._first_nonfinite
+        self._after_cut(iteration, control)
         if control.get("restored"):
             self._resume_link_restored(control)
         elif self.link is not None:
             self._snapshots_asked = {k for k in self._snapshots_asked if k > iteration}
             self.link.start()
+
+    def _cut(self, iteration: int) -> None:
+        """Several real ranks: this rank's part of a consistent cut — the
+        other replicas' events up to the boundary in this one, then every
+        connection to the other ranks closed (backend/real_comms.py)."""
+        if self.timeline is not None:
+            try:
+                self.timeline.cut(iteration)
+            except TimeoutError as exc:
+                self._fatal(PrismError(str(exc)))
+        if self.runtime.real_comms is not None:
+            self.runtime.real_comms.disconnect()
+
+    def _after_cut(self, iteration: int, control: dict) -> None:
+        """Connect to the other real ranks again: the original under its
+        run's namespace for after this cut, a restored copy on the store of
+        the controller that restored it (its control file says which)."""
+        comms = self.runtime.real_comms
+        if comms is None:
+            return
+        restored_on = control.get("side_store") if control.get("restored") else None
+        side = SideStore.from_dict(restored_on) if restored_on else \
+            comms.side.after_cut(iteration)
+        try:
+            comms.reconnect(side)
+        except (RuntimeError, ValueError) as exc:  # torch's store and gloo errors
+            self._fatal(PrismError(f"after the snapshot of iteration {iteration} the other "
+                                   f"real ranks could not be reached again: {exc}"))
+        if self.timeline is not None:
+            self.timeline.resume(side)
 
     def _resume_link_restored(self, control: dict) -> None:
         """A restored copy: talk to the controller that restored it (even if

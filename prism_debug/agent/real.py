@@ -18,6 +18,12 @@ times the job's:
   known sets it to the op's completion (or where it stopped, if later); the
   wall time between is the harness's (engine/clock.py's cap and uncap).
 
+A snapshot is a cut of them all at one iteration boundary (:meth:`OneTimeline.cut`):
+each rank waits there until every other rank's end of that iteration is in
+its replica, so the replicas CRIU dumps are equal; then the exchange stops
+(its connections close) and after the dump starts again under the store
+namespace the run goes on in (:meth:`OneTimeline.resume`).
+
 Each iteration event carries ``real_ops``: every real rank's completions in
 the iteration before it, as this replica computed them (``float.hex``), and
 this rank's own arrivals there, so the replicas can be compared to the last
@@ -26,9 +32,11 @@ bit, and with an offline replay of everyone's arrivals.
 
 from __future__ import annotations
 
+import datetime
 import threading
 
 from prism_debug.backend.exchange import ISSUE, ArrivalExchange
+from prism_debug.backend.real_comms import SideStore
 from prism_debug.backend.work import off_clock
 from prism_debug.engine.graph_engine import GraphEngine
 
@@ -58,6 +66,11 @@ class LockedReplay:
             setattr(self._replay, name, value)
 
 
+# how long a rank at a cut waits for the others' ends of the iteration (they
+# may still be computing it: a slow rank's iteration, a paused console's)
+CUT_TIMEOUT = datetime.timedelta(minutes=10)
+
+
 class OneTimeline:
     """Publishes this rank's arrivals and feeds the others' into its engine."""
 
@@ -66,10 +79,19 @@ class OneTimeline:
         self._replay = engine.replay
         self._engine = engine
         self._runtime = runtime
+        self._on_error = on_error
         engine.replay = LockedReplay(engine.replay, self._lock)
-        self.exchange = ArrivalExchange(runtime.side_store, runtime.rank, runtime.real_ranks,
-                                        self._feed, on_error=on_error)
-        engine.exchange = self.exchange
+        # the last iteration each other real rank ended, as fed (a cut waits on it)
+        self._ended = {rank: 0 for rank in runtime.real_ranks if rank != runtime.rank}
+        self._fed = threading.Condition(self._lock)
+        self.exchange = self._exchange(runtime.side_store)
+
+    def _exchange(self, side: SideStore) -> ArrivalExchange:
+        runtime = self._runtime
+        exchange = ArrivalExchange(side, runtime.rank, runtime.real_ranks, self._feed,
+                                   on_error=self._on_error)
+        self._engine.exchange = exchange
+        return exchange
 
     def start(self) -> None:
         """At init_process_group, once the real ranks have met and the clock
@@ -83,6 +105,8 @@ class OneTimeline:
                 self._replay.peer_issue(rank, iteration, op, arrival)
             else:
                 self._replay.peer_iteration_end(rank, iteration)
+                self._ended[rank] = iteration
+                self._fed.notify_all()
             self._runtime.completer.engine_advanced()
 
     def real_ops(self, iteration: int) -> dict:
@@ -101,6 +125,25 @@ class OneTimeline:
         arrivals = self._engine.arrivals.pop(iteration, [])
         return {"iteration": iteration, "done": done,
                 "arrivals": [[op, arrival.hex()] for op, arrival in arrivals]}
+
+    def cut(self, iteration: int) -> None:
+        """At the boundary that ended ``iteration``, for a snapshot of every
+        real rank: wait until every other rank's events up to its end of
+        ``iteration`` are in this replica (at a cut none has any past it),
+        then stop the exchange, its connections closed.  :class:`TimeoutError`
+        if some rank never gets there."""
+        with self._fed:
+            if not self._fed.wait_for(lambda: min(self._ended.values(), default=iteration)
+                                      >= iteration, CUT_TIMEOUT.total_seconds()):
+                late = sorted(r for r, ended in self._ended.items() if ended < iteration)
+                raise TimeoutError(f"ranks {late} did not end iteration {iteration} within "
+                                   f"{CUT_TIMEOUT}: no consistent cut")
+        self.exchange.stop()
+
+    def resume(self, side: SideStore) -> None:
+        """After a cut: a new exchange on ``side``, its event numbers from 0."""
+        self.exchange = self._exchange(side)
+        self.exchange.start()
 
     def stop(self) -> None:
         self.exchange.stop()

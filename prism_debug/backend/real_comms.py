@@ -13,6 +13,17 @@ an op to them.
 
 A group with one real member has no real communicator: its virtual peers
 act as they do in a run of one real rank.
+
+A snapshot of several real ranks is a consistent cut: every rank stops at
+the same iteration boundary, where no real op is in flight, and drops its
+connections before CRIU dumps it (CRIU cannot dump half of a TCP
+connection, and the other half would not be there at a restore anyway).
+:meth:`RealComms.disconnect` destroys every communicator and the store
+client; :meth:`RealComms.reconnect` makes them again, in the order the
+script made them, under a namespace of the store no earlier connection
+used — the original goes on under its run's prefix and the cut's
+iteration, a restored copy under the prefix of the controller that
+restored it.
 """
 
 from __future__ import annotations
@@ -39,6 +50,11 @@ class SideStore:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def after_cut(self, iteration: int) -> "SideStore":
+        """Where the original run's ranks meet again after the cut at
+        ``iteration`` (each iteration is cut once: the namespace is new)."""
+        return dataclasses.replace(self, prefix=f"{self.prefix}after-{iteration}/")
+
     @classmethod
     def from_dict(cls, data: dict) -> "SideStore":
         return cls(host=str(data["host"]), port=int(data["port"]), prefix=str(data["prefix"]))
@@ -58,6 +74,9 @@ class RealGroup:
     positions: tuple[int, ...]
     index: int
     size: int  # the whole group's, real and virtual
+    # what makes the communicator again after a cut: its store namespace and timeout
+    namespace: str = ""
+    timeout: datetime.timedelta = datetime.timedelta(minutes=10)
 
     @property
     def all_real(self) -> bool:
@@ -81,9 +100,13 @@ class RealComms:
         self.real_ranks = tuple(sorted(real_ranks))
         self.me = me
         self._timeout = timeout
-        self._store = dist.PrefixStore(side.prefix, dist.TCPStore(
-            side.host, side.port, is_master=False, timeout=timeout))
-        self._groups: list[RealGroup] = []
+        self.side = side
+        self._store: dist.Store | None = self._connect(side)
+        self._groups: list[RealGroup] = []  # in the order the script made them
+
+    def _connect(self, side: SideStore) -> dist.Store:
+        return dist.PrefixStore(side.prefix, dist.TCPStore(
+            side.host, side.port, is_master=False, timeout=self._timeout))
 
     def meet(self) -> None:
         """Wait until every real rank is here (a barrier on the store): where
@@ -101,21 +124,40 @@ class RealComms:
         if len(positions) < 2:
             return None
         members = tuple(global_ranks[i] for i in positions)
-        index = members.index(self.me)
         # one namespace per group: a family's groups are numbered alike on every rank
-        store = dist.PrefixStore(f"pg/{ref.family}/{ref.index}/", self._store)
-        pg = dist.ProcessGroupGloo(store, index, len(members), timeout or self._timeout)
-        group = RealGroup(pg=pg, members=members, positions=positions, index=index,
-                          size=len(global_ranks))
+        group = RealGroup(pg=None, members=members, positions=positions,
+                          index=members.index(self.me), size=len(global_ranks),
+                          namespace=f"pg/{ref.family}/{ref.index}/",
+                          timeout=timeout or self._timeout)
+        self._make(group)
         self._groups.append(group)
         return group
 
-    def close(self) -> None:
-        """Shut every communicator down and destroy it, with its connections
-        (``shutdown`` alone leaves them open; a gloo group left to the
-        interpreter's teardown may abort the process on its way out)."""
+    def _make(self, group: RealGroup) -> None:
+        store = dist.PrefixStore(group.namespace, self._store)
+        group.pg = dist.ProcessGroupGloo(store, group.index, len(group.members), group.timeout)
+
+    def disconnect(self) -> None:
+        """Destroy every communicator and the store client, with their
+        connections (``shutdown`` alone leaves them open; a gloo group left to
+        the interpreter's teardown may abort the process on its way out).
+        The groups keep what makes them again (:meth:`reconnect`)."""
         for group in self._groups:
             if group.pg is not None:
                 group.pg.shutdown()
                 group.pg = None  # the last reference: gloo's destructor runs now
+        self._store = None  # (its connection closes with it)
+
+    def reconnect(self, side: SideStore) -> None:
+        """Connect to ``side`` and make every group's communicator again, in
+        the order the script made them (every real rank does, at the same
+        boundary: each is a rendezvous of its members, as the first was)."""
+        self.side = side
+        self._store = self._connect(side)
+        for group in self._groups:
+            self._make(group)
+
+    def close(self) -> None:
+        """At the rank's exit: every connection closed, nothing kept."""
+        self.disconnect()
         self._groups.clear()

@@ -176,7 +176,8 @@ def run(rank, ranks_text, world_size, gpus_per_node, hardware, iterations, repor
     result = api.run(options, click.echo)
     store_option = f" --store {store}" if store else ""
     if result.snapshots:
-        click.echo(f"replay from a snapshot: prism-debug snapshot restore {result.snapshots[-1]}"
+        what = "every real rank from the cut" if options.ranks else "from a snapshot"
+        click.echo(f"replay {what}: prism-debug snapshot restore {result.snapshots[-1]}"
                    f"{store_option} (list them: prism-debug snapshot ls{store_option})")
     elif not options.takes_snapshots and not options.ranks and result.exit_code == 0 \
             and result.report["iterations"]:
@@ -222,8 +223,9 @@ def snapshot_ls(store) -> None:
     click.echo(f"{'id':<24} {'iteration':>9} {'rank':>7} {'world':>7} {'MiB':>8} "
                f"{'dump s':>7}  {'kind':<7}  created")
     for m in found:
-        # a run's --history ring prunes its own as it moves on; the user's stay
-        kind = "history" if m.history else "user"
+        # a run's --history ring prunes its own as it moves on; the user's
+        # stay; a rank's part of a cut is restored with the cut
+        kind = "history" if m.history else f"cut {m.cut}" if m.cut else "user"
         click.echo(f"{m.id:<24} {m.iteration:>9} {m.rank:>7} {m.world_size:>7} "
                    f"{m.image_bytes / 2**20:>8.1f} {m.dump_s:>7.2f}  {kind:<7}  {m.created}")
 

@@ -22,6 +22,7 @@ from prism_debug.errors import (
 )
 from prism_debug.faults import resolve
 from prism_debug.graph import ExecutionGraph
+from prism_debug.graph.selectors import ranks_text
 from prism_debug.runner.children import (
     Child,
     Follower,
@@ -52,7 +53,7 @@ from prism_debug.runner.rank_start import (
     rank_pythonpath,
     start_rank,
 )
-from prism_debug.runner.ranks import run_ranks
+from prism_debug.runner.ranks import restore_cut, run_ranks
 from prism_debug.runner.session import NoSession, Session, open_session
 from prism_debug.runner.snapshots import (
     Snapshotter,
@@ -63,6 +64,7 @@ from prism_debug.runner.snapshots import (
 )
 from prism_debug.snapshot import lazy as lazy_pages
 from prism_debug.snapshot.criu import tree_pids
+from prism_debug.snapshot.store import CUT_PATTERN
 
 Message = Callable[[str], None]
 
@@ -108,7 +110,7 @@ def run(options: RunOptions, message: Message = _quiet,
     run_dir = options.run_dir or default_run_dir()
     make_run_dir(run_dir)
     if len(options.real_ranks) > 1:
-        return run_ranks(options, graph, run_dir, message)
+        return run_ranks(options, graph, run_dir, message, store)
     files = run_files(run_dir)
     os.chmod(files["control"], 0o600)  # it carries the bus secret to restored copies
     session = open_session(options.rank, options.world_size, options.bind, files, store,
@@ -178,7 +180,14 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
     """A new run from a snapshot, continued to its end, with a bus of its own
     (so a restored rank can be attached to as well)."""
     store = open_store(options.store)
+    if CUT_PATTERN.fullmatch(options.snapshot_id):
+        return restore_cut(options, store, message)  # several real ranks
     manifest = store.verify(options.snapshot_id)
+    if manifest.cut is not None:
+        raise SnapshotError(f"snapshot {manifest.id} is rank {manifest.rank}'s part of the cut "
+                            f"{manifest.cut} of ranks {ranks_text(manifest.cut_ranks)}, which "
+                            "meet each other: restore them together, prism-debug snapshot "
+                            f"restore {manifest.cut}", snapshot_id=manifest.id)
     reload = check_unchanged(manifest, store, options.reload)
     if options.faults and manifest.graph_digest is None:
         raise ConfigError(f"faults act on virtual peers replayed from a graph; snapshot "

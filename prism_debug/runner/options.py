@@ -170,7 +170,6 @@ class RunOptions:
             return
         # what several real ranks cannot do yet, said before anything starts
         later = [flag for flag, asked in (
-            ("--snapshot-at/--snapshot-every", self.snapshot_at or self.snapshot_every),
             ("--history", self.history), ("--paused", self.paused),
             ("--isolate", self.isolate), ("--trace", self.trace_path),
             ("--record-program", self.record_program)) if asked]

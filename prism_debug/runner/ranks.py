@@ -11,11 +11,20 @@ gloo communicators of the groups they share (backend/real_comms.py).
 Like torchrun, the controller waits for every rank and, once one fails,
 stops the others: a real job whose rank dies does not run on.  The run's
 exit code is the first failure's.
+
+Snapshots of several real ranks are consistent cuts: at a ``--snapshot-at``
+boundary every rank waits for the others' replicas to match its own, drops
+its connections to them (agent/real.py, backend/real_comms.py) and is
+dumped by this controller like a rank of its own; each snapshot names its
+cut, ``c<run>-it<iteration>``, the same on every host of the run.
+:func:`restore_cut` restores all of a cut's ranks together, on a store of
+its own, where they connect to each other again and run on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import json
 import os
@@ -27,15 +36,31 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Callable
 
+from prism_debug.errors import ConfigError, SnapshotError
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.selectors import ranks_text
-from prism_debug.runner.children import POLL_S, Child, Follower, run_files
-from prism_debug.runner.no_session import NoSession
-from prism_debug.runner.options import RunOptions, RunResult
-from prism_debug.runner.paths import make_run_dir
-from prism_debug.runner.rank_start import agent_config, check_rank_events, finish, start_rank
+from prism_debug.runner.children import POLL_S, Child, Follower, RestoredChild, run_files
+from prism_debug.runner.no_session import NoSession, RankSnapshots
+from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult
+from prism_debug.runner.paths import default_run_dir, make_run_dir
+from prism_debug.runner.rank_start import (
+    agent_config,
+    check_gpu_calls,
+    check_rank_events,
+    finish,
+    start_rank,
+)
 from prism_debug.runner.ranks_session import RanksSession
+from prism_debug.runner.snapshots import (
+    Snapshotter,
+    check_unchanged,
+    cut_run_of,
+    restore_process,
+    restore_tools,
+)
 from prism_debug.runner.torchrun import WORKER_ONLY, Host
+from prism_debug.snapshot.criu import tree_pids
+from prism_debug.snapshot.store import Store
 
 Message = Callable[[str], None]
 
@@ -74,19 +99,23 @@ def side_store(host: Host | None) -> Iterator[dict]:
 class _Rank:
     """One real rank's process, files and relay."""
 
-    def __init__(self, rank: int, files: dict[str, Path], child: Child,
-                 follower: Follower) -> None:
+    def __init__(self, rank: int, files: dict[str, Path], child: Child | RestoredChild,
+                 follower: Follower, snapshots: RankSnapshots | None = None,
+                 restored_from: str | None = None) -> None:
         self.rank = rank
         self.files = files
         self.child = child
         self.follower = follower
+        self.snapshots = snapshots
+        self.restored_from = restored_from  # the snapshot a restored copy came from
         self.exit_code: int | None = None
 
 
 def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
-              message: Message) -> RunResult:
+              message: Message, store: Store) -> RunResult:
     """Run every rank of ``options.ranks`` to its end; the lowest rank's
-    result, with each rank's in ``ranks``."""
+    result, with each rank's in ``ranks`` (and the cuts taken, complete on
+    this host, in ``snapshots``)."""
     profile = options.profile
     ranks, host = options.ranks, options.host
     which = "rank" if len(ranks) == 1 else "ranks"
@@ -108,29 +137,52 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
         k == "OMP_NUM_THREADS" for k, _ in options.env) else {"OMP_NUM_THREADS": "1"}
     try:
         with side_store(host) as side:
+            cut_run = cut_run_of(side["prefix"])
             try:
                 for rank in ranks:
+                    def snapshotter(rank: int = rank) -> Snapshotter:
+                        return Snapshotter.for_run(options, store, message, rank=rank,
+                                                   cut_run=cut_run)
                     started[rank] = _start(options, graph, run_dir, rank, session, side,
-                                           extra_env, message)
+                                           extra_env, message, snapshotter)
                 exit_code = _supervise(started, session, message)
             finally:
                 for each in started.values():
                     if each.child.poll() is None:
                         each.child.kill()
+                    each.snapshots.close()  # a snapshot dumped is a snapshot kept
     finally:
         if session is not None:
             session.close()
-    return _results(options, started, exit_code, message)
+    result = _results(options.world_size, options.command, options.profile.name,
+                      options.report_path, started, exit_code, message)
+    for rank, each in started.items():
+        check_rank_events(options, rank, result.ranks[rank].events, each.exit_code or 0,
+                          each.files["log"])
+    return dataclasses.replace(result, snapshots=_cuts(store, started))
+
+
+def _cuts(store: Store, ranks: dict[int, _Rank]) -> list[str]:
+    """The cuts every rank here took a snapshot of, in the order taken."""
+    taken = {rank: [store.get(i).cut for i in each.snapshots.taken]
+             for rank, each in ranks.items()}
+    first = next(iter(taken.values()), [])
+    return [cut for cut in first if cut and all(cut in cuts for cuts in taken.values())]
 
 
 def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, rank: int,
            session: RanksSession | None, side: dict, extra_env: dict[str, str],
-           message: Message) -> _Rank:
+           message: Message, snapshotter: Callable[[], Snapshotter]) -> _Rank:
     """Start one real rank: its folder, its agent's config, its process and
-    the relay of its output (to the session's bus, if any)."""
+    the relay of its output (to the session's bus, if any), which takes its
+    snapshots."""
     files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
-    relay = session.follower_side(rank) if session is not None \
-        else NoSession(lambda: None, files)
+    if session is not None:
+        snapshots = RankSnapshots(snapshotter, files)
+        relay = session.follower_side(rank, snapshots)
+    else:
+        relay = NoSession(snapshotter, files)
+        snapshots = relay.snapshots
     config_path = files["log"].parent / "agent.json"
     agent_config(options, graph, files, rank, session or relay, real_ranks=options.real_ranks,
                  side_store=side).write(config_path)  # 0600: the bus's and the store's secrets
@@ -142,7 +194,7 @@ def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, ran
         relay.child = child
     follower = Follower(files["log"], files["events"], rank, message, relay,
                         table_prefix=f"[rank {rank}] ")
-    return _Rank(rank, files, child, follower)
+    return _Rank(rank, files, child, follower, snapshots)
 
 
 def _supervise(ranks: dict[int, _Rank], session: RanksSession | None,
@@ -199,28 +251,112 @@ def _supervise(ranks: dict[int, _Rank], session: RanksSession | None,
     return failure or 0
 
 
-def _results(options: RunOptions, ranks: dict[int, _Rank], exit_code: int,
-             message: Message) -> RunResult:
-    """Each rank's report (its folder's report.json, and ``--report`` for them
-    all), checked as a run of one rank is; the lowest rank's result first."""
+def _results(world_size: int, command: list[str], hardware: str, report_path: Path | None,
+             ranks: dict[int, _Rank], exit_code: int, message: Message) -> RunResult:
+    """Each rank's report (its folder's report.json, and ``report_path`` for
+    them all); the lowest rank's result, with each rank's in ``ranks``."""
     results: dict[int, RunResult] = {}
     reports: dict[str, dict] = {}
     for rank, each in ranks.items():
         def labelled(line: str, rank: int = rank) -> None:
             message(f"[rank {rank}] {line}")
         events, report = finish(each.follower, each.files["events"], each.exit_code or 0,
-                                options.world_size, rank, options.command,
-                                options.profile.name, None, None, labelled)
+                                world_size, rank, command, hardware, None, None, labelled,
+                                restored_from=each.restored_from)
         run_dir = each.files["log"].parent
         (run_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n")
         reports[str(rank)] = report
-        results[rank] = RunResult(report, each.exit_code or 0, run_dir, [], events)
-    if options.report_path:
-        options.report_path.write_text(json.dumps({"ranks": reports}, indent=1) + "\n")
-        message(f"report: {options.report_path}")
-    for rank, each in ranks.items():
-        check_rank_events(options, rank, results[rank].events, results[rank].exit_code,
-                          each.files["log"])
-    lowest = results[options.rank]
+        taken = each.snapshots.taken if each.snapshots is not None else []
+        results[rank] = RunResult(report, each.exit_code or 0, run_dir, taken, events)
+    if report_path:
+        report_path.write_text(json.dumps({"ranks": reports}, indent=1) + "\n")
+        message(f"report: {report_path}")
+    lowest = results[min(results)]
     return RunResult(lowest.report, exit_code, lowest.run_dir.parent, [], lowest.events,
                      ranks=results)
+
+
+# -- restoring a cut -------------------------------------------------------------------
+
+
+def restore_cut(options: RestoreOptions, store: Store, message: Message) -> RunResult:
+    """A new run from the cut ``options.snapshot_id``: every rank of it
+    restored, on a store of this controller's where they meet again, and
+    followed to its end as :func:`run_ranks` follows a run."""
+    members = [store.verify(m.id) for m in store.cut(options.snapshot_id)]
+    first = members[0]
+    cut, ranks = first.cut, tuple(m.rank for m in members)
+    missing = sorted(set(first.cut_ranks) - set(ranks))
+    if missing:
+        raise SnapshotError(f"cut {cut} is of ranks {ranks_text(first.cut_ranks)}; this store "
+                            f"({store.root}) holds ranks {ranks_text(ranks)} only, the others "
+                            "were snapshotted on other hosts: copy their snapshots (their "
+                            "store's folders of this cut) here and restore the cut again")
+    if options.reload:
+        raise ConfigError("--reload restores one rank; a cut of several real ranks is "
+                          "restored without it (take the snapshots again from the changed code)")
+    for manifest in members:
+        check_unchanged(manifest, store)
+        if options.faults and manifest.graph_digest is None:
+            raise ConfigError(f"faults act on virtual peers replayed from a graph; cut {cut} "
+                              "was taken from a run whose peers arrived in lockstep")
+    criu = restore_tools(first)
+    run_dir = options.run_dir or default_run_dir()
+    make_run_dir(run_dir)
+    message(f"prism-debug: restoring cut {cut} (ranks {ranks_text(ranks)} of "
+            f"{first.world_size}, after iteration {first.iteration})")
+    session = None if options.bind is None else RanksSession(
+        ranks=ranks, world_size=first.world_size, host=options.bind, job_ranks=ranks,
+        node=None)
+    if session is not None:
+        message(f"debugger: prism-debug attach --rank R, R one of {ranks_text(ranks)} "
+                f"(session {session.info.session})")
+    restored: dict[int, _Rank] = {}
+    try:
+        with side_store(None) as side:
+            try:
+                for manifest in members:
+                    restored[manifest.rank] = _restore(store, manifest, criu, options, run_dir,
+                                                       session, side, message)
+                exit_code = _supervise(restored, session, message)
+            finally:
+                for each in restored.values():
+                    if each.child.poll() is None:
+                        each.child.kill()
+    finally:
+        if session is not None:
+            session.close()
+    result = _results(first.world_size, first.command, first.hardware, options.report_path,
+                      restored, exit_code, message)
+    for rank, each in restored.items():
+        check_gpu_calls(result.ranks[rank].events, each.exit_code or 0, each.files["log"])
+        error = next((e["message"] for e in result.ranks[rank].events if e["kind"] == "error"),
+                     None)
+        if error is not None:
+            raise ConfigError(f"the restored rank {rank} refused: {error}")
+    return result
+
+
+def _restore(store: Store, manifest, criu, options: RestoreOptions, run_dir: Path,
+             session: RanksSession | None, side: dict, message: Message) -> _Rank:
+    """Restore one rank of a cut, told to meet the others on ``side``."""
+    rank = manifest.rank
+    files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
+    os.chmod(files["control"], 0o600)  # it carries the store's prefix and the bus secret
+    relay = session.follower_side(rank, None) if session is not None \
+        else NoSession(lambda: None, files)
+    isolated = not tree_pids(store.path(manifest.id))  # (read before the copy runs)
+    pid = restore_process(
+        store, manifest, files, criu, iterations=options.iterations,
+        bus=session and session.commands_endpoint, bus_curve=session and session.agent_curve,
+        bus_secret=session and session.agent_secret,
+        faults=options.faults, watch_nonfinite=options.watch_nonfinite, lazy=options.lazy,
+        message=lambda line: message(f"[rank {rank}] {line}"), side_store=side)
+    child = RestoredChild(pid, isolated=isolated)
+    if session is not None:
+        session.children[rank] = child
+    else:
+        relay.child = child
+    follower = Follower(files["log"], files["events"], rank, message, relay,
+                        table_prefix=f"[rank {rank}] ")
+    return _Rank(rank, files, child, follower, restored_from=manifest.id)

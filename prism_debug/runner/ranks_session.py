@@ -8,8 +8,10 @@ wait, their clocks held, at their next op that needs its arrival.
 
 What would set the replicas apart or needs a consistent cut is refused with
 one line, before it reaches any rank: a console's ``perturb`` (it would
-change one replica's virtual peers and not the others'), and snapshots and
-restores (a cut of several ranks is still to come).
+change one replica's virtual peers and not the others'), and a console's
+snapshots and restores (one rank's snapshot is no cut: the run's
+``--snapshot-at`` takes cuts, ``prism-debug snapshot restore CUT`` restores
+one).  The ranks' parts of the run's cuts are dumped here as they come.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
 from prism_debug.errors import BusError, InvalidState, PrismError
 from prism_debug.runner.children import RankProcess
+from prism_debug.runner.no_session import RankSnapshots
 from prism_debug.runner.session import session_info
 
 NOT_YET = ("{verb}: not yet in a run of several real ranks ({why}); the ranks run on as "
@@ -28,8 +31,9 @@ REFUSED = {
     "perturb": "a console's perturbation would reach this rank's replica of the virtual "
                "peers and not the others': give --perturb to the run",
     "unperturb": "the run's perturbations are every replica's",
-    "snapshot": "a snapshot of several ranks needs a consistent cut of them all",
-    "restore": "a snapshot of several ranks needs a consistent cut of them all",
+    "snapshot": "a cut of every real rank is taken at the boundaries the run's "
+                "--snapshot-at names",
+    "restore": "a cut is restored as a run of its own: prism-debug snapshot restore CUT",
     "back": "stepping back needs snapshots",
     "reverse-continue": "stepping back needs snapshots",
 }
@@ -80,9 +84,11 @@ class RanksSession:
         sessions.withdraw(self.info)
         self.server.close()
 
-    def follower_side(self, rank: int) -> "_RankSide":
-        """What a rank's output relay tells the session (children.RunSession)."""
-        return _RankSide(self, rank)
+    def follower_side(self, rank: int, snapshots: RankSnapshots | None) -> "_RankSide":
+        """What a rank's output relay tells the session (children.RunSession);
+        ``snapshots`` takes the rank's part of each cut (None: a run that
+        takes none)."""
+        return _RankSide(self, rank, snapshots)
 
     # -- verbs ---------------------------------------------------------------------------
 
@@ -148,9 +154,11 @@ class _RankSide:
 
     restoring = False
 
-    def __init__(self, session: RanksSession, rank: int) -> None:
+    def __init__(self, session: RanksSession, rank: int,
+                 snapshots: RankSnapshots | None) -> None:
         self._session = session
         self._rank = rank
+        self._snapshots = snapshots
 
     @property
     def child(self) -> RankProcess | None:
@@ -159,8 +167,10 @@ class _RankSide:
     def output(self, line: str) -> None:
         self._session.output(self._rank, line)
 
-    def take_snapshot(self, event: dict) -> None:  # (refused before the run starts)
-        raise InvalidState("several real ranks take no snapshots yet")
+    def take_snapshot(self, event: dict) -> None:
+        if self._snapshots is None:  # (a restored cut's copies are asked for none)
+            raise InvalidState(f"rank {self._rank} asked for a snapshot nobody asked of it")
+        self._snapshots.take(self.child.pid, event)
 
     def poll(self, timeout_s: float) -> None:
         self._session.poll(timeout_s)

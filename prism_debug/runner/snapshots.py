@@ -68,11 +68,13 @@ from prism_debug.snapshot.store import (
     sha256_file,
 )
 
-def _environment_digest(options: RunOptions) -> str:
-    """What else a restored run's behaviour rests on besides the script and graph."""
+def _environment_digest(options: RunOptions, rank: int | None = None) -> str:
+    """What else a restored run's behaviour rests on besides the script and
+    graph (``rank``: one of its several real ranks, else its rank)."""
     facts = {"hardware": options.profile.to_dict(), "seed": options.seed,
              "values": options.values, "digests": options.digests,
-             "world_size": options.world_size, "rank": options.rank}
+             "world_size": options.world_size,
+             "rank": options.rank if rank is None else rank}
     if options.variability is not None:
         # the peers a restored rank meets are drawn from it (a run without one
         # keeps the digest it always had)
@@ -103,34 +105,42 @@ class Snapshotter:
     # how: CRIU's memory tracking where the kernel has soft-dirty bits, else
     # a full dump whose pages equal to the parent's move out afterwards
     tracked: bool = False
+    # a rank of several real ones: its snapshots are its part of the cut
+    # c<cut_run>-it<iteration> (cut_run: cut_run_of the run's store prefix)
+    cut_run: str | None = None
 
     @classmethod
-    def for_run(cls, options: RunOptions, store: Store,
-                message: Callable[[str], None]) -> "Snapshotter":
+    def for_run(cls, options: RunOptions, store: Store, message: Callable[[str], None],
+                rank: int | None = None, cut_run: str | None = None) -> "Snapshotter":
+        """For the run's rank (``rank``: one of its several real ranks, whose
+        snapshots are cuts of ``cut_run``)."""
         criu = criu_api.locate()
         criu_api.pycriu()
         tracked = options.incremental and criu_api.tracks_memory(criu)[0]
         script = script_of(options.command)
+        rank = options.rank if rank is None else rank
         base = {
-            "world_size": options.world_size, "rank": options.rank,
+            "world_size": options.world_size, "rank": rank,
             "command": list(options.command),
             "graph_digest": sha256_file(options.graph_path) if options.graph_path else None,
             "script_digest": sha256_file(script) if script and script.is_file() else None,
-            "environment_digest": _environment_digest(options),
+            "environment_digest": _environment_digest(options, rank),
             "hardware": options.profile.name,
             "cwd": os.getcwd(),  # the rank's (it inherits it): its command's paths point there
+            "cut_ranks": list(options.real_ranks) if cut_run else [],
         }
         return cls(store, criu, base, message,
-                   incremental=options.incremental, tracked=tracked)
+                   incremental=options.incremental, tracked=tracked, cut_run=cut_run)
 
     @classmethod
-    def continuing(cls, manifest: Manifest, store: Store,
-                   message: Callable[[str], None]) -> "Snapshotter":
-        """For snapshots of a rank restored from ``manifest``: the same run's facts."""
+    def continuing(cls, manifest: Manifest, store: Store, message: Callable[[str], None],
+                   cut_run: str | None = None) -> "Snapshotter":
+        """For snapshots of a rank restored from ``manifest``: the same run's
+        facts (``cut_run``: the restored cut's run, a new one)."""
         base = {k: getattr(manifest, k) for k in (
             "world_size", "rank", "command", "graph_digest", "script_digest",
-            "environment_digest", "hardware", "cwd")}
-        return cls(store, criu_api.locate(), base, message)
+            "environment_digest", "hardware", "cwd", "cut_ranks")}
+        return cls(store, criu_api.locate(), base, message, cut_run=cut_run)
 
     def recorded(self) -> list[str]:
         """The ids taken, in order, once every record submitted so far is over."""
@@ -244,6 +254,7 @@ class Snapshotter:
             parent = self._increment(staging, snapshot_id, parent, phases)
         manifest = Manifest(
             id=snapshot_id, parent=parent, iteration=iteration, **self.base,
+            cut=None if self.cut_run is None else f"c{self.cut_run}-it{iteration}",
             open_files={role: str(path.resolve()) for role, path in self.open_files.items()},
             image_bytes=0, dump_s=dump_s, created=now_text(), cuda=cuda,
             sources=kept_sources.keep(staging, sources),
@@ -254,6 +265,13 @@ class Snapshotter:
         self.message(f"snapshot {snapshot_id}: iteration {iteration}, "
                      f"{manifest.image_bytes / 2**20:.1f} MiB in {dump_s:.2f} s → {path}")
         return manifest
+
+
+def cut_run_of(prefix: str) -> str:
+    """The part of a cut's id that names its run: 8 hex digits of a hash of
+    the run's store prefix (the same on every host of the run; the prefix
+    itself is a secret)."""
+    return hashlib.sha256(prefix.encode()).hexdigest()[:8]
 
 
 def _since_announced(events: Path | None) -> float:
@@ -444,7 +462,7 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
                     faults: tuple[Fault, ...] = (), watch_nonfinite: bool = False,
                     lazy: bool | None = None,
                     message: Callable[[str], None] = lambda line: None,
-                    reload: list[dict] | None = None) -> int:
+                    reload: list[dict] | None = None, side_store: dict | None = None) -> int:
     """Restore the rank of a (verified) snapshot as a child of this process,
     writing to ``files`` (log, events, control) instead of the files it had
     open, and continue it; the pid, once the copy said it resumed.
@@ -455,15 +473,16 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
     ``faults``: put in force as it resumes (a scenario that starts from a
     snapshot); ``lazy``: :func:`restore_way`'s — a lazy restore that fails
     (no daemon, CRIU refuses, the copy never resumes) is undone and done
-    again eagerly.  One line says which way it went, and how long the copy
-    took to run."""
+    again eagerly; ``side_store``: where a rank of a cut meets the cut's
+    other ranks again (SideStore.to_dict()).  One line says which way it
+    went, and how long the copy took to run."""
     limit = manifest.iteration + iterations if iterations else None
     control = json.dumps({
         "restored": True, "snapshot": manifest.id, "iterations": limit,
         "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve,
         "bus_secret": bus_secret, "pause": pause, "history": history,
         "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
-        "stop_at": manifest.iteration, "phase": "go",
+        "stop_at": manifest.iteration, "phase": "go", "side_store": side_store,
         # the changed functions to patch in (check_unchanged's plan), their new
         # texts beside the control file (it is read in 64 KiB)
         "reload": None if reload is None else kept_sources.stage(reload,

@@ -39,16 +39,19 @@ from prism_debug.errors import SnapshotError
 from prism_debug.snapshot import checksum
 
 MANIFEST = "manifest.json"
-MANIFEST_VERSION = 3
+MANIFEST_VERSION = 4
 # version 1 recorded no working directory (``cwd``): still read, as None;
-# versions 1 and 2 checksummed with SHA-256 and named no algorithm
-READ_VERSIONS = (1, 2, 3)
+# versions 1 and 2 checksummed with SHA-256 and named no algorithm; versions
+# before 4 named no cut (every snapshot then was of one real rank)
+READ_VERSIONS = (1, 2, 3, 4)
 VERIFIED = ".verified"  # the stat facts of the images as last hashed
 PARENT_LINK = "parent"  # CRIU's link from an incremental snapshot to its parent's images
 _TMP_PREFIX = ".tmp-"
 # r<rank>-it<iteration>-<6 hex digits>; ASCII digits only (``\d`` takes any script's)
 ID_PATTERN = re.compile(r"r[0-9]{1,10}-it[0-9]{1,12}-[0-9a-f]{6}")
 ID_FORM = "r<rank>-it<iteration>-<6 hex digits>, e.g. r4097-it2-a1b2c3"
+# a consistent cut of several real ranks: c<8 hex digits of the run>-it<iteration>
+CUT_PATTERN = re.compile(r"c[0-9a-f]{8}-it[0-9]{1,12}")
 _IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.(img|idx)")
 _PAGES_IMAGE = re.compile(r"pages-[0-9]+\.img")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -102,6 +105,11 @@ class Manifest:
     hash: str = checksum.LEGACY  # the algorithm of ``files``' checksums (absent before v3)
     # seconds each step of the snapshot took (handshake, criu, compare, hash, …)
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    # of a run of several real ranks: the consistent cut this snapshot is one
+    # rank's part of (cut_id's form), and every real rank of the job, all of
+    # which the cut holds (each host's store those it ran)
+    cut: str | None = None
+    cut_ranks: list[int] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=1) + "\n"
@@ -139,6 +147,7 @@ _FIELD_TYPES = {
     "float": lambda v: (_is_int(v) or isinstance(v, float)) and v >= 0,
     "bool": lambda v: isinstance(v, bool),
     "list[str]": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "list[int]": lambda v: isinstance(v, list) and all(_is_int(x) and x >= 0 for x in v),
     "dict[str, str]": _is_text_map,
     "dict[str, float]": lambda v: isinstance(v, dict) and all(
         isinstance(k, str) and (_is_int(x) or isinstance(x, float)) for k, x in v.items()),
@@ -156,6 +165,10 @@ def _check_fields(manifest: Manifest) -> None:
         value = getattr(manifest, name)
         if value is not None and not ID_PATTERN.fullmatch(value):
             raise ValueError(f"{name} {value!r:.60} is not a snapshot id ({ID_FORM})")
+    if manifest.cut is not None and not CUT_PATTERN.fullmatch(manifest.cut):
+        raise ValueError(f"cut {manifest.cut!r:.60} is not a cut id (c<8 hex digits>-it<N>)")
+    if manifest.cut is not None and manifest.rank not in manifest.cut_ranks:
+        raise ValueError(f"rank {manifest.rank} is not one of its cut's ranks")
     if manifest.cwd is not None and not manifest.cwd.startswith("/"):
         raise ValueError(f"cwd {manifest.cwd!r:.60} is not an absolute path")
     if manifest.hash not in checksum.ALGORITHMS:
@@ -451,6 +464,19 @@ class Store:
 
     def list(self) -> list[Manifest]:
         return self.scan()[0]
+
+    def cut(self, cut_id: str) -> list[Manifest]:
+        """The snapshots of the cut ``cut_id`` in this store, one per rank, by
+        rank (a cut of several hosts' ranks: those this host's store holds);
+        :class:`SnapshotError` when it holds none."""
+        if not CUT_PATTERN.fullmatch(cut_id):
+            raise SnapshotError(f"{cut_id!r:.60} is not a cut id: cuts look like c<8 hex "
+                                "digits>-it<iteration>, e.g. c1a2b3c4d-it2")
+        members = sorted((m for m in self.list() if m.cut == cut_id), key=lambda m: m.rank)
+        if not members:
+            raise SnapshotError(f"no snapshot of cut {cut_id} in {self.root} (prism-debug "
+                                "snapshot ls lists each snapshot's cut)")
+        return members
 
     def chain(self, snapshot_id: str) -> list[Manifest]:
         """The snapshot's manifest and its parents', nearest first, walked

@@ -77,7 +77,7 @@ def test_a_damaged_manifest_and_an_unknown_id_are_refused(tmp_path):
     data = json.loads(manifest("r1-it2-dddddd").to_json()) | {"version": 9}
     (path / MANIFEST).write_text(json.dumps(data))
     with pytest.raises(SnapshotError, match="manifest version 9; this prism-debug reads "
-                                            "versions 1, 2, 3"):
+                                            "versions 1, 2, 3, 4"):
         store.get("r1-it2-dddddd")
     # version 1 recorded no working directory: read, as None; version 2 names one
     del data["cwd"]
