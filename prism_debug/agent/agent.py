@@ -33,7 +33,7 @@ from prism_debug.agent.config import ENV_VAR, AgentConfig, claim_bus
 from prism_debug.agent.debugger import Debugger
 from prism_debug.agent import no_gpu
 from prism_debug.agent.handshake import Handshake
-from prism_debug.agent.real import OneTimeline
+from prism_debug.agent.real import SeveralRanks
 from prism_debug.agent.reload import Sources, apply as apply_reload
 from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog
@@ -100,9 +100,9 @@ class Agent:
             side_store=config.side_store and SideStore.from_dict(config.side_store),
             real_ranks=config.real_ranks,
         )
-        # several real ranks replaying one world: one timeline (agent/real.py)
-        self.timeline = OneTimeline(self.graph_engine, self.runtime, self._fatal) \
-            if len(config.real_ranks) > 1 and graph else None
+        # several real ranks: one timeline, cuts (agent/real.py)
+        self.several = SeveralRanks(self.graph_engine, self.runtime, self._fatal) \
+            if len(config.real_ranks) > 1 else None
         # faults in force: each as written, whom it hits, and the replay
         # engine's handle; changes asked while the rank runs wait for the next
         # boundary (the engine is the main thread's)
@@ -218,8 +218,8 @@ class Agent:
         self.debugger.release()
 
     def _on_init(self, requested_backend: str) -> None:
-        if self.timeline is not None:  # the real ranks have met: the clocks read job time
-            self.timeline.start()
+        if self.several is not None:  # the real ranks have met: the clocks read job time
+            self.several.start()
         self.initialised = True
         self._backend = requested_backend
         self.sources.scan()  # modules imported since torch (before the clock starts)
@@ -238,10 +238,8 @@ class Agent:
 
     def _on_exit(self) -> None:
         self.runtime.completer.close()
-        if self.timeline is not None:
-            self.timeline.stop()
-        if self.runtime.real_comms is not None:
-            self.runtime.real_comms.close()
+        if self.several is not None:
+            self.several.close()
         if self.link is not None:
             self.link.stop()
         if self.initialised:
@@ -455,7 +453,8 @@ class Agent:
             torch.cuda.synchronize()  # nothing in flight on the GPU either
         if self.link is not None:  # CRIU cannot dump half of a TCP connection
             self.link.stop()
-        self._cut(iteration)
+        if self.several is not None:
+            self.several.cut(iteration)  # this rank's part of a consistent cut
 
         def announce(fields: dict) -> None:
             self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid(),
@@ -488,42 +487,13 @@ class Agent:
             self.tracker.record_ops = self.config.record_ops
             if control.get("watch_nonfinite"):
                 self.runtime.on_nonfinite = self._first_nonfinite
-        self._after_cut(iteration, control)
+        if self.several is not None:
+            self.several.after_cut(iteration, control)
         if control.get("restored"):
             self._resume_link_restored(control)
         elif self.link is not None:
             self._snapshots_asked = {k for k in self._snapshots_asked if k > iteration}
             self.link.start()
-
-    def _cut(self, iteration: int) -> None:
-        """Several real ranks: this rank's part of a consistent cut — the
-        other replicas' events up to the boundary in this one, then every
-        connection to the other ranks closed (backend/real_comms.py)."""
-        if self.timeline is not None:
-            try:
-                self.timeline.cut(iteration)
-            except TimeoutError as exc:
-                self._fatal(PrismError(str(exc)))
-        if self.runtime.real_comms is not None:
-            self.runtime.real_comms.disconnect()
-
-    def _after_cut(self, iteration: int, control: dict) -> None:
-        """Connect to the other real ranks again: the original under its
-        run's namespace for after this cut, a restored copy on the store of
-        the controller that restored it (its control file says which)."""
-        comms = self.runtime.real_comms
-        if comms is None:
-            return
-        restored_on = control.get("side_store") if control.get("restored") else None
-        side = SideStore.from_dict(restored_on) if restored_on else \
-            comms.side.after_cut(iteration)
-        try:
-            comms.reconnect(side)
-        except (RuntimeError, ValueError) as exc:  # torch's store and gloo errors
-            self._fatal(PrismError(f"after the snapshot of iteration {iteration} the other "
-                                   f"real ranks could not be reached again: {exc}"))
-        if self.timeline is not None:
-            self.timeline.resume(side)
 
     def _resume_link_restored(self, control: dict) -> None:
         """A restored copy: talk to the controller that restored it (even if
@@ -562,8 +532,8 @@ class Agent:
                 spec = self.graph_engine.op_of(deferred)
                 extras["last_arrival"] = {"rank": last[0], "op": spec.kind,
                                           "family": spec.family, "wait_s": waited}
-        if self.timeline is not None and self.tracker.iteration > 1:
-            extras["real_ops"] = self.timeline.real_ops(self.tracker.iteration - 1)
+        if self.several is not None and self.tracker.iteration > 1:
+            extras["real_ops"] = self.several.timeline.real_ops(self.tracker.iteration - 1)
         if self.config.trace_ranks:
             replay = self.graph_engine.replay
             iteration = self.tracker.iteration

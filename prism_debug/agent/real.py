@@ -1,5 +1,5 @@
 """The agent's part in a run of several real ranks (``--ranks``): one
-timeline shared by every real rank's replay engine.
+timeline shared by every real rank's replay engine, and consistent cuts.
 
 Each real rank's process replays the whole world itself, so the replicas
 must agree: every real rank's arrivals are published as it issues its ops
@@ -39,6 +39,7 @@ from prism_debug.backend.exchange import ISSUE, ArrivalExchange
 from prism_debug.backend.real_comms import SideStore
 from prism_debug.backend.work import off_clock
 from prism_debug.engine.graph_engine import GraphEngine
+from prism_debug.errors import PrismError
 
 
 class LockedReplay:
@@ -147,3 +148,57 @@ class OneTimeline:
 
     def stop(self) -> None:
         self.exchange.stop()
+
+
+
+class SeveralRanks:
+    """This rank among the other real ranks: the timeline its engine shares
+    with theirs (where virtual peers are replayed from a graph), and its
+    part of each cut — the communicators among them (``runtime.real_comms``,
+    made at init_process_group) dropped before the dump and made again
+    after.  ``fatal`` ends the rank with one error."""
+
+    def __init__(self, engine: GraphEngine | None, runtime, fatal) -> None:
+        self._runtime = runtime
+        self._fatal = fatal
+        self.timeline = OneTimeline(engine, runtime, fatal) if engine is not None else None
+
+    def start(self) -> None:
+        if self.timeline is not None:
+            self.timeline.start()
+
+    def cut(self, iteration: int) -> None:
+        """At the boundary that ended ``iteration``, before the dump: the other
+        replicas' events up to it in this one, then every connection to the
+        other ranks closed (CRIU cannot dump half of a TCP connection)."""
+        if self.timeline is not None:
+            try:
+                self.timeline.cut(iteration)
+            except TimeoutError as exc:
+                self._fatal(PrismError(str(exc)))
+        if self._runtime.real_comms is not None:
+            self._runtime.real_comms.disconnect()
+
+    def after_cut(self, iteration: int, control: dict) -> None:
+        """Connect to the other real ranks again: the original under its run's
+        namespace for after this cut, a restored copy on the store of the
+        controller that restored it (its control file says which)."""
+        comms = self._runtime.real_comms
+        if comms is None:
+            return
+        restored_on = control.get("side_store") if control.get("restored") else None
+        side = SideStore.from_dict(restored_on) if restored_on else comms.side.after_cut(iteration)
+        try:
+            comms.reconnect(side)
+        except (RuntimeError, ValueError) as exc:  # torch's store and gloo errors
+            self._fatal(PrismError(f"after the snapshot of iteration {iteration} the other "
+                                   f"real ranks could not be reached again: {exc}"))
+        if self.timeline is not None:
+            self.timeline.resume(side)
+
+    def close(self) -> None:
+        """At the rank's exit: the exchange stopped, every connection closed."""
+        if self.timeline is not None:
+            self.timeline.stop()
+        if self._runtime.real_comms is not None:
+            self._runtime.real_comms.close()

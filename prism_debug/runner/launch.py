@@ -64,7 +64,7 @@ from prism_debug.runner.snapshots import (
 )
 from prism_debug.snapshot import lazy as lazy_pages
 from prism_debug.snapshot.criu import tree_pids
-from prism_debug.snapshot.store import CUT_PATTERN
+from prism_debug.snapshot.manifest import CUT_PATTERN
 
 Message = Callable[[str], None]
 

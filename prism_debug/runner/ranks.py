@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
 import secrets
@@ -54,7 +55,6 @@ from prism_debug.runner.ranks_session import RanksSession
 from prism_debug.runner.snapshots import (
     Snapshotter,
     check_unchanged,
-    cut_run_of,
     restore_process,
     restore_tools,
 )
@@ -94,6 +94,13 @@ def side_store(host: Host | None) -> Iterator[dict]:
         yield where
     finally:
         del store
+
+
+def cut_run_of(prefix: str) -> str:
+    """The part of a cut's id that names its run: 8 hex digits of a hash of
+    the run's store prefix (the same on every host of the run; the prefix
+    itself is a secret)."""
+    return hashlib.sha256(prefix.encode()).hexdigest()[:8]
 
 
 class _Rank:

@@ -13,7 +13,8 @@ from typing import Callable
 from prism_debug.errors import PrismError
 from prism_debug.runner.history import History, Kept, Plan, Position
 from prism_debug.runner.snapshots import Release, Snapshotter
-from prism_debug.snapshot.store import Manifest, Store
+from prism_debug.snapshot.manifest import Manifest
+from prism_debug.snapshot.store import Store
 
 
 class Ring:

@@ -48,7 +48,8 @@ from prism_debug.runner.no_session import NoSession
 from prism_debug.runner.ring import Ring
 from prism_debug.runner.snapshots import Release, Snapshotter, release_rank
 from prism_debug.snapshot import criu as criu_api
-from prism_debug.snapshot.store import Manifest, Store, now_text
+from prism_debug.snapshot.manifest import Manifest
+from prism_debug.snapshot.store import Store, now_text
 
 MAX_SNAPSHOT_WAITERS = 64  # clients waiting for snapshots to be taken, all together
 

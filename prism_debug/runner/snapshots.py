@@ -59,14 +59,8 @@ from prism_debug.runner.recorder import Recorder
 from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot import incremental
 from prism_debug.snapshot import lazy as lazy_pages
-from prism_debug.snapshot.store import (
-    Manifest,
-    SnapshotError,
-    Store,
-    new_id,
-    now_text,
-    sha256_file,
-)
+from prism_debug.snapshot.manifest import Manifest, new_id
+from prism_debug.snapshot.store import SnapshotError, Store, now_text, sha256_file
 
 def _environment_digest(options: RunOptions, rank: int | None = None) -> str:
     """What else a restored run's behaviour rests on besides the script and
@@ -265,13 +259,6 @@ class Snapshotter:
         self.message(f"snapshot {snapshot_id}: iteration {iteration}, "
                      f"{manifest.image_bytes / 2**20:.1f} MiB in {dump_s:.2f} s → {path}")
         return manifest
-
-
-def cut_run_of(prefix: str) -> str:
-    """The part of a cut's id that names its run: 8 hex digits of a hash of
-    the run's store prefix (the same on every host of the run; the prefix
-    itself is a secret)."""
-    return hashlib.sha256(prefix.encode()).hexdigest()[:8]
 
 
 def _since_announced(events: Path | None) -> float:

@@ -19,7 +19,7 @@ import pytest
 
 from prism_debug.runner.snapshots import RestoreWay, restore_way
 from prism_debug.snapshot import criu as criu_api
-from prism_debug.snapshot.store import Manifest
+from prism_debug.snapshot.manifest import Manifest
 from tests.runner.test_snapshots import EXAMPLE, cli, digests
 
 SMALL = ["--layers", "2", "--hidden", "64", "--tp", "2", "--pp", "2"]

@@ -54,7 +54,8 @@ def test_a_console_drives_one_rank_of_several(tmp_path, session_dir):  # noqa: F
         assert second["iteration"] == first["iteration"] <= status["iteration"] + 1
         # what would set the replicas apart, or needs a cut of both, is refused
         for verb, why in (("perturb slow 5 2", "perturbation would reach this rank's replica"),
-                          ("snapshot", "needs a consistent cut of them all")):
+                          ("snapshot", "a cut of every real rank is taken at the boundaries "
+                                       "the run's --snapshot-at names")):
             refused = attach(1, verb)
             assert why in refused.stdout + refused.stderr
         elsewhere = attach(7, "status")

@@ -24,7 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prism_debug.snapshot.store import MANIFEST, Manifest, SnapshotError, Store
+from prism_debug.snapshot.manifest import MANIFEST, Manifest
+from prism_debug.snapshot.store import SnapshotError, Store
 
 # the form new_id gives, written out here as the specification (this file
 # imports nothing the old store lacked, so it can be run against it)

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from prism_debug.snapshot import checksum, incremental
 from prism_debug.snapshot.criu import pycriu
-from prism_debug.snapshot.store import MANIFEST, VERIFIED, Manifest, SnapshotError, Store
+from prism_debug.snapshot.manifest import MANIFEST, Manifest
+from prism_debug.snapshot.store import VERIFIED, SnapshotError, Store
 
 PAGE = incremental.PAGE
 VADDR = 0x7F0000000000

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from prism_debug.snapshot.store import MANIFEST, Manifest, SnapshotError, Store
+from prism_debug.snapshot.manifest import MANIFEST, Manifest
+from prism_debug.snapshot.store import SnapshotError, Store
 
 
 def manifest(snapshot_id, parent=None, iteration=2):
