@@ -7,6 +7,8 @@ a file with its line and column, like a compiler.  The schema::
     name: dp-peer-fail-stop             # required
     description: a DP peer dies          # optional
     world: {size: 64, rank: 5, gpus_per_node: 8}   # size, rank required; gpus_per_node 8
+    # world: {size: 8192, ranks: "0-1"}  several real ranks (a rank list, at most 64),
+    #   instead of rank: each a process of its own, every expectation judged on each
     seed: 0                              # seeds fraction selectors (and the run)
     run:                                 # exactly one of command / example / snapshot
       example: {tp: 2, pp: 2, iterations: 6}   # the bundled example's arguments
@@ -46,6 +48,7 @@ a file with its line and column, like a compiler.  The schema::
         # exactly these; its crash or silence fails the verdict
       - nan_at: {iteration: 3}           # the first iteration whose values hold a NaN
       - digests: {4: 6d86199fb54262f3}   # iteration -> the report's digest (or a prefix)
+        # of the lowest real rank; {rank: 1, 4: …}: of real rank 1
 
 Fault actions and their parameters, written beside ``action``:
 

@@ -41,6 +41,9 @@ expect:
   - exit_code: 0
   - iteration_time: {{max_s: 2.0}}
   - iteration_time: {{iteration: 2, max_s: 0.25}}
+  # against a baseline run of the pair without the fault, each rank its own
+  - iteration_time: {{iteration: 4, relative: 1.0, tolerance: 0.5}}
+  - iteration_time: {{predicted: true, tolerance: 0.5}}
 """
 
 
@@ -59,6 +62,17 @@ def test_each_real_rank_is_judged_and_the_verdict_names_the_one_that_fails(tmp_p
     failed = re.fullmatch(r"FAIL  rank 1: iteration 2 time in \[0\.0 ms, 250\.0 ms\]: got "
                           r"([\d.]+) ms", verdicts[2])
     assert failed, verdicts[2]  # rank 0 passes it: only rank 1 is named
+    assert re.fullmatch(r"PASS  rank 0: iteration 4 time x1 ±0\.5 of the baseline's: got "
+                        r"x[\d.]+ \([\d.]+ vs [\d.]+ ms\); rank 1: iteration 4 time x1 ±0\.5 "
+                        r"of the baseline's: got x[\d.]+ \([\d.]+ vs [\d.]+ ms\)",
+                        verdicts[3]), verdicts[3]
+    # the engine's prediction for each rank, from the graph alone: the medians
+    # after the first iteration hold one delayed iteration in three, so x1
+    assert "scenario: the replay engine predicts iterations x1.000 (rank 0), x1.000 (rank 1)" \
+        in proc.stdout
+    assert re.fullmatch(r"PASS  rank 0: median iteration time x1\.000 \(predicted\) ±0\.5 .*; "
+                        r"rank 1: median iteration time x1\.000 \(predicted\) ±0\.5 .*",
+                        verdicts[4]), verdicts[4]
     # what each rank's own report holds: the two late buckets in rank 1's
     # iteration 2, none in rank 0's, which meets them in iteration 3
     (run_dir,) = (tmp_path / "runs").iterdir()
@@ -71,7 +85,7 @@ def test_each_real_rank_is_judged_and_the_verdict_names_the_one_that_fails(tmp_p
     assert times[0][2] < 0.25 and times[0][3] >= BUCKETS * DELAY_S - 0.1
     (summary,) = json.loads((tmp_path / "verdicts.json").read_text())
     assert [(e["line"], e["passed"]) for e in summary["expectations"]] == [
-        (10, True), (11, True), (12, False)]
+        (10, True), (11, True), (12, False), (14, True), (15, True)]
 
 
 def test_the_bundled_pair_scenario_passes_on_both_ranks(tmp_path):
