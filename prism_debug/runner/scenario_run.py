@@ -21,8 +21,8 @@ from prism_debug.cost import DEFAULT_PROFILE, CostModel, load_profile
 from prism_debug.errors import ConfigError
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.faults import Action, fault_text, rank_text, resolve
-from prism_debug.graph.selectors import ranks_text
 from prism_debug.graph import ExecutionGraph
+from prism_debug.graph.selectors import ranks_text
 from prism_debug.runner.fr_trace import FR_TRACE_TIMEOUT_S, run_fr_trace
 from prism_debug.runner.graph_cache import cached_graph
 from prism_debug.runner.launch import restore, run

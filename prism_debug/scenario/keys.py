@@ -2,10 +2,11 @@
 suggestions and "expected one of" lists come from.
 
 A declared field is not accepted everywhere: a fault's ``at`` declares
-``time_s`` yet every fault refuses it, a world takes ``rank`` or ``ranks``, a slow or link fault refuses
+``time_s`` yet every fault refuses it, a slow or link fault refuses
 ``at.collective``, a fail fault refuses ``for``, a run that restores a
 snapshot refuses ``env``, ``timeout_s`` and ``hardware``, and one of a set of
-exclusive keys rules the others out.  A key written in such a place stays
+exclusive keys rules the others out (a world's ``rank`` or ``ranks``, a
+run's command, example or snapshot).  A key written in such a place stays
 known, so its writer gets the model's reason for refusing it; but a
 suggestion for a misspelt key comes only from :func:`accepted_keys`, so it
 never names a key the loader then refuses there.  The rules mirror the

@@ -10,6 +10,7 @@ from prism_debug.errors import ConfigError
 from prism_debug.faults import parse_fault
 from prism_debug.runner.options import MAX_REAL_RANKS as RUNNER_MAX_REAL_RANKS
 from prism_debug.runner.scenario_lint import ThisMachine
+from prism_debug.runner.scenario_run import run_scenario
 from prism_debug.scenario import World, lint, parse_scenario
 from prism_debug.scenario.keys import accepted_keys
 from prism_debug.scenario.model import MAX_REAL_RANKS
@@ -134,6 +135,28 @@ def test_a_group_of_real_ranks_is_refused_once_the_graph_is_known(tmp_path):
     ]
 
 
+def test_a_fraction_the_scenarios_seed_draws_onto_real_ranks_is_refused_before_any_run(
+        tmp_path):
+    # seeded_faults draws fault 0's one rank of 4 with seed "6/0":
+    # random.Random("6/0").sample(range(4), 1) == [1], a real rank; "0/0" draws 2
+    two_stage_graph().save(tmp_path / "g.prism")
+    (tmp_path / "train.py").write_text("raise SystemExit('never started')\n")
+    text = ('name: t\nworld: {size: 4, ranks: "0-1", gpus_per_node: 2}\nseed: 6\n'
+            "run: {command: [python, train.py], graph: g.prism}\n"
+            "faults:\n  - {action: delay, select: {fraction: 0.25}, seconds: 0.1}\n")
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    scenario = parse_scenario(text, str(path))
+    assert scenario.fault_ranks(0) == [1]
+    assert parse_scenario(text.replace("seed: 6", "seed: 0")).fault_ranks(0) == [2]
+    with pytest.raises(ConfigError) as refused:
+        run_scenario(scenario, run_dir=tmp_path / "runs")
+    assert str(refused.value) == (
+        f"{path}:6: faults[0].select: rank 1 is a real rank (world.ranks 0-1): a fault acts "
+        "on virtual peers only, so this one would hit nobody; select a virtual rank")
+    assert not any((tmp_path / "runs").rglob("rank-*"))  # no rank started
+
+
 def test_one_ranks_views_are_refused_beside_several_real_ranks():
     body = ("expect:\n"
             "  - flight_record: {missing_ranks: [4]}\n"
@@ -158,7 +181,8 @@ def test_one_ranks_views_are_refused_beside_several_real_ranks():
 
 def test_a_digests_rank_is_read_beside_its_iterations():
     s = parse_scenario('name: t\nworld: {size: 64, ranks: "0-1"}\n' + RUN
-                       + "expect:\n  - digests: {3: 6d86199f, rank: 1}\n  - digests: {3: 0a0b0c0d}\n")
+                       + "expect:\n  - digests: {3: 6d86199f, rank: 1}\n"
+                         "  - digests: {3: 0a0b0c0d}\n")
     assert [(e.rank, e.digests) for e in s.expect] == [(1, ((3, "6d86199f"),)),
                                                        (None, ((3, "0a0b0c0d"),))]
     assert problems('{size: 64, ranks: "0-1"}',
