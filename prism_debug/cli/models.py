@@ -107,7 +107,8 @@ def replay(path, iterations, hardware, ranks_text, perturbations, scenario_path,
     if scenario_path is not None:
         scenario = _scenario_faults(scenario_path, g, path)
         faults += [(fault_text(f), f) for f in scenario.seeded_faults()]
-        ranks = list(dict.fromkeys([*ranks, scenario.world.rank])) if not ranks_text else ranks
+        ranks = list(dict.fromkeys([*ranks, *scenario.world.real_ranks])) if not ranks_text \
+            else ranks
         seed = scenario.seed if seed is None else seed
     seed = seed or 0
     variability = parse_variability(variability_terms) if variability_terms else (

@@ -11,6 +11,7 @@ goes back to the pure verdicts (``scenario/plan.py``).
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -19,8 +20,9 @@ from xml.sax.saxutils import escape, quoteattr
 from prism_debug.cost import DEFAULT_PROFILE, CostModel, load_profile
 from prism_debug.errors import ConfigError
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
-from prism_debug.faults import fault_text, rank_text, resolve
+from prism_debug.faults import Action, fault_text, rank_text, resolve
 from prism_debug.graph import ExecutionGraph
+from prism_debug.graph.selectors import ranks_text
 from prism_debug.runner.fr_trace import FR_TRACE_TIMEOUT_S, run_fr_trace
 from prism_debug.runner.graph_cache import cached_graph
 from prism_debug.runner.launch import restore, run
@@ -28,7 +30,12 @@ from prism_debug.runner.interpreter import with_interpreter
 from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, python_command
 from prism_debug.runner.paths import default_run_dir, make_run_dir, open_store
 from prism_debug.scenario import Scenario, plan
-from prism_debug.scenario.model import ExpectFlightRecord, ExpectNanAt, Run
+from prism_debug.scenario.model import (
+    ExpectFlightRecord,
+    ExpectNanAt,
+    Run,
+    only_real_ranks_message,
+)
 from prism_debug.snapshot.store import Manifest, sha256_file
 from prism_debug.predict import predict
 from prism_debug.variability import Variability
@@ -47,17 +54,21 @@ class ScenarioResult:
     verdicts: list[plan.Verdict]
     run_dir: Path
     duration_s: float
-    predicted_ratio: float | None = None
+    predicted_ratio: float | None = None  # (several real ranks: the lowest's)
+    # several real ranks: each one's predicted ratio (empty for one)
+    predicted_ratios: dict[int, float] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
         return all(v.passed for v in self.verdicts)
 
     def to_dict(self) -> dict:
+        ratios = {"predicted_ratios": {str(r): x for r, x in self.predicted_ratios.items()}} \
+            if self.predicted_ratios else {}
         return {"scenario": self.scenario.name, "source": self.scenario.source,
                 "passed": self.passed, "run_dir": str(self.run_dir),
                 "duration_s": round(self.duration_s, 3),
-                "predicted_ratio": self.predicted_ratio,
+                "predicted_ratio": self.predicted_ratio, **ratios,
                 "expectations": [{"kind": v.expectation.kind, "line": v.expectation.line,
                                   "passed": v.passed, "detail": v.detail}
                                  for v in self.verdicts]}
@@ -100,12 +111,23 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
             raise ConfigError(f"{scenario.source}: variability: {exc}") from exc
         message(f"scenario: variability {variability.describe()}")
     faults = scenario.seeded_faults()
+    real = set(world.real_ranks)
     for i, fault in enumerate(faults):
         try:
             targets = resolve(fault, world.size, world.gpus_per_node, graph).targets
         except ConfigError as exc:  # a graph profiled just now, which lint could not read
             raise ConfigError(f"{scenario.source}:{fault.line}: faults[{i}].select: {exc}") \
                 from exc
+        if world.several_real_ranks and fault.action != Action.LINK:
+            # (a fraction drawn with the scenario's seed, a group of a graph profiled
+            # just now: what lint could not see)
+            if set(targets) <= real:
+                raise ConfigError(f"{scenario.source}:{fault.line}: faults[{i}].select: "
+                                  + only_real_ranks_message(targets, world))
+            if spared := sorted(real & set(targets)):
+                which = f"rank {spared[0]}" if len(spared) == 1 else f"ranks {ranks_text(spared)}"
+                message(f"scenario: faults[{i}] spares real {which}: faults act on virtual "
+                        "peers only")
         message(f"scenario: perturb {fault_text(fault)}" + (
             f"  ({rank_text(targets)})" if fault.select.kind in ("family", "class", "fraction")
             else ""))
@@ -130,7 +152,8 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
             if with_faults:
                 env += tuple((k, v) for k, v in flight_env.items() if k not in dict(spec.env))
             return run(RunOptions(
-                command=command, rank=world.rank, world_size=world.size, profile=profile,
+                command=command, rank=world.real_ranks[0], world_size=world.size,
+                ranks=world.real_ranks if world.several_real_ranks else (), profile=profile,
                 iterations=spec.iterations, seed=scenario.seed, graph_path=graph_path,
                 graph=graph, bind=None, collective_timeout_s=spec.timeout_s,
                 run_dir=run_dir / name, report_path=report, env=env,
@@ -141,16 +164,21 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
     if plan.needs_baseline(scenario):
         message("scenario: baseline run, without the faults")
         baseline = observe(start("baseline", False, None, _quiet(message)))
-    predicted = None
+    predicted, ratios = None, {}
     if plan.needs_prediction(scenario):
         # a restored run's iterations count on from its snapshot's
         horizon = spec.last_iteration or (
             manifest.iteration + (spec.iterations or 4) if manifest is not None else 4)
-        predicted = plan.predicted_ratio(
-            graph, CostModel(profile).op_time_s, world.rank, faults, horizon,
+        ratios = plan.predicted_ratios(
+            graph, CostModel(profile).op_time_s, world.real_ranks, faults, horizon,
             first_iteration=manifest.iteration + 1 if manifest is not None else 2,
             seed=scenario.seed, compute=variability and StochasticCompute(graph, variability))
-        message(f"scenario: the replay engine predicts iterations x{predicted:.3f}")
+        predicted = ratios[world.real_ranks[0]]
+        if world.several_real_ranks:
+            message("scenario: the replay engine predicts iterations " + ", ".join(
+                f"x{ratio:.3f} (rank {rank})" for rank, ratio in ratios.items()))
+        else:
+            message(f"scenario: the replay engine predicts iterations x{predicted:.3f}")
     predicted_times = None
     if plan.needs_distribution(scenario):
         predicted_times = _predicted_times(scenario, graph, profile, faults, spec, manifest)
@@ -158,8 +186,11 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
                 f"{world.rank} over {len(predicted_times)} samples")
     message(f"scenario: {scenario.name}: run with the faults")
     observed = observe(start("run", True, run_dir / "report.json", message))
-    verdicts = plan.evaluate(scenario, observed, baseline, predicted, predicted_times)
-    return ScenarioResult(scenario, verdicts, run_dir, time.monotonic() - started, predicted)
+    several = world.several_real_ranks
+    verdicts = plan.evaluate(scenario, observed, baseline, ratios if several else predicted,
+                             predicted_times)
+    return ScenarioResult(scenario, verdicts, run_dir, time.monotonic() - started, predicted,
+                          ratios if several else {})
 
 
 def _predicted_times(scenario: Scenario, graph: ExecutionGraph, profile, faults, spec: Run,
@@ -241,7 +272,13 @@ def _graph(scenario: Scenario, command: list[str], run_dir: Path,
 
 
 def observe(result: RunResult) -> plan.Observed:
-    """What a run showed, as the verdicts (and the pytest plugin's results) read it."""
+    """What a run showed, as the verdicts (and the pytest plugin's results) read
+    it; a run of several real ranks: the lowest rank's, with the run's exit
+    code and each rank's own in ``ranks``."""
+    if result.ranks:
+        ranks = {rank: observe(result.ranks[rank]) for rank in sorted(result.ranks)}
+        lowest = ranks[min(ranks)]
+        return dataclasses.replace(lowest, exit_code=result.exit_code, ranks=ranks)
     events = result.events  # read once, by the run
     log = result.log_path.read_text(encoding="utf-8", errors="replace").splitlines()
     flight = None
@@ -266,8 +303,9 @@ def _analyse_flight_record(dumped: dict, timeout_s: float | None = None) -> plan
 
 
 def _quiet(message: Message) -> Message:
-    """Only the summary lines of the runs that support the scenario."""
-    return lambda line: message("  " + line) if line.startswith(
+    """Only the summary lines of the runs that support the scenario (each real
+    rank's, in a run of several)."""
+    return lambda line: message("  " + line) if re.sub(r"^\[rank \d+\] ", "", line).startswith(
         ("summary:", "profile: wrote", "graph:")) else None
 
 

@@ -5,7 +5,8 @@ A declared field is not accepted everywhere: a fault's ``at`` declares
 ``time_s`` yet every fault refuses it, a slow or link fault refuses
 ``at.collective``, a fail fault refuses ``for``, a run that restores a
 snapshot refuses ``env``, ``timeout_s`` and ``hardware``, and one of a set of
-exclusive keys rules the others out.  A key written in such a place stays
+exclusive keys rules the others out (a world's ``rank`` or ``ranks``, a
+run's command, example or snapshot).  A key written in such a place stays
 known, so its writer gets the model's reason for refusing it; but a
 suggestion for a misspelt key comes only from :func:`accepted_keys`, so it
 never names a key the loader then refuses there.  The rules mirror the
@@ -20,7 +21,7 @@ from typing import Collection
 from prism_debug.checked import declared_fields
 from prism_debug.faults import Action, Duration, Fault, Selector, Trigger
 from prism_debug.faults.model import WHOLE_ITERATION_ACTIONS
-from prism_debug.scenario.model import ExpectIterationTime, Run
+from prism_debug.scenario.model import ExpectIterationTime, Run, World
 
 _RUN_CHOICES = frozenset({"command", "example", "snapshot"})
 # what a restored snapshot keeps from the run it was taken in
@@ -56,6 +57,8 @@ def accepted_keys(cls, present: Collection[str] = (), action: Action | None = No
             drop.add("group")
         if "fraction" not in present:
             drop.add("seed")
+    elif cls is World:
+        drop |= _exclusive({"rank", "ranks"}, present)  # one real rank, or several
     elif cls is Run:
         drop |= _exclusive(_RUN_CHOICES, present)
         if "snapshot" in present:

@@ -24,6 +24,7 @@ from prism_debug.scenario import surroundings
 from prism_debug.scenario.keys import accepted_keys
 from prism_debug.scenario.model import (
     EXPECTATION_TYPES,
+    ExpectDigests,
     Scenario,
     cross_rules,
     hex_digest_problem,
@@ -482,7 +483,31 @@ class _Reader:
             self.nodes[path + (kind,)], self.keys[path + (kind,)] = value_node, key_node
             return self._object(cls, value_node, path + (kind,), line=line)
         spec = next(f for f in dataclasses.fields(cls) if f.name == cls.value_field)
+        extra = {}
+        if cls is ExpectDigests:
+            value_node, extra = self._digests_rank(value_node, path + (kind,))
         value = self._value(spec.metadata, key_node, value_node, path + (kind,))
-        if value is _INVALID:
+        if value is _INVALID or _INVALID in extra.values():
             return _INVALID
-        return self._build(cls, {spec.name: value}, path, line=line)
+        return self._build(cls, {spec.name: value, **extra}, path, line=line)
+
+    def _digests_rank(self, node, path) -> tuple[yaml.Node, dict]:
+        """A digests mapping's ``rank`` (whose digests they are), read apart from
+        its iterations: the mapping without it, and ``{"rank": rank}`` if given."""
+        if not isinstance(node, yaml.MappingNode):
+            return node, {}
+        given = [(k, v) for k, v in node.value
+                 if isinstance(k, yaml.ScalarNode) and k.tag == _STR and k.value == "rank"]
+        if not given:
+            return node, {}
+        key_node, value_node = given[0]
+        spec = next(f for f in dataclasses.fields(ExpectDigests) if f.name == "rank")
+        rank = self._value(spec.metadata, key_node, value_node, path + ("rank",))
+        for again, _ in given[1:]:
+            self._report(path, f"duplicate key 'rank' (first on line "
+                               f"{key_node.start_mark.line + 1})", again)
+            rank = _INVALID
+        keys = {id(k) for k, _ in given}
+        rest = yaml.MappingNode(node.tag, [(k, v) for k, v in node.value if id(k) not in keys],
+                                node.start_mark, node.end_mark, node.flow_style)
+        return rest, {"rank": rank}

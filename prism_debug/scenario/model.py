@@ -7,6 +7,8 @@ a file with its line and column, like a compiler.  The schema::
     name: dp-peer-fail-stop             # required
     description: a DP peer dies          # optional
     world: {size: 64, rank: 5, gpus_per_node: 8}   # size, rank required; gpus_per_node 8
+    # world: {size: 8192, ranks: "0-1"}  several real ranks (a rank list, at most 64),
+    #   instead of rank: each a process of its own, every expectation judged on each
     seed: 0                              # seeds fraction selectors (and the run)
     run:                                 # exactly one of command / example / snapshot
       example: {tp: 2, pp: 2, iterations: 6}   # the bundled example's arguments
@@ -46,6 +48,7 @@ a file with its line and column, like a compiler.  The schema::
         # exactly these; its crash or silence fails the verdict
       - nan_at: {iteration: 3}           # the first iteration whose values hold a NaN
       - digests: {4: 6d86199fb54262f3}   # iteration -> the report's digest (or a prefix)
+        # of the lowest real rank; {rank: 1, 4: …}: of real rank 1
 
 Fault actions and their parameters, written beside ``action``:
 
@@ -106,11 +109,17 @@ from prism_debug.faults import (
     Topology,
     Trigger,
     resolve,
+    select,
 )
+from prism_debug.graph.selectors import expand, node_spans, rank_spans, ranks_text, select_ranks
 from prism_debug.variability import Variability
 
 PROFILE_GRAPH = "profile"  # run.graph: profile the script first, then replay that graph
 DEFAULT_TOLERANCE = 0.02  # iteration_time: relative's default tolerance
+# the most real ranks a scenario runs: runner/options.py's MAX_REAL_RANKS (one
+# host's processes), mirrored because the pure core imports no runner (a test
+# checks that the two agree)
+MAX_REAL_RANKS = 64
 
 
 # -- value checks of this schema (the shared ones are prism_debug.checked's) -------------
@@ -151,8 +160,13 @@ def hex_digest_problem(v: str) -> str | None:
 
 @dataclass(frozen=True, kw_only=True)
 class World(Checked):
+    """The job's world and its real ranks: one (``rank``) or several (``ranks``,
+    a rank list such as ``"0-1"`` or ``"0,4096"``), exactly one of the two."""
+
     size: int = declare("int", check=both(at_least(1), at_most(MAX_WORLD_SIZE)))
-    rank: int = declare("int", check=at_least(0))  # the real rank
+    rank: int | None = declare("int", default=None, check=at_least(0))  # the real rank
+    # several real ranks (run --ranks), each a process of its own
+    ranks_text: str | None = declare("text", key="ranks", default=None, check=not_empty)
     gpus_per_node: int = declare("int", default=8,
                                  check=both(at_least(1), at_most(MAX_GPUS_PER_NODE)))
 
@@ -160,9 +174,41 @@ class World(Checked):
     def num_nodes(self) -> int:
         return -(-self.size // self.gpus_per_node)
 
+    @property
+    def real_ranks(self) -> tuple[int, ...]:
+        """The real ranks, lowest first (``rank``, or what ``ranks`` names)."""
+        if self.rank is not None:
+            return (self.rank,)
+        return tuple(sorted(select_ranks(self.ranks_text, self.size, self.gpus_per_node)))
+
+    @property
+    def several_real_ranks(self) -> bool:
+        """Whether the run is of several real ranks (``ranks: "5"`` is one, as ``rank: 5``)."""
+        return len(self.real_ranks) > 1
+
     def _rules(self):
-        if self.rank >= self.size:
+        yield from one_of(self, {"rank": "rank", "ranks": "ranks_text"}, "rank, ranks")
+        if self.rank is not None and self.rank >= self.size:
             yield ("rank",), f"rank {self.rank} is outside the world of {self.size} ranks"
+        if self.ranks_text is not None and (problem := real_ranks_problem(
+                self.ranks_text, self.size, self.gpus_per_node)):
+            yield ("ranks",), problem
+
+
+def real_ranks_problem(text: str, world_size: int, gpus_per_node: int) -> str | None:
+    """What is wrong with ``text`` as a world's ``ranks`` (a rank list of at most
+    :data:`MAX_REAL_RANKS` ranks, each inside the world), or None; nothing
+    is expanded before it is counted."""
+    try:
+        spans = rank_spans(text, world_size, gpus_per_node)
+    except ConfigError as exc:
+        return str(exc)
+    count = len(set(expand(spans))) if sum(b - a + 1 for a, b in spans) <= MAX_REAL_RANKS \
+        else MAX_REAL_RANKS + 1
+    if count > MAX_REAL_RANKS:
+        return (f"{text.strip()!r} names more than {MAX_REAL_RANKS} ranks: a scenario runs at "
+                f"most {MAX_REAL_RANKS} real ranks (each is a process of its own)")
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -340,10 +386,13 @@ class ExpectNanAt(Expectation):
 
 @dataclass(frozen=True, kw_only=True)
 class ExpectDigests(Expectation):
-    """The real rank's per-iteration value digests, as the report prints them."""
+    """A real rank's per-iteration value digests, as the report prints them:
+    ``rank``'s (written beside the iterations, ``{rank: 1, 4: 6d86…}``), or
+    the lowest real rank's when it is not given."""
 
     kind, value_field = "digests", "digests"
     digests: tuple[tuple[int, str], ...] = declare("digests", check=not_empty)
+    rank: int | None = declare("int", default=None, check=at_least(0))
 
     def iterations_named(self) -> list[tuple[tuple, int]]:
         return [(("digests", iteration), iteration) for iteration, _ in self.digests]
@@ -424,6 +473,13 @@ def cross_rules(world: World | None, run: Run | None, selects: Sequence[Selector
                         if rank >= world.size:
                             yield (("expect", i, "flight_record", key, j),
                                    f"rank {rank} is outside the world of {world.size} ranks")
+            if isinstance(expectation, ExpectDigests) and expectation.rank is not None \
+                    and expectation.rank not in world.real_ranks:
+                yield (("expect", i, "digests", "rank"),
+                       f"rank {expectation.rank} is not a real rank: the report has digests "
+                       f"of {_real_ranks_named(world)} only")
+        if world.several_real_ranks:
+            yield from several_real_ranks_rules(world, run, selects, expect)
     for i, trigger in enumerate(triggers):
         # (a fault that reads cleanly refuses it too; here it is found beside
         # other errors in the same fault)
@@ -440,3 +496,76 @@ def cross_rules(world: World | None, run: Run | None, selects: Sequence[Selector
         for path, n in expectation.iterations_named() if expectation is not None else ():
             if n > last:
                 yield ("expect", i, *path), f"iteration {n}: {late}"
+
+
+# -- several real ranks ------------------------------------------------------------------
+
+SEVERAL_FROM_SNAPSHOT = "a scenario of several real ranks starts from the script, not a snapshot"
+
+
+def several_real_ranks_rules(world: World, run: Run | None, selects: Sequence[Selector | None],
+                             expect: Sequence[Expectation | None],
+                             ) -> Iterator[tuple[tuple, str]]:
+    """What a scenario of several real ranks refuses: a snapshot to start
+    from, a fault that would hit only real ranks (faults act on virtual
+    peers: it would hit nobody), and the expectations that judge one rank's
+    view only (a flight record, predict's distribution of one rank)."""
+    if run is not None and run.snapshot is not None:
+        yield ("run", "snapshot"), SEVERAL_FROM_SNAPSHOT
+    for i, selector in enumerate(selects):
+        if selector is not None and (hit := only_real_ranks(selector, world)):
+            yield ("faults", i, "select", selector.kind), only_real_ranks_message(hit, world)
+    for i, expectation in enumerate(expect):
+        if isinstance(expectation, ExpectFlightRecord):
+            yield ("expect", i, "flight_record"), (
+                "a scenario of several real ranks does not judge a flight record: each real "
+                "rank dumps its own; expect an exception or an exit_code instead")
+        if isinstance(expectation, ExpectIterationTime) and expectation.is_predicted_percentile:
+            yield ("expect", i, "iteration_time", "predicted"), (
+                "prism-debug predict gives one rank's iteration times; a scenario of several "
+                "real ranks bounds the run's own percentile (leave predicted out)")
+
+
+def only_real_ranks(selector: Selector, world: World,
+                    topology: Topology | None = None) -> tuple[int, ...] | None:
+    """The ranks ``selector`` hits when every one of them is a real rank of
+    ``world`` (a fault that would hit nobody), else None.  Family and class
+    selectors need ``topology`` (None without it); a selector that names more
+    ranks than there are real ones is never expanded."""
+    real = set(world.real_ranks)
+    size, per_node = world.size, world.gpus_per_node
+    if selector.problem(size, per_node) is not None:
+        return None  # (said elsewhere)
+    if selector.ranks_text is not None:
+        spans = rank_spans(selector.ranks_text, size, per_node)
+        count = sum(last - first + 1 for first, last in spans)
+    elif selector.selects_nodes:
+        spans = node_spans(selector.node_text, world.num_nodes)
+        count = sum(last - first + 1 for first, last in spans)  # nodes: at least a rank each
+    elif selector.fraction is not None:
+        if selector.seed is None:
+            return None  # drawn with the scenario's seed (seeded_faults): the run checks it
+        count = max(1, round(selector.fraction * size))
+    elif topology is None:
+        return None
+    else:
+        count = 0  # a group or a class: the graph's own size
+    if count > len(real):
+        return None
+    try:
+        hit = select(selector, size, per_node, topology)
+    except ConfigError:
+        return None  # (a family or class the graph lacks: said elsewhere)
+    return tuple(hit) if hit and set(hit) <= real else None
+
+
+def only_real_ranks_message(hit: Sequence[int], world: World) -> str:
+    which = f"rank {hit[0]} is a real rank" if len(hit) == 1 \
+        else f"ranks {ranks_text(hit)} are real ranks"
+    return (f"{which} (world.ranks {world.ranks_text}): a fault acts on virtual peers only, so "
+            "this one would hit nobody; select a virtual rank")
+
+
+def _real_ranks_named(world: World) -> str:
+    ranks = world.real_ranks
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks_text(ranks)}"

@@ -64,6 +64,10 @@ class Observed:
     digests: dict[int, str]
     nonfinite_iteration: int | None = None
     flight: FlightFindings | None = None
+    # a run of several real ranks: each rank's own, lowest first (the fields
+    # above are then the lowest rank's, with the run's exit code), as a
+    # RunResult's ``ranks``
+    ranks: dict[int, "Observed"] = dataclasses.field(default_factory=dict)
 
 
 def exception_from_output(lines: Iterable[str]) -> tuple[str, str] | None:
@@ -178,10 +182,12 @@ class Verdict:
 
 
 def evaluate(scenario: Scenario, observed: Observed, baseline: Observed | None = None,
-             predicted_ratio: float | None = None,
+             predicted_ratio: float | dict[int, float] | None = None,
              predicted_times: np.ndarray | None = None) -> list[Verdict]:
     """One verdict per expectation, in file order; ``predicted_times``: the
-    iteration times prism-debug predict gave (percentiles of a prediction)."""
+    iteration times prism-debug predict gave (percentiles of a prediction).
+    A run of several real ranks (``observed.ranks``) is judged by
+    :func:`_several`, with ``predicted_ratio`` per rank."""
 
     def iteration_time(e, seen, base, ratio):
         if e.is_predicted_percentile:
@@ -192,8 +198,75 @@ def evaluate(scenario: Scenario, observed: Observed, baseline: Observed | None =
         ExpectException: _exception, ExpectExitCode: _exit_code,
         ExpectIterationTime: iteration_time, ExpectFlightRecord: _flight_record,
         ExpectNanAt: _nan_at, ExpectDigests: _digests}
+    if observed.ranks:
+        return [Verdict(e, *_several(e, checks[type(e)], observed, baseline, predicted_ratio))
+                for e in scenario.expect]
     return [Verdict(e, *checks[type(e)](e, observed, baseline, predicted_ratio))
             for e in scenario.expect]
+
+
+# the ranks a verdict of several real ranks shows by name; the rest are counted
+SHOWN_RANKS = 4
+
+
+def _several(e: Expectation, check: Callable, observed: Observed, baseline: Observed | None,
+             predicted: dict[int, float] | None) -> tuple[bool, str]:
+    """An expectation of a run of several real ranks:
+
+    * ``exit_code``: the run's (the first failing rank's, as torchrun's);
+    * ``exception``: some rank's output shows it (the verdict names which);
+    * ``iteration_time``: every rank's own iterations satisfy it, each against
+      its own baseline and predicted ratio (the verdict names those that fail);
+    * ``nan_at``: the first iteration any real rank sends a NaN or inf;
+    * ``digests``: its ``rank``'s, the lowest real rank's when none is given.
+
+    (A flight record and predict's distribution are one rank's: the model
+    refuses them beside several real ranks.)"""
+    ranks = observed.ranks
+    if isinstance(e, ExpectExitCode):
+        passed, detail = check(e, observed)
+        failed = {r: seen.exit_code for r, seen in ranks.items() if seen.exit_code}
+        return passed, detail + (" (" + ", ".join(f"rank {r}: {code}" for r, code in
+                                                  failed.items()) + ")" if failed else "")
+    if isinstance(e, ExpectException):
+        found = {r: check(e, seen) for r, seen in ranks.items()}
+        holds = [r for r, (passed, _) in found.items() if passed]
+        if holds:
+            return True, f"rank {holds[0]}: {found[holds[0]][1]}"
+        return False, _per_rank({r: detail for r, (_, detail) in found.items()})
+    if isinstance(e, ExpectIterationTime) and not e.is_predicted_percentile:
+        found = {r: check(e, seen, baseline.ranks.get(r) if baseline else None,
+                          (predicted or {}).get(r)) for r, seen in ranks.items()}
+        failing = {r: detail for r, (passed, detail) in found.items() if not passed}
+        if failing:
+            return False, _per_rank(failing)
+        return True, _per_rank({r: detail for r, (_, detail) in found.items()})
+    if isinstance(e, ExpectNanAt):
+        sent = {r: seen.nonfinite_iteration for r, seen in ranks.items()
+                if seen.nonfinite_iteration is not None}
+        first = min(sent.values(), default=None)
+        by = [r for r, it in sent.items() if it == first]
+        got = "none" if first is None else (
+            f"iteration {first} (rank {by[0]})" if len(by) == 1
+            else f"iteration {first} (ranks {', '.join(map(str, by))})")
+        return first == e.iteration, (f"first NaN/inf a real rank sends at iteration "
+                                      f"{e.iteration}: got {got}")
+    if isinstance(e, ExpectDigests):
+        rank = min(ranks) if e.rank is None else e.rank
+        if rank not in ranks:
+            return False, f"digests of rank {rank}: it is not a real rank of the run"
+        passed, detail = check(e, ranks[rank])
+        return passed, f"rank {rank}: {detail}"
+    if isinstance(e, ExpectFlightRecord):
+        return False, "a run of several real ranks does not judge a flight record"
+    return check(e, observed, baseline, predicted)  # predict's percentile: not a rank's
+
+
+def _per_rank(details: dict[int, str]) -> str:
+    """Each rank's detail, the first :data:`SHOWN_RANKS` by name."""
+    shown = [f"rank {r}: {detail}" for r, detail in list(details.items())[:SHOWN_RANKS]]
+    more = len(details) - SHOWN_RANKS
+    return "; ".join(shown) + (f"; and {more} more rank(s)" if more > 0 else "")
 
 
 def needs_baseline(scenario: Scenario) -> bool:
@@ -364,12 +437,23 @@ def predicted_ratio(graph: ExecutionGraph, cost: CostFn, rank: int, faults: Sequ
     (``first_iteration`` to ``iterations``: after the first, or after the
     snapshot a restored run resumes from).  ``compute`` (stochastic peers)
     acts on both replays, seeded alike."""
-    medians = []
+    return predicted_ratios(graph, cost, (rank,), faults, iterations,
+                            first_iteration=first_iteration, seed=seed, compute=compute)[rank]
+
+
+def predicted_ratios(graph: ExecutionGraph, cost: CostFn, ranks: Sequence[int],
+                     faults: Sequence[Fault], iterations: int, *, first_iteration: int = 2,
+                     seed: int = 0, compute: ComputeModel | None = None) -> dict[int, float]:
+    """:func:`predicted_ratio` of each of ``ranks`` (several real ranks), from
+    the same two replays: the graph's prediction of a rank does not depend on
+    which others run for real."""
+    medians: dict[int, list[float]] = {rank: [] for rank in ranks}
     for in_force in ((), faults):
         engine = ReplayEngine(graph, cost, compute=compute, seed=seed)
         for fault in in_force:
             apply_fault(engine, resolve(fault, graph.world_size, graph.gpus_per_node, graph))
         engine.run(iterations)
-        times = engine.iteration_times(rank)[:iterations]
-        medians.append(statistics.median(times[first_iteration - 1:] or times))
-    return medians[1] / medians[0]
+        for rank in ranks:
+            times = engine.iteration_times(rank)[:iterations]
+            medians[rank].append(statistics.median(times[first_iteration - 1:] or times))
+    return {rank: after / before for rank, (before, after) in medians.items()}

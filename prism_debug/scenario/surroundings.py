@@ -21,7 +21,7 @@ from prism_debug.cost import load_profile
 from prism_debug.errors import ConfigError, GraphError, PrismError, VariabilityError
 from prism_debug.faults import Action, Selector, Trigger, select
 from prism_debug.graph import ExecutionGraph
-from prism_debug.scenario.model import Run, World
+from prism_debug.scenario.model import Run, World, only_real_ranks_message
 from prism_debug.variability import Variability
 
 
@@ -140,14 +140,19 @@ def _against_graph(read: Read, world: World, graph: ExecutionGraph,
                     targets = select(selector, world.size, world.gpus_per_node, graph)
                 except ConfigError:
                     targets = None  # outside the world: the loader said so
+            # (ranks, nodes and fractions the model checks: cross_rules)
+            if targets and selector.kind in ("family", "class") and world.several_real_ranks \
+                    and set(targets) <= set(world.real_ranks):
+                yield (("faults", i, "select", selector.kind),
+                       only_real_ranks_message(targets, world))
         if family is not None and family not in graph.families:
             yield ("faults", i, "family"), _no_family(family, graph, name)
         if trigger is not None and trigger.collective is not None \
                 and trigger.iteration is not None and action != Action.LINK:
-            # the selected ranks count their collectives; the real rank's
-            # data-parallel peers count the real rank's (faults/model.py).
+            # the selected ranks count their collectives; the real ranks'
+            # data-parallel peers count the real ranks' (faults/model.py).
             # Ranks not known (a selector at fault): the busiest class bounds it
-            classes = ({graph.class_of(rank) for rank in [*targets, world.rank]}
+            classes = ({graph.class_of(rank) for rank in [*targets, *world.real_ranks]}
                        if targets is not None else range(len(graph.programs)))
             count = max(_issued(graph, c, trigger.iteration) for c in classes)
             if trigger.collective > count:

@@ -23,10 +23,10 @@ def cli(*args: str, cache: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=1200, stdin=subprocess.DEVNULL, env=env)
 
 
-def test_there_are_six_examples_and_they_lint_clean(tmp_path):
+def test_there_are_seven_examples_and_they_lint_clean(tmp_path):
     assert [p.stem for p in SCENARIOS] == ["degraded_link", "desync_peer", "dp_peer_fail_stop",
-                                           "nan_peer", "slow_node_other_stage",
-                                           "stochastic_stragglers"]
+                                           "late_peer_of_a_pair", "nan_peer",
+                                           "slow_node_other_stage", "stochastic_stragglers"]
     proc = cli("scenario", "lint", *map(str, SCENARIOS), cache=tmp_path)
     assert proc.returncode == 0, proc.stdout
     assert proc.stdout.splitlines() == [f"{p}: ok" for p in SCENARIOS]

@@ -230,7 +230,7 @@ def test_missing_required_keys_are_all_reported_at_their_mapping():
         "s.yaml:1:1: missing required key 'run'",
     ]
     assert problems("name: t\nworld:\n  size: 8\nrun: {command: [a]}\n") == [
-        "s.yaml:2:1: world: missing required key 'rank'"]
+        "s.yaml:2:1: world: give one of rank, ranks"]
 
 
 def test_unknown_keys_suggest_the_closest_one_or_list_them():

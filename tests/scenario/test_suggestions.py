@@ -100,10 +100,12 @@ VALUES = {
     Scenario: {"name": "t", "description": "d", "world": {"size": 64, "rank": 5},
                "run": {"command": ["prog"]}, "seed": 0, "faults": [], "expect": [],
                "variability": [{"cv": 0.05}]},
-    World: {"size": 64, "rank": 5, "gpus_per_node": 8},
+    World: {"size": 64, "rank": 5, "ranks": "5", "gpus_per_node": 8},
     Run: {"command": ["prog"], "example": {}, "snapshot": "s1", "graph": "g", "iterations": 2,
           "hardware": "h100-ib400", "timeout_s": 5, "env": {"A": "1"}},
-    Example: {key: getattr(Example(), f.name) for key, f in declared_fields(Example)},
+    # (the example's optional keys, None by default, given a value)
+    Example: {**{key: getattr(Example(), f.name) for key, f in declared_fields(Example)},
+              "data_parallel_size": 2, "data_parallel_rank": 0},
     Selector: {"ranks": "1", "node": 1, "nodes": "1", "family": "dp", "group": 0, "class": 0,
                "fraction": 0.1, "seed": "x"},
     Trigger: {"iteration": 1, "collective": 1, "time_s": 1},
@@ -123,7 +125,8 @@ FAULT_VALUES = {"select": {"ranks": "1"}, "at": {"iteration": 1}, "for": {"itera
                 "latency_us": 1, "intermittent": {"period_s": 1, "duty": 0.5}, "scale": 2,
                 "kind": "size"}
 # what a key needs beside it to be complete (a family's group is its index)
-COMPANIONS = {(Selector, "family"): {"group": 0}}
+COMPANIONS = {(Selector, "family"): {"group": 0},
+              (Example, "data_parallel_rank"): {"data_parallel_size": 2}}
 
 
 def keys_of(cls) -> list[str]:

@@ -27,15 +27,16 @@ def test_pytest_runs_every_example_scenario_and_each_passes(pytester, env):
     junit = pytester.path / "junit.xml"
     result = pytester.runpytest_subprocess(*PLUGIN, str(SCENARIOS), "-v", "--junitxml",
                                            str(junit), timeout=1800)
-    result.assert_outcomes(passed=6)
+    result.assert_outcomes(passed=7)
     result.stdout.fnmatch_lines(["*nan_peer.yaml::nan_peer PASSED*"])
     cases = {case.get("name"): {p.get("name") + ":" + p.get("value") if p.get("name") != "expect"
                                 else p.get("value") for p in case.iter("property")}
              for case in ElementTree.parse(junit).getroot().iter("testcase")}
-    assert sorted(cases) == ["degraded_link", "desync_peer", "dp_peer_fail_stop", "nan_peer",
-                             "slow_node_other_stage", "stochastic_stragglers"]
+    assert sorted(cases) == ["degraded_link", "desync_peer", "dp_peer_fail_stop",
+                             "late_peer_of_a_pair", "nan_peer", "slow_node_other_stage",
+                             "stochastic_stragglers"]
     verdicts = [v for props in cases.values() for v in props if v.startswith(("PASS", "FAIL"))]
-    assert len(verdicts) == 15 and all(v.startswith("PASS  ") for v in verdicts)
+    assert len(verdicts) == 18 and all(v.startswith("PASS  ") for v in verdicts)
     assert any(v.startswith("PASS  p95 of iteration times >= 100.0 ms and <= 400.0 ms: got ")
                for v in cases["stochastic_stragglers"])
     assert any(v.startswith("PASS  p95 of predicted iteration times >= 100.0 ms and <= 160.0 "
@@ -47,6 +48,10 @@ def test_pytest_runs_every_example_scenario_and_each_passes(pytester, env):
             in cases["desync_peer"])
     assert "PASS  first NaN/inf the rank sends at iteration 3: got iteration 3" \
         in cases["nan_peer"]
+    # two real ranks, each judged on its own iterations
+    assert any(v.startswith("PASS  rank 0: p100 of iteration times >= 600.0 ms and <= 1500.0 "
+                            "ms: got ") and "; rank 1: p100 of iteration times" in v
+               for v in cases["late_peer_of_a_pair"])
     for name in ("slow_node_other_stage", "degraded_link"):
         (ratio,) = [p for p in cases[name] if p.startswith("predicted_ratio:")]
         assert float(ratio.split(":")[1]) > 1.05
