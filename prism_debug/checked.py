@@ -36,6 +36,9 @@ MAX_GPUS_PER_NODE = 1 << 16
 MAX_ITERATIONS = 10**9
 MAX_SEED = 2**63 - 1
 MAX_TIMEOUT_S = 1e6
+# real ranks one controller starts (--ranks, a scenario's world.ranks): each is a
+# process with its own agent
+MAX_REAL_RANKS = 64
 
 
 def declare(kind: str, *, key: str | None = None, default: Any = MISSING,

@@ -197,6 +197,10 @@ class Console(Completion, Shell):
         if status is None:
             return
         world = scenario.world
+        if world.several_real_ranks:
+            return self.error(f"{path} runs real ranks {world.ranks_text}: run it with "
+                              "prism-debug scenario run (a console perturbs one rank's "
+                              "virtual peers)", type="BadArguments")
         if (world.size, world.rank) != (status["world_size"], status["rank"]):
             return self.error(f"{path} is for rank {world.rank} of {world.size}; this is rank "
                               f"{status['rank']} of {status['world_size']}",

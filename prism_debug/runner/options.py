@@ -14,6 +14,7 @@ from pathlib import Path
 from prism_debug.checked import (
     MAX_GPUS_PER_NODE,
     MAX_ITERATIONS,
+    MAX_REAL_RANKS,
     MAX_SEED,
     MAX_TIMEOUT_S,
     MAX_WORLD_SIZE,
@@ -29,8 +30,6 @@ from prism_debug.variability import Variability
 
 # snapshots a --history ring keeps: each is a dump of the rank on disk
 MAX_HISTORY = 1000
-# real ranks one controller starts (--ranks): each is a process with its own agent
-MAX_REAL_RANKS = 64
 VARIABILITY_NEEDS_GRAPH = (
     "--variability needs a graph, not --lockstep: it draws the compute of virtual peers "
     "replayed from an execution graph (give --graph FILE, or leave both out to profile one)")

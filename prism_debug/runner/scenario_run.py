@@ -36,7 +36,8 @@ from prism_debug.scenario.model import (
     Run,
     only_real_ranks_message,
 )
-from prism_debug.snapshot.store import Manifest, sha256_file
+from prism_debug.snapshot.manifest import Manifest
+from prism_debug.snapshot.store import sha256_file
 from prism_debug.predict import predict
 from prism_debug.variability import Variability
 from prism_debug.variability.model import StochasticCompute

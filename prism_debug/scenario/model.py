@@ -85,6 +85,7 @@ from typing import ClassVar, Iterator, Sequence
 from prism_debug.checked import (
     MAX_GPUS_PER_NODE,
     MAX_ITERATIONS,
+    MAX_REAL_RANKS,
     MAX_SEED,
     MAX_TIMEOUT_S,
     MAX_WORLD_SIZE,
@@ -116,10 +117,6 @@ from prism_debug.variability import Variability
 
 PROFILE_GRAPH = "profile"  # run.graph: profile the script first, then replay that graph
 DEFAULT_TOLERANCE = 0.02  # iteration_time: relative's default tolerance
-# the most real ranks a scenario runs: runner/options.py's MAX_REAL_RANKS (one
-# host's processes), mirrored because the pure core imports no runner (a test
-# checks that the two agree)
-MAX_REAL_RANKS = 64
 
 
 # -- value checks of this schema (the shared ones are prism_debug.checked's) -------------

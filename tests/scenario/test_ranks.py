@@ -8,7 +8,6 @@ import pytest
 
 from prism_debug.errors import ConfigError
 from prism_debug.faults import parse_fault
-from prism_debug.runner.options import MAX_REAL_RANKS as RUNNER_MAX_REAL_RANKS
 from prism_debug.runner.scenario_lint import ThisMachine
 from prism_debug.runner.scenario_run import run_scenario
 from prism_debug.scenario import World, lint, parse_scenario
@@ -63,10 +62,6 @@ def test_a_world_takes_rank_or_ranks_within_it_and_at_most_64():
         "at most 64 real ranks (each is a process of its own)"]
     with pytest.raises(ConfigError, match=r"^World: give one of rank, ranks$"):
         World(size=8)
-
-
-def test_the_limit_is_the_runners():
-    assert MAX_REAL_RANKS == RUNNER_MAX_REAL_RANKS
 
 
 def test_rank_and_ranks_exclude_each_other_in_suggestions():
