@@ -3,6 +3,8 @@ snapshots still, recorded off the loop as a session's are, nothing else."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import time
 from pathlib import Path
 from typing import Callable
@@ -14,23 +16,34 @@ from prism_debug.runner.snapshots import Release, Snapshotter
 class RankSnapshots:
     """One rank's snapshots as its controller takes them, without a bus: the
     snapshotter made on the first (so a run that takes none needs no CRIU),
-    each recorded off the loop."""
+    each recorded off the loop.  ``dumper``: a rank of several dumped on a
+    thread of its own, so that every rank of a cut is dumped at once, not
+    one after the other while the others wait (each rank's own dumps stay
+    in order: it announces the next only once let go)."""
 
     def __init__(self, snapshotter_factory: Callable[[], Snapshotter],
-                 run_files: dict[str, Path]) -> None:
+                 run_files: dict[str, Path], dumper: bool = False) -> None:
         self._snapshotter_factory = snapshotter_factory
         self._snapshotter: Snapshotter | None = None
         self.run_files = run_files
+        self._dumper = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="prism-dump") if dumper else None
 
     def take(self, pid: int, event: dict) -> None:
         if self._snapshotter is None:
             self._snapshotter = self._snapshotter_factory()
             self._snapshotter.open_files = dict(self.run_files)
         # recorded off the loop; the end of the run waits for it
-        self._snapshotter.take(pid, event["iteration"], bool(event.get("cuda")),
-                               Release.of(event))
+        dump = functools.partial(self._snapshotter.take, pid, event["iteration"],
+                                 bool(event.get("cuda")), Release.of(event))
+        if self._dumper is None:
+            dump()
+        else:
+            self._dumper.submit(dump)  # (take says what fails itself, and lets the rank go)
 
     def close(self) -> None:
+        if self._dumper is not None:
+            self._dumper.shutdown(wait=True)
         if self._snapshotter is not None:
             self._snapshotter.recorder.wait()  # a snapshot dumped is a snapshot kept
 
@@ -48,8 +61,8 @@ class NoSession:
     restoring = False
 
     def __init__(self, snapshotter_factory: Callable[[], Snapshotter],
-                 run_files: dict[str, Path]) -> None:
-        self.snapshots = RankSnapshots(snapshotter_factory, run_files)
+                 run_files: dict[str, Path], snapshots: RankSnapshots | None = None) -> None:
+        self.snapshots = snapshots or RankSnapshots(snapshotter_factory, run_files)
         self.child: RankProcess | None = None
         self.run_files = run_files
 

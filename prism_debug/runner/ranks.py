@@ -184,12 +184,11 @@ def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, ran
     the relay of its output (to the session's bus, if any), which takes its
     snapshots."""
     files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
+    snapshots = RankSnapshots(snapshotter, files, dumper=True)
     if session is not None:
-        snapshots = RankSnapshots(snapshotter, files)
         relay = session.follower_side(rank, snapshots)
     else:
-        relay = NoSession(snapshotter, files)
-        snapshots = relay.snapshots
+        relay = NoSession(snapshotter, files, snapshots)
     config_path = files["log"].parent / "agent.json"
     agent_config(options, graph, files, rank, session or relay, real_ranks=options.real_ranks,
                  side_store=side).write(config_path)  # 0600: the bus's and the store's secrets
