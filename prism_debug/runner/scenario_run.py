@@ -137,7 +137,7 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
     if manifest is not None:
         def start(name: str, with_faults: bool, report: Path | None, say: Message) -> RunResult:
             return restore(RestoreOptions(
-                snapshot_id=manifest.id, store=store, iterations=spec.iterations,
+                snapshot_id=spec.snapshot, store=store, iterations=spec.iterations,
                 run_dir=run_dir / name, bind=None, report_path=report,
                 faults=faults if with_faults else (), watch_nonfinite=watch and with_faults),
                 say)
@@ -213,16 +213,26 @@ def _predicted_times(scenario: Scenario, graph: ExecutionGraph, profile, faults,
 
 
 def _snapshot(scenario: Scenario, store: Path | None) -> Manifest:
-    """The snapshot the scenario starts from, checked against its world, its
-    faults and its expectations (a restored rank runs only the iterations
-    after the snapshot's)."""
+    """The snapshot the scenario starts from (of a cut, for several real
+    ranks: its lowest rank's, whose run's facts every rank of it shares),
+    checked against its world, its faults and its expectations (a restored
+    rank runs only the iterations after the snapshot's)."""
     # the manifest alone: each restore verifies the images before it starts
-    manifest = open_store(store).get(scenario.run.snapshot)
     world = scenario.world
-    where = f"{scenario.source}: run.snapshot {manifest.id}"
-    if (manifest.rank, manifest.world_size) != (world.rank, world.size):
-        raise ConfigError(f"{where} is of rank {manifest.rank} of {manifest.world_size}; the "
-                          f"scenario's world is rank {world.rank} of {world.size}")
+    where = f"{scenario.source}: run.snapshot {scenario.run.snapshot}"
+    if world.several_real_ranks:  # a cut of exactly its ranks, all in this store
+        members = open_store(store).cut(scenario.run.snapshot)
+        manifest = members[0]
+        ranks = tuple(manifest.cut_ranks)
+        if (ranks, manifest.world_size) != (world.real_ranks, world.size):
+            raise ConfigError(f"{where} is a cut of ranks {ranks_text(ranks)} of "
+                              f"{manifest.world_size}; the scenario's world is ranks "
+                              f"{ranks_text(world.real_ranks)} of {world.size}")
+    else:
+        manifest = open_store(store).get(scenario.run.snapshot)
+        if (manifest.rank, manifest.world_size) != (world.rank, world.size):
+            raise ConfigError(f"{where} is of rank {manifest.rank} of {manifest.world_size}; "
+                              f"the scenario's world is rank {world.rank} of {world.size}")
     taken = manifest.iteration
     for i, fault in enumerate(scenario.faults):
         if fault.last_iteration <= taken:

@@ -13,7 +13,8 @@ a file with its line and column, like a compiler.  The schema::
     run:                                 # exactly one of command / example / snapshot
       example: {tp: 2, pp: 2, iterations: 6}   # the bundled example's arguments
       # command: [python, train.py, --lr, 3e-4]  (or one string, split like a shell)
-      # snapshot: r5-it2-abcdef            (restore it; iterations then count from it)
+      # snapshot: r5-it2-abcdef            (restore it; iterations then count from it;
+      #   with world.ranks, a cut of those ranks: c1a2b3c4d-it2)
       graph: gpt.prism                   # execution graph; "profile": profile one first
       iterations: 6                      # stop after this many iterations
       hardware: h100-ib400               # hardware profile
@@ -497,18 +498,14 @@ def cross_rules(world: World | None, run: Run | None, selects: Sequence[Selector
 
 # -- several real ranks ------------------------------------------------------------------
 
-SEVERAL_FROM_SNAPSHOT = "a scenario of several real ranks starts from the script, not a snapshot"
-
-
 def several_real_ranks_rules(world: World, run: Run | None, selects: Sequence[Selector | None],
                              expect: Sequence[Expectation | None],
                              ) -> Iterator[tuple[tuple, str]]:
-    """What a scenario of several real ranks refuses: a snapshot to start
-    from, a fault that would hit only real ranks (faults act on virtual
-    peers: it would hit nobody), and the expectations that judge one rank's
-    view only (a flight record, predict's distribution of one rank)."""
-    if run is not None and run.snapshot is not None:
-        yield ("run", "snapshot"), SEVERAL_FROM_SNAPSHOT
+    """What a scenario of several real ranks refuses: a fault that would hit
+    only real ranks (faults act on virtual peers: it would hit nobody), and
+    the expectations that judge one rank's view only (a flight record,
+    predict's distribution of one rank).  (It starts from the script or from
+    a cut of its ranks, which the runner checks against the store.)"""
     for i, selector in enumerate(selects):
         if selector is not None and (hit := only_real_ranks(selector, world)):
             yield ("faults", i, "select", selector.kind), only_real_ranks_message(hit, world)

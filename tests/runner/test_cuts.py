@@ -39,6 +39,11 @@ def digests(run_dir: Path, rank: int) -> dict[int, str]:
     return {e["iteration"]: e["digest"] for e in events(run_dir, rank) if e["kind"] == "iteration"}
 
 
+def times(run_dir: Path, rank: int) -> dict[int, float]:
+    return {e["iteration"]: e["time_s"] for e in events(run_dir, rank)
+            if e["kind"] == "iteration"}
+
+
 def timelines(run_dir: Path, rank: int) -> dict[int, dict]:
     return {e["real_ops"]["iteration"]: e["real_ops"]["done"] for e in events(run_dir, rank)
             if e["kind"] == "iteration" and "real_ops" in e}
@@ -146,3 +151,35 @@ def test_two_hosts_snapshot_their_own_ranks_into_one_cut_restored_together(tmp_p
     for rank in range(4):
         original = digests(tmp_path / "run", rank)
         assert digests(tmp_path / "restored", rank) == {3: original[3], 4: original[4]}
+
+
+def test_a_scenario_of_both_ranks_starts_from_the_cut_with_its_faults(cut, tmp_path):
+    # virtual rank 3, rank 1's data-parallel peer, 0.3 s late at each dp
+    # all-reduce of iteration 3: rank 1 waits for it there, rank 0 for rank 1
+    # at their first tp all-reduce of iteration 4; every replica puts the
+    # fault in force at the cut, before any arrival of iteration 3
+    tmp, store, _, cut_id = cut
+    graph = json.loads((tmp / "run" / "rank-0" / "agent.json").read_text())["graph_path"]
+    scenario = tmp_path / "late.yaml"
+    scenario.write_text(f"""name: late-peer-after-a-cut
+world: {{size: 8192, ranks: "0-1"}}
+run: {{snapshot: {cut_id}, graph: {graph}}}
+faults:
+  - {{action: delay, select: {{ranks: "3"}}, seconds: 0.3, family: dp, at: {{iteration: 3}},
+     for: {{iterations: 1}}}}
+expect:
+  - exit_code: 0
+  - iteration_time: {{percentile: 100, min_s: 0.25}}
+  - iteration_time: {{percentile: 0, max_s: 0.2}}
+""")
+    run = cli("scenario", "run", str(scenario), "--store", str(store),
+              "--run-dir", str(tmp_path / "runs"))
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "PASSED: late-peer-after-a-cut (3/3 expectations" in run.stdout
+    original = {rank: digests(tmp / "run", rank) for rank in (0, 1)}
+    for rank in (0, 1):  # a late peer changes the time, not the values
+        assert sorted(times(tmp_path / "runs", rank)) == [3, 4]
+        assert digests(tmp_path / "runs", rank) == {3: original[rank][3], 4: original[rank][4]}
+    # undisturbed, the same iterations took a tenth of that
+    assert all(max(t for i, t in times(tmp / "run", rank).items() if i >= 3) < 0.2
+               for rank in (0, 1))

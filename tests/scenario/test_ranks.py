@@ -12,7 +12,6 @@ from prism_debug.runner.scenario_lint import ThisMachine
 from prism_debug.runner.scenario_run import run_scenario
 from prism_debug.scenario import World, lint, parse_scenario
 from prism_debug.scenario.keys import accepted_keys
-from prism_debug.scenario.model import MAX_REAL_RANKS
 from prism_debug.scenario.plan import Observed, evaluate, predicted_ratio, predicted_ratios
 from tests.engine.test_replay import constant_cost, pipeline_graph
 from tests.scenario.test_lint_surroundings import two_stage_graph
@@ -75,12 +74,10 @@ def test_rank_and_ranks_exclude_each_other_in_suggestions():
 # -- what several real ranks refuse --------------------------------------------------------
 
 
-def test_several_real_ranks_start_from_the_script_not_a_snapshot():
-    text = 'name: t\nworld: {size: 64, ranks: "0-1"}\nrun: {snapshot: r0-it2-abcdef}\n'
-    assert [str(p) for p in lint(text, "s.yaml")] == [
-        "s.yaml:3:17: run.snapshot: a scenario of several real ranks starts from the script, "
-        "not a snapshot"]
-    assert lint(text.replace('ranks: "0-1"', "rank: 0"), "s.yaml") == []
+def test_several_real_ranks_may_start_from_a_cut():
+    # (the runner checks the cut against the store: tests/runner/test_cuts.py)
+    text = 'name: t\nworld: {size: 64, ranks: "0-1"}\nrun: {snapshot: c1a2b3c4d-it2}\n'
+    assert lint(text, "s.yaml") == []
 
 
 def test_a_fault_that_would_hit_only_real_ranks_is_refused_naming_them():
