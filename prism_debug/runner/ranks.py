@@ -132,35 +132,22 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
         message(f"host {host.node_rank} of {host.nnodes} under torchrun: the job's real ranks "
                 f"are {ranks_text(host.job_ranks)}")
     message(f"command: {shlex.join(options.command)}")
-    session = None if options.bind is None else RanksSession(
-        ranks=ranks, world_size=options.world_size, host=options.bind,
-        job_ranks=options.real_ranks, node=host and (host.node_rank, host.nnodes))
-    if session is not None:
-        message(f"debugger: prism-debug attach --rank R, R one of {ranks_text(ranks)} "
-                f"(session {session.info.session})")
-    started: dict[int, _Rank] = {}
+    session = None if options.bind is None else _session(
+        ranks, options.world_size, options.bind, options.real_ranks,
+        host and (host.node_rank, host.nnodes), message)
     # as torchrun does for several processes on a host, unless the user set it
     extra_env = {} if "OMP_NUM_THREADS" in os.environ or any(
         k == "OMP_NUM_THREADS" for k, _ in options.env) else {"OMP_NUM_THREADS": "1"}
-    try:
-        with side_store(host) as side:
-            cut_run = cut_run_of(side["prefix"])
-            try:
-                for rank in ranks:
-                    def snapshotter(rank: int = rank) -> Snapshotter:
-                        return Snapshotter.for_run(options, store, message, rank=rank,
-                                                   cut_run=cut_run)
-                    started[rank] = _start(options, graph, run_dir, rank, session, side,
-                                           extra_env, message, snapshotter)
-                exit_code = _supervise(started, session, message)
-            finally:
-                for each in started.values():
-                    if each.child.poll() is None:
-                        each.child.kill()
-                    each.snapshots.close()  # a snapshot dumped is a snapshot kept
-    finally:
-        if session is not None:
-            session.close()
+
+    def start(side: dict) -> Iterator[_Rank]:
+        cut_run = cut_run_of(side["prefix"])
+        for rank in ranks:
+            def snapshotter(rank: int = rank) -> Snapshotter:
+                return Snapshotter.for_run(options, store, message, rank=rank, cut_run=cut_run)
+            yield _start(options, graph, run_dir, rank, session, side, extra_env, message,
+                         snapshotter)
+
+    started, exit_code = _run_all(start, host, session, message)
     result = _results(options.world_size, options.command, options.profile.name,
                       options.report_path, started, exit_code, message)
     for rank, each in started.items():
@@ -175,6 +162,39 @@ def _cuts(store: Store, ranks: dict[int, _Rank]) -> list[str]:
              for rank, each in ranks.items()}
     first = next(iter(taken.values()), [])
     return [cut for cut in first if cut and all(cut in cuts for cuts in taken.values())]
+
+
+def _session(ranks: tuple[int, ...], world_size: int, bind: str, job_ranks: tuple[int, ...],
+             node: tuple[int, int] | None, message: Message) -> RanksSession:
+    session = RanksSession(ranks=ranks, world_size=world_size, host=bind, job_ranks=job_ranks,
+                           node=node)
+    message(f"debugger: prism-debug attach --rank R, R one of {ranks_text(ranks)} "
+            f"(session {session.info.session})")
+    return session
+
+
+def _run_all(start: Callable[[dict], Iterator[_Rank]], host: Host | None,
+             session: RanksSession | None, message: Message) -> tuple[dict[int, _Rank], int]:
+    """Start every rank (``start`` is given where they meet) and follow them
+    to their ends; the ranks, and the first failure's exit code.  Whatever
+    happens, no rank outlives this and every snapshot dumped is recorded."""
+    ranks: dict[int, _Rank] = {}
+    try:
+        with side_store(host) as side:
+            try:
+                for each in start(side):
+                    ranks[each.rank] = each
+                exit_code = _supervise(ranks, session, message)
+            finally:
+                for each in ranks.values():
+                    if each.child.poll() is None:
+                        each.child.kill()
+                    if each.snapshots is not None:
+                        each.snapshots.close()  # a snapshot dumped is a snapshot kept
+    finally:
+        if session is not None:
+            session.close()
+    return ranks, exit_code
 
 
 def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, rank: int,
@@ -194,13 +214,19 @@ def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, ran
                  side_store=side).write(config_path)  # 0600: the bus's and the store's secrets
     child = Child(start_rank(options, rank, files, config_path, extra_env,
                              drop_env=WORKER_ONLY if options.host else ()))
+    return _followed(rank, files, child, session, relay, message, snapshots=snapshots)
+
+
+def _followed(rank: int, files: dict[str, Path], child: Child | RestoredChild,
+              session: RanksSession | None, relay, message: Message, **more) -> _Rank:
+    """A rank's process, known to the session (or its relay) and followed."""
     if session is not None:
         session.children[rank] = child
     else:
         relay.child = child
     follower = Follower(files["log"], files["events"], rank, message, relay,
                         table_prefix=f"[rank {rank}] ")
-    return _Rank(rank, files, child, follower, snapshots)
+    return _Rank(rank, files, child, follower, **more)
 
 
 def _supervise(ranks: dict[int, _Rank], session: RanksSession | None,
@@ -311,27 +337,14 @@ def restore_cut(options: RestoreOptions, store: Store, message: Message) -> RunR
     make_run_dir(run_dir)
     message(f"prism-debug: restoring cut {cut} (ranks {ranks_text(ranks)} of "
             f"{first.world_size}, after iteration {first.iteration})")
-    session = None if options.bind is None else RanksSession(
-        ranks=ranks, world_size=first.world_size, host=options.bind, job_ranks=ranks,
-        node=None)
-    if session is not None:
-        message(f"debugger: prism-debug attach --rank R, R one of {ranks_text(ranks)} "
-                f"(session {session.info.session})")
-    restored: dict[int, _Rank] = {}
-    try:
-        with side_store(None) as side:
-            try:
-                for manifest in members:
-                    restored[manifest.rank] = _restore(store, manifest, criu, options, run_dir,
-                                                       session, side, message)
-                exit_code = _supervise(restored, session, message)
-            finally:
-                for each in restored.values():
-                    if each.child.poll() is None:
-                        each.child.kill()
-    finally:
-        if session is not None:
-            session.close()
+    session = None if options.bind is None else _session(
+        ranks, first.world_size, options.bind, ranks, None, message)
+
+    def start(side: dict) -> Iterator[_Rank]:
+        for manifest in members:
+            yield _restore(store, manifest, criu, options, run_dir, session, side, message)
+
+    restored, exit_code = _run_all(start, None, session, message)
     result = _results(first.world_size, first.command, first.hardware, options.report_path,
                       restored, exit_code, message)
     for rank, each in restored.items():
@@ -358,11 +371,5 @@ def _restore(store: Store, manifest, criu, options: RestoreOptions, run_dir: Pat
         bus_secret=session and session.agent_secret,
         faults=options.faults, watch_nonfinite=options.watch_nonfinite, lazy=options.lazy,
         message=lambda line: message(f"[rank {rank}] {line}"), side_store=side)
-    child = RestoredChild(pid, isolated=isolated)
-    if session is not None:
-        session.children[rank] = child
-    else:
-        relay.child = child
-    follower = Follower(files["log"], files["events"], rank, message, relay,
-                        table_prefix=f"[rank {rank}] ")
-    return _Rank(rank, files, child, follower, restored_from=manifest.id)
+    return _followed(rank, files, RestoredChild(pid, isolated=isolated), session, relay,
+                     message, restored_from=manifest.id)
