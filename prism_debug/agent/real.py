@@ -150,7 +150,6 @@ class OneTimeline:
         self.exchange.stop()
 
 
-
 class SeveralRanks:
     """This rank among the other real ranks: the timeline its engine shares
     with theirs (where virtual peers are replayed from a graph), and its

@@ -213,7 +213,8 @@ class RunResult:
     snapshots: list[str] = dataclasses.field(default_factory=list)  # ids taken, in order
     events: list[dict] = dataclasses.field(default_factory=list)  # the rank's event log
     # a run of several real ranks: each rank's own result (the fields above
-    # are the lowest rank's, with the run's exit code)
+    # are the lowest rank's, with the run's exit code, and ``snapshots`` the
+    # run's cuts every rank here took part in, which snapshot restore takes)
     ranks: dict[int, "RunResult"] = dataclasses.field(default_factory=dict)
 
     @property
