@@ -67,7 +67,7 @@ def test_a_restore_from_another_directory_replays_the_run_where_it_started(taken
     assert (f"[rank 1] step 4 python {sys.executable} cwd {tmp / 'x'} mark taken-in-x\n"
             in proc.stdout)
     manifest = json.loads((tmp / "store" / snapshot_id / "manifest.json").read_text())
-    assert (manifest["version"], manifest["cwd"]) == (3, str(tmp / "x"))
+    assert (manifest["version"], manifest["cwd"]) == (4, str(tmp / "x"))
 
 
 def test_a_manifest_of_version_1_restores_from_the_directory_it_names(taken):
