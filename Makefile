@@ -24,6 +24,7 @@ bench: $(STAMP)
 	$(BIN)/python tools/bench_overhead.py
 	$(BIN)/python tools/bench_overhead.py --real-pair
 	$(BIN)/python tools/bench_snapshot.py
+	$(BIN)/python tools/bench_cut.py
 	$(BIN)/python tools/bench_restore.py
 	$(BIN)/python tools/bench_regression.py
 	$(BIN)/python tools/bench_bus.py

@@ -68,8 +68,9 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=6)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-cut-") as tmp:
-        # once first: the graph profiled and cached, the page cache warm
-        run(CONFIGS["cut"], False, 2, Path(tmp) / "warm")
+        # each once first: the graph profiled and cached, CRIU and the page cache warm
+        for name, ranks in CONFIGS.items():
+            run(ranks, True, 2, Path(tmp) / f"warm-{name}")
         per_snapshot: dict[str, list[float]] = {name: [] for name in CONFIGS}
         pauses: dict[str, list[float]] = {name: [] for name in CONFIGS}
         criu: dict[str, list[float]] = {name: [] for name in CONFIGS}
