@@ -20,7 +20,6 @@ from prism_debug.engine import EmulatedClock, Engine
 from prism_debug.graph import FamilyRecorder
 
 
-
 @dataclasses.dataclass(eq=False)
 class Runtime:
     rank: int

@@ -127,14 +127,13 @@ class Snapshotter:
                    incremental=options.incremental, tracked=tracked, cut_run=cut_run)
 
     @classmethod
-    def continuing(cls, manifest: Manifest, store: Store, message: Callable[[str], None],
-                   cut_run: str | None = None) -> "Snapshotter":
-        """For snapshots of a rank restored from ``manifest``: the same run's
-        facts (``cut_run``: the restored cut's run, a new one)."""
+    def continuing(cls, manifest: Manifest, store: Store,
+                   message: Callable[[str], None]) -> "Snapshotter":
+        """For snapshots of a rank restored from ``manifest``: the same run's facts."""
         base = {k: getattr(manifest, k) for k in (
             "world_size", "rank", "command", "graph_digest", "script_digest",
-            "environment_digest", "hardware", "cwd", "cut_ranks")}
-        return cls(store, criu_api.locate(), base, message, cut_run=cut_run)
+            "environment_digest", "hardware", "cwd")}
+        return cls(store, criu_api.locate(), base, message)
 
     def recorded(self) -> list[str]:
         """The ids taken, in order, once every record submitted so far is over."""
