@@ -11,14 +11,20 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.prism-debug-installed
+LINT_STAMP := $(VENV)/.prism-debug-lint-installed
 
-.PHONY: run test bench clean
+.PHONY: run test lint bench clean
 
 run: $(STAMP)
 	$(BIN)/prism-debug run --report prism-report.json
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# ruff (style, bugs, complexity <= 15) and mypy (strict on the pure core)
+lint: $(LINT_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_overhead.py
@@ -42,6 +48,10 @@ $(STAMP): pyproject.toml tools/provision_criu.sh
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test]"
 	bash tools/provision_criu.sh $(BIN)/python
 	touch $(STAMP)
+
+$(LINT_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test,lint]"
+	touch $(LINT_STAMP)
 
 clean:
 	rm -rf $(VENV) prism-report.json .pytest_cache .hypothesis

@@ -32,7 +32,7 @@ subclasses whose message says what to do.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prism_debug.cost import HardwareProfile, load_profile
 from prism_debug.errors import PrismError

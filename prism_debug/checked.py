@@ -15,8 +15,9 @@ import dataclasses
 import enum
 import math
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import MISSING, field
-from typing import Any, Callable, Iterator, NoReturn
+from typing import Any, NoReturn
 
 from prism_debug.errors import ConfigError, InvalidFields
 from prism_debug.errors import key_path as dotted

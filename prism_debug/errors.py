@@ -32,8 +32,8 @@ Pure Python: the core imports this module.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 
 class ExitCode(enum.IntEnum):

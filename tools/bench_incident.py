@@ -65,7 +65,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT, Example  # noqa: E402
+from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT  # noqa: E402
+from prism_debug.example import Example
 from tools.incident_jobs import run_real_incident  # noqa: E402
 
 GOAL_S = 300

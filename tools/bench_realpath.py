@@ -32,8 +32,7 @@ def one_round(graph_path: str, rank: int, iterations: int, hardware: str,
     graph's gap before each op (its peers then wait for it)."""
     import dataclasses
 
-    from prism_debug.cost import CostModel
-    from prism_debug.cost import load_profile
+    from prism_debug.cost import CostModel, load_profile
     from prism_debug.engine import ReplayEngine
     from prism_debug.graph import ExecutionGraph
 

@@ -18,7 +18,6 @@ Last line: ``regression: snapshot_suite_s=X rerun_suite_s=Y speedup=Z``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import statistics
 import sys

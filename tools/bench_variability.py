@@ -89,7 +89,7 @@ class Stated:
     rank_cv: float = 0.0
 
     @classmethod
-    def parse(cls, text: str) -> "Stated":
+    def parse(cls, text: str) -> Stated:
         # "normal:0.1" or "lognormal:0.1:0.02" (family:cv[:rank_cv])
         family, cv, *rest = text.split(":")
         return cls(family, float(cv), float(rest[0]) if rest else 0.0)

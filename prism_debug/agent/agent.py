@@ -20,8 +20,8 @@ import resource
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.optim.optimizer import (
@@ -29,20 +29,21 @@ from torch.optim.optimizer import (
     register_optimizer_step_pre_hook,
 )
 
+from prism_debug.agent import no_gpu
 from prism_debug.agent.config import ENV_VAR, AgentConfig, claim_bus
 from prism_debug.agent.debugger import Debugger
-from prism_debug.agent import no_gpu
 from prism_debug.agent.handshake import Handshake
-from prism_debug.agent.real import SeveralRanks
-from prism_debug.agent.reload import Sources, apply as apply_reload
-from prism_debug.backend.flight_log import FlightLog
-from prism_debug.backend.watchdog import ErrorHandling, Watchdog
 from prism_debug.agent.program import MESSAGES_ENV, ProgramRecorder, slice_book
-from prism_debug.backend.tracker import IterationTracker
+from prism_debug.agent.real import SeveralRanks
+from prism_debug.agent.reload import Sources
+from prism_debug.agent.reload import apply as apply_reload
+from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.install import Messages, install
-from prism_debug.backend.runtime import Runtime
 from prism_debug.backend.real_comms import SideStore
+from prism_debug.backend.runtime import Runtime
+from prism_debug.backend.tracker import IterationTracker
 from prism_debug.backend.values import Values
+from prism_debug.backend.watchdog import ErrorHandling, Watchdog
 from prism_debug.cost import CostModel, HardwareProfile
 from prism_debug.engine import EmulatedClock, LockstepEngine, ReplayEngine
 from prism_debug.engine.graph_engine import GraphEngine
@@ -56,10 +57,10 @@ from prism_debug.variability.model import StochasticCompute
 
 log = logging.getLogger(__name__)
 
-_active: "Agent | None" = None
+_active: Agent | None = None
 
 
-def active_agent() -> "Agent | None":
+def active_agent() -> Agent | None:
     return _active
 
 
@@ -299,7 +300,7 @@ class Agent:
         self.faults.append(InForce(text or fault_text(fault), injection, handle))
         self.runtime.peer_faults.set(self.faults_in_force())
 
-    def withdraw(self, entries: list["InForce"] | None = None) -> list[str]:
+    def withdraw(self, entries: list[InForce] | None = None) -> list[str]:
         """Take back ``entries`` (of :attr:`faults`, chosen when asked), or every
         fault; how those still in force were written.  By identity, and
         idempotent: a clear asked twice before the boundary takes one back once."""

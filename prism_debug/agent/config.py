@@ -70,7 +70,7 @@ class AgentConfig:
             f.write(json.dumps(dataclasses.asdict(self), indent=1))
 
     @classmethod
-    def read(cls, path: str | Path) -> "AgentConfig":
+    def read(cls, path: str | Path) -> AgentConfig:
         data = json.loads(Path(path).read_text())
         data["trace_ranks"] = tuple(data.get("trace_ranks", ()))
         data["snapshot_at"] = tuple(data.get("snapshot_at", ()))
@@ -79,7 +79,7 @@ class AgentConfig:
         return cls(**data)
 
     @classmethod
-    def from_environment(cls) -> "AgentConfig | None":
+    def from_environment(cls) -> AgentConfig | None:
         path = os.environ.get(ENV_VAR)
         return cls.read(path) if path else None
 

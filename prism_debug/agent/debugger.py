@@ -17,7 +17,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from prism_debug.errors import DebuggerError
 

@@ -20,7 +20,7 @@ import json
 import os
 import signal
 import time
-from typing import Callable
+from collections.abc import Callable
 
 # a real-time signal, which nothing torch or a launcher sends
 RELEASE_SIGNAL = signal.SIGRTMIN + 6

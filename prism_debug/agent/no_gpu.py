@@ -15,8 +15,8 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+from collections.abc import Callable
 from types import TracebackType
-from typing import Callable
 
 import torch
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from prism_debug.graph.build import RecordedEnd, RecordedEvent, RecordedIssue, RecordedWait
 from prism_debug.graph.messages import (

@@ -23,7 +23,7 @@ import datetime
 import queue
 import struct
 import threading
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch.distributed as dist
 

@@ -35,11 +35,15 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from prism_debug.backend.flight_recorder import (
-    BUFFER_SIZE_ENV, FlightRecorder, buffer_size_from_env, dump_prefix_from_env, python_frames,
+    BUFFER_SIZE_ENV,
+    FlightRecorder,
+    buffer_size_from_env,
+    dump_prefix_from_env,
+    python_frames,
     write_group_dumps,
 )
 from prism_debug.backend.nccl_record import nccl_call_of
@@ -62,7 +66,7 @@ class FlightLog:
         self._counters: dict[int, list[int]] = {}  # pg_id -> [collectives, p2p ops, ops]
 
     @classmethod
-    def from_env(cls, rank: int, clock, env=os.environ) -> "FlightLog | None":
+    def from_env(cls, rank: int, clock, env=os.environ) -> FlightLog | None:
         """On when a buffer size is set and positive (0 or unset: off)."""
         if not any(name in env for name in BUFFER_SIZE_ENV):
             return None

@@ -7,8 +7,9 @@ each docstring), tests may pass fakes.  Pure: imports no torch.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sized
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sized
+from typing import Any, Protocol
 
 from prism_debug.backend.watchdog import TimedOutOp
 from prism_debug.faults import Injection

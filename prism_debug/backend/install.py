@@ -24,7 +24,8 @@ import io
 import logging
 import pickle
 import warnings
-from typing import Callable, NoReturn
+from collections.abc import Callable
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist

@@ -41,9 +41,9 @@ reduction would), not a plain ``zero_()``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Callable, Sequence
 
 import torch
 import torch.distributed as dist

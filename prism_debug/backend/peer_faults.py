@@ -47,7 +47,7 @@ class PeerFaults:
         self.active = tuple(i for i in injections if i.action in VALUE_ACTIONS)
         self._version += 1
 
-    def _in_group(self, pg) -> list[tuple[Fault, list[int], "_Spoil"]]:
+    def _in_group(self, pg) -> list[tuple[Fault, list[int], _Spoil]]:
         """Each fault with members of ``pg``, their group ranks, and what it does
         to a contribution (kept on the group until the faults change)."""
         version, found = getattr(pg, "_prism_faulty_members", (-1, None))
@@ -105,7 +105,7 @@ class _Spoil:
         self.scale = scale
 
     @classmethod
-    def of(cls, fault: Fault) -> "_Spoil":
+    def of(cls, fault: Fault) -> _Spoil:
         return cls(fault.action, fault.scale if fault.action == Action.CORRUPT else 1.0)
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch.distributed as dist
 
@@ -50,13 +50,13 @@ class SideStore:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def after_cut(self, iteration: int) -> "SideStore":
+    def after_cut(self, iteration: int) -> SideStore:
         """Where the original run's ranks meet again after the cut at
         ``iteration`` (each iteration is cut once: the namespace is new)."""
         return dataclasses.replace(self, prefix=f"{self.prefix}after-{iteration}/")
 
     @classmethod
-    def from_dict(cls, data: dict) -> "SideStore":
+    def from_dict(cls, data: dict) -> SideStore:
         return cls(host=str(data["host"]), port=int(data["port"]), prefix=str(data["prefix"]))
 
 

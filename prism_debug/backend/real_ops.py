@@ -33,7 +33,8 @@ import torch.distributed as dist
 
 from prism_debug.backend import mixed
 from prism_debug.backend.real_comms import RealGroup
-from prism_debug.backend.work import nbytes as _nbytes, split_chunks
+from prism_debug.backend.work import nbytes as _nbytes
+from prism_debug.backend.work import split_chunks
 
 _ALLTOALL_TAG = 0x7072  # apart from the script's own tags (gloo matches on peer and tag)
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from prism_debug.backend.hooks import (
-    FlightHook, PeerFaultsHook, RecorderHook, WatchdogHook, WatchHook,
+    FlightHook,
+    PeerFaultsHook,
+    RecorderHook,
+    WatchdogHook,
+    WatchHook,
 )
 from prism_debug.backend.peer_faults import PeerFaults
 from prism_debug.backend.tracker import IterationTracker

@@ -23,7 +23,8 @@ import dataclasses
 import os
 import sys
 import time
-from typing import Callable, TextIO
+from collections.abc import Callable
+from typing import TextIO
 
 # ProcessGroupNCCL's OpType names, by the op names the prism group uses
 OP_TYPES = {"all_reduce": "ALLREDUCE", "barrier": "ALLREDUCE", "broadcast": "BROADCAST",
@@ -38,7 +39,7 @@ class ErrorHandling:
     async_mode: int = 3  # TORCH_NCCL_ASYNC_ERROR_HANDLING: torch 2.x's default, SkipCleanUp
 
     @classmethod
-    def from_env(cls, env=os.environ) -> "ErrorHandling":
+    def from_env(cls, env=os.environ) -> ErrorHandling:
         blocking = env.get("TORCH_NCCL_BLOCKING_WAIT", env.get("NCCL_BLOCKING_WAIT", "0"))
         mode = env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING",
                        env.get("NCCL_ASYNC_ERROR_HANDLING", "3"))

@@ -74,7 +74,7 @@ class BusClient:
 
     @classmethod
     def for_session(cls, info: SessionInfo, *, context: zmq.Context | None = None,
-                    rank: int | None = None) -> "BusClient":
+                    rank: int | None = None) -> BusClient:
         """A client of a published session, with CURVE when the session uses it.  Of a
         session of several ranks it receives ``rank``'s events (default: the lowest's,
         the rank a hello naming none drives); of one rank's, every event."""
@@ -217,7 +217,7 @@ class BusClient:
             self._commands.close()
             self._events.close()
 
-    def __enter__(self) -> "BusClient":
+    def __enter__(self) -> BusClient:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -45,21 +45,19 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 
 from prism_debug.bus import keys as curve_keys
 from prism_debug.bus import runtime
 from prism_debug.bus.agents import AgentConnection, AgentTable, Forwarded, Queued, peer_pid
-from prism_debug.bus.sessions import ranks_text
-from prism_debug.errors import ConfigError
 from prism_debug.bus.protocol import (
     AGENT_EVENT_KINDS,
-    MAX_WIRE_BYTES,
     BASE_VERSION,
+    MAX_WIRE_BYTES,
     VERBS,
     BadArguments,
     BadMessage,
@@ -69,12 +67,14 @@ from prism_debug.bus.protocol import (
     RankUnavailable,
     Unauthorized,
     decode_request,
-    error_from_type,
     encode_error,
     encode_event,
     encode_reply,
     encode_request,
+    error_from_type,
 )
+from prism_debug.bus.sessions import ranks_text
+from prism_debug.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

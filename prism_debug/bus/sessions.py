@@ -83,7 +83,7 @@ class SessionInfo:
         return json.dumps(data, indent=1) + "\n"
 
     @classmethod
-    def from_dict(cls, data: Any) -> "SessionInfo":
+    def from_dict(cls, data: Any) -> SessionInfo:
         """The session a file describes; ValueError when it does not describe one."""
         if type(data) is not dict:
             raise ValueError("not a JSON object")

@@ -17,8 +17,8 @@ from pathlib import Path
 import click
 
 from prism_debug.cli import models
-from prism_debug.cli.params import NUMBER, ErrorsAsLines
 from prism_debug.cli.incident import incident_command
+from prism_debug.cli.params import NUMBER, ErrorsAsLines
 from prism_debug.cli.predict import predict_command
 from prism_debug.cost import DEFAULT_PROFILE, load_profile
 from prism_debug.errors import ConfigError, ExitCode

@@ -46,7 +46,6 @@ def graph_show(path, hardware, as_json) -> None:
     from prism_debug.engine.analysis import critical_path, summarize
     from prism_debug.engine.render import graph_summary, graph_summary_lines
     from prism_debug.graph import ExecutionGraph
-
     from prism_debug.graph.fits import fits_line, fits_summary
 
     g = ExecutionGraph.load(path)

@@ -14,13 +14,26 @@ import time
 from typing import Any, Protocol, TextIO
 
 from prism_debug.bus.protocol import EVENT_KINDS
-from prism_debug.console.formatting import (
-    format_back, format_breaks, format_deleted, format_event_line, format_event_text,
-    format_new_break,
-    format_left, format_pausing, format_peers, format_perturb, format_restored, format_scenario,
-    format_snapshot, format_snapshots, format_status, format_timeline, format_where,
-)
 from prism_debug.console.completion import Completion
+from prism_debug.console.formatting import (
+    format_back,
+    format_breaks,
+    format_deleted,
+    format_event_line,
+    format_event_text,
+    format_left,
+    format_new_break,
+    format_pausing,
+    format_peers,
+    format_perturb,
+    format_restored,
+    format_scenario,
+    format_snapshot,
+    format_snapshots,
+    format_status,
+    format_timeline,
+    format_where,
+)
 from prism_debug.console.parsing import is_int, parse_break
 from prism_debug.console.shell import Shell
 from prism_debug.errors import ConfigError, PrismError, ScenarioError

@@ -367,7 +367,7 @@ def local_profile(measurements: list[Measurements], name: str) -> HardwareProfil
         op_fits=tuple(fits.values()))
 
 
-def to_toml(profile: HardwareProfile, quality: tuple["FitQuality", ...] = ()) -> str:
+def to_toml(profile: HardwareProfile, quality: tuple[FitQuality, ...] = ()) -> str:
     """The profile as a TOML file ``load_profile`` reads back; ``quality``
     (:func:`fit_quality`) is written beside each fit: how far the profile
     misses what it was fitted to."""

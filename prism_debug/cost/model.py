@@ -50,7 +50,7 @@ class Placement:
             object.__setattr__(self, "fewest_per_node", self.ranks_per_node)
 
     @classmethod
-    def of(cls, global_ranks, gpus_per_node: int) -> "Placement":
+    def of(cls, global_ranks, gpus_per_node: int) -> Placement:
         per_node: dict[int, int] = {}
         for rank in global_ranks:
             node = rank // gpus_per_node
@@ -60,7 +60,7 @@ class Placement:
                    min(counts, default=0))
 
     @classmethod
-    def pair(cls, rank_a: int, rank_b: int, gpus_per_node: int) -> "Placement":
+    def pair(cls, rank_a: int, rank_b: int, gpus_per_node: int) -> Placement:
         same_node = rank_a // gpus_per_node == rank_b // gpus_per_node
         return cls(2, 1 if same_node else 2, 2 if same_node else 1)
 

@@ -129,7 +129,7 @@ class HardwareProfile:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "HardwareProfile":
+    def from_dict(cls, data: dict) -> HardwareProfile:
         data = dict(data)
         for key, value in data.items():
             if isinstance(value, list):

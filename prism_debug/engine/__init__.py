@@ -7,7 +7,8 @@ serves it by default, and with ``prism-debug run --graph`` the graph engine
 execution graph; a :class:`ComputeModel` says how long the peers compute.
 """
 
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from prism_debug.engine.clock import EmulatedClock
 from prism_debug.engine.compute import ComputeModel, GraphCompute

@@ -31,7 +31,7 @@ import itertools
 import math
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 _perf_counter = time.perf_counter
 _get_ident = threading.get_ident

@@ -3,7 +3,8 @@ seam of the replay engine, and its default, the graph's own gaps."""
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 

@@ -8,7 +8,7 @@ before its first gaps, the model's persistent per-rank factors."""
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

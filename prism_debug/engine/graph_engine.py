@@ -8,7 +8,7 @@ completion time is a deferred value the Work resolves when the script waits.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prism_debug.engine.replay import ReplayEngine
 from prism_debug.graph import ExecutionGraph, GraphError, GroupRef, OpSpec

@@ -14,7 +14,7 @@ class arrays keep one column for all of them.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 

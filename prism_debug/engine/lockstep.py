@@ -12,7 +12,7 @@ interface.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prism_debug.cost import CostModel, Placement
 from prism_debug.graph import GroupRef
@@ -24,7 +24,7 @@ class Stream:
     __slots__ = ("placement", "ref", "busy_until", "costs", "batches", "batch", "batch_free",
                  "batch_times")
 
-    def __init__(self, placement: Placement, ref: GroupRef, batches: "Stream | None" = None) -> None:
+    def __init__(self, placement: Placement, ref: GroupRef, batches: Stream | None = None) -> None:
         self.placement = placement
         self.ref = ref
         self.busy_until = 0.0

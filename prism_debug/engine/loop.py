@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -19,8 +19,16 @@ from prism_debug.cost import Placement
 from prism_debug.engine.compute import ComputeModel
 from prism_debug.engine.gaps import GapSource, map_drawn
 from prism_debug.engine.layout import Layout
-from prism_debug.engine.real import (RealRanks, attach_reals, end_real_iteration, issue_alone,
-                                     real_peer, relayout_reals, shared, with_real)
+from prism_debug.engine.real import (
+    RealRanks,
+    attach_reals,
+    end_real_iteration,
+    issue_alone,
+    real_peer,
+    relayout_reals,
+    shared,
+    with_real,
+)
 from prism_debug.engine.sampling import group_max
 from prism_debug.engine.state import ClassState, OpInfo, OpTiming, RealRank, Unit, describe_op
 from prism_debug.engine.times import Time, at, least, max_over, maximum, roll, squeeze

@@ -26,16 +26,14 @@ the normal fitted to the sample, which sums of many gaps are close to.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import math
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.special import ndtr, ndtri
 
 from prism_debug.engine.layout import Layout
 from prism_debug.engine.times import Time, max_over
-
 
 Draws = tuple[float, np.ndarray]  # an op's W, and its groups' E (shaped like its group maxima)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from prism_debug.engine.times import Time
 from prism_debug.graph.execution import ClassProgram, Event, GraphError, OpSpec

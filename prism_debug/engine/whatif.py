@@ -39,7 +39,7 @@ class Blocked:
     failed: bool  # it never arrives there itself (a fault's target)
     waiting_for: tuple[int, ...]  # members of its group that never arrive
 
-    def describe(self, blocked: dict[int, "Blocked"]) -> str:
+    def describe(self, blocked: dict[int, Blocked]) -> str:
         where = f"op {self.op} of iteration {self.iteration}: {describe_op(self.spec)}"
         if self.failed:
             return f"rank {self.rank} never arrives at {where} (the fault)"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

@@ -32,7 +32,7 @@ writes one back, so that ``parse_fault(fault_text(f)) == f``.  Pure Python.
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 from prism_debug.checked import InvalidFields
 from prism_debug.errors import ConfigError

@@ -8,13 +8,13 @@ from prism_debug.graph.execution import (
     Mesh,
     OpSpec,
 )
-from prism_debug.graph.fits import GapFit
 from prism_debug.graph.families import (
     WORLD_FAMILY,
     FamilyRecorder,
     FamilySummary,
     GroupRef,
 )
+from prism_debug.graph.fits import GapFit
 
 __all__ = [
     "WORLD_FAMILY", "ClassProgram", "Event", "ExecutionGraph", "FamilyRecorder", "FamilySummary",

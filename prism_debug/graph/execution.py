@@ -264,7 +264,7 @@ class ExecutionGraph:
         }
 
     @classmethod
-    def from_dict(cls, data: object, source: str = "graph") -> "ExecutionGraph":
+    def from_dict(cls, data: object, source: str = "graph") -> ExecutionGraph:
         """The graph ``data`` (a parsed graph file) describes; :class:`GraphError`
         naming the key path of the first thing wrong otherwise (``source``
         names the file).  Every value is checked for its type and range and
@@ -346,7 +346,7 @@ class ExecutionGraph:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: Path) -> "ExecutionGraph":
+    def load(cls, path: Path) -> ExecutionGraph:
         """Read a graph file.  One that carries pickled messages must be the
         user's own and writable by nobody else: unpickling a message runs
         whatever code its author put there, as ``recv_object_list`` from a

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 #: the families a fit may take, in the order ties are broken
 FAMILIES = ("normal", "gamma", "lognormal")

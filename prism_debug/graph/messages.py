@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 OBJECTS = "objects"  # a send_object_list: the pickled list
 TENSOR = "tensor"  # a small integer tensor sent point to point: its raw bytes
@@ -57,7 +57,7 @@ class PeerMessage:
                 base64.b64encode(self.payload).decode("ascii"), self.dtype, list(self.shape)]
 
     @classmethod
-    def from_list(cls, row: list) -> "PeerMessage":
+    def from_list(cls, row: list) -> PeerMessage:
         iteration, delta, kind, order, payload, dtype, shape = row
         return cls(int(iteration), int(delta), str(kind), int(order),
                    base64.b64decode(payload, validate=True), str(dtype), tuple(shape))

@@ -9,8 +9,7 @@ blank text (the option not given) lists nothing."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Callable
+from collections.abc import Callable, Iterable
 
 from prism_debug.checked import MAX_ITERATIONS
 from prism_debug.errors import ConfigError

@@ -147,7 +147,7 @@ def _chunks(samples: int, jobs: int) -> list[tuple[int, int]]:
     return [(a, min(a + size, samples)) for a in range(0, samples, size)]
 
 
-def _replay_removals(job: "_Job", removals: Sequence[Removal], count: int,
+def _replay_removals(job: _Job, removals: Sequence[Removal], count: int,
                      jobs: int) -> tuple[list[np.ndarray], float]:
     """Each removal's times over samples 0..count-1, every replay in one
     pool, and the CPU they took."""

@@ -25,7 +25,7 @@ import ast
 import dataclasses
 import os
 import types
-from typing import Mapping
+from collections.abc import Mapping
 
 _DEF = (ast.FunctionDef, ast.AsyncFunctionDef)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 MAX_SOURCE_BYTES = 4 << 20
 _DIGEST = re.compile(r"[0-9a-f]{64}")

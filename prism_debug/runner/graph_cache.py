@@ -22,8 +22,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import prism_debug
 from prism_debug.errors import ConfigError, GraphError

@@ -32,6 +32,7 @@ import dataclasses
 
 from prism_debug.errors import InvalidState
 
+
 @dataclasses.dataclass(frozen=True, order=True)
 class Position:
     """Where a paused rank is: the iteration in progress, and 0 where it
@@ -41,7 +42,7 @@ class Position:
     seq: int = 0
 
     @classmethod
-    def of(cls, where: dict) -> "Position":
+    def of(cls, where: dict) -> Position:
         """Of a pause as the debugger describes it (``paused_at``)."""
         seq = where.get("seq") if where.get("at") == "collective" else 0
         return cls(where["iteration"], seq or 0)

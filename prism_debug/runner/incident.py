@@ -15,8 +15,8 @@ import dataclasses
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from prism_debug.errors import GraphError, IncidentError
 from prism_debug.graph import ExecutionGraph

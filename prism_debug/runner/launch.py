@@ -12,8 +12,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from prism_debug.errors import (
     ConfigError,

@@ -6,8 +6,8 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from prism_debug.runner.children import RankProcess
 from prism_debug.runner.snapshots import Release, Snapshotter

@@ -27,7 +27,6 @@ from prism_debug.runner.interpreter import is_python
 from prism_debug.runner.torchrun import Host
 from prism_debug.variability import Variability
 
-
 # snapshots a --history ring keeps: each is a dump of the rank on disk
 MAX_HISTORY = 1000
 VARIABILITY_NEEDS_GRAPH = (
@@ -215,7 +214,7 @@ class RunResult:
     # a run of several real ranks: each rank's own result (the fields above
     # are the lowest rank's, with the run's exit code, and ``snapshots`` the
     # run's cuts every rank here took part in, which snapshot restore takes)
-    ranks: dict[int, "RunResult"] = dataclasses.field(default_factory=dict)
+    ranks: dict[int, RunResult] = dataclasses.field(default_factory=dict)
 
     @property
     def log_path(self) -> Path:

@@ -14,8 +14,8 @@ import os
 import stat
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import prism_debug
 from prism_debug.snapshot.store import Store, make_private_dir

@@ -13,14 +13,13 @@ from __future__ import annotations
 import dataclasses
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from prism_debug.agent.program import MESSAGES_ENV, events_from_json, write_slice_messages
 from prism_debug.cost import load_profile
 from prism_debug.errors import ConfigError, GraphError, LaunchError
 from prism_debug.graph import ExecutionGraph, Mesh
-from prism_debug.graph.messages import NEEDS_MESSAGES_EXIT, MissingMessage, PeerMessage
 from prism_debug.graph.build import (
     MIN_ITERATIONS,
     RecordedIssue,
@@ -30,6 +29,7 @@ from prism_debug.graph.build import (
     infer_mesh,
     representatives,
 )
+from prism_debug.graph.messages import NEEDS_MESSAGES_EXIT, MissingMessage, PeerMessage
 from prism_debug.runner import report as reporting
 from prism_debug.runner.launch import RunOptions, run
 

@@ -9,8 +9,8 @@ import json
 import os
 import resource
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from prism_debug.agent.config import ENV_VAR, OWNER_ENV_VAR, AgentConfig
 from prism_debug.errors import GraphError, LaunchError, MissingGpu

@@ -33,9 +33,8 @@ import secrets
 import shlex
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable
 
 from prism_debug.errors import ConfigError, SnapshotError
 from prism_debug.graph import ExecutionGraph

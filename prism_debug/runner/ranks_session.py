@@ -16,7 +16,7 @@ one).  The ranks' parts of the run's cuts are dumped here as they come.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
@@ -84,7 +84,7 @@ class RanksSession:
         sessions.withdraw(self.info)
         self.server.close()
 
-    def follower_side(self, rank: int, snapshots: RankSnapshots | None) -> "_RankSide":
+    def follower_side(self, rank: int, snapshots: RankSnapshots | None) -> _RankSide:
         """What a rank's output relay tells the session (children.RunSession);
         ``snapshots`` takes the rank's part of each cut (None: a run that
         takes none)."""

@@ -21,7 +21,8 @@ import collections
 import concurrent.futures
 import os
 import threading
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 R = TypeVar("R")
 RECORDER_NICENESS = 10  # the recorder's thread's (at least): a record yields to a dump

@@ -8,7 +8,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from prism_debug.errors import PrismError
 from prism_debug.runner.history import History, Kept, Plan, Position

@@ -41,14 +41,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import errno
+import hashlib
 import json
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from prism_debug.faults import Fault
 from prism_debug.reload import plan as plan_reload
@@ -61,6 +61,7 @@ from prism_debug.snapshot import incremental
 from prism_debug.snapshot import lazy as lazy_pages
 from prism_debug.snapshot.manifest import Manifest, new_id
 from prism_debug.snapshot.store import SnapshotError, Store, now_text, sha256_file
+
 
 def _environment_digest(options: RunOptions, rank: int | None = None) -> str:
     """What else a restored run's behaviour rests on besides the script and
@@ -105,7 +106,7 @@ class Snapshotter:
 
     @classmethod
     def for_run(cls, options: RunOptions, store: Store, message: Callable[[str], None],
-                rank: int | None = None, cut_run: str | None = None) -> "Snapshotter":
+                rank: int | None = None, cut_run: str | None = None) -> Snapshotter:
         """For the run's rank (``rank``: one of its several real ranks, whose
         snapshots are cuts of ``cut_run``)."""
         criu = criu_api.locate()
@@ -128,7 +129,7 @@ class Snapshotter:
 
     @classmethod
     def continuing(cls, manifest: Manifest, store: Store,
-                   message: Callable[[str], None]) -> "Snapshotter":
+                   message: Callable[[str], None]) -> Snapshotter:
         """For snapshots of a rank restored from ``manifest``: the same run's facts."""
         base = {k: getattr(manifest, k) for k in (
             "world_size", "rank", "command", "graph_digest", "script_digest",
@@ -141,7 +142,7 @@ class Snapshotter:
         return list(self.taken)
 
     def take(self, pid: int, iteration: int, cuda: bool = False,
-             release: "Release | None" = None, *,
+             release: Release | None = None, *,
              parent: Callable[[], str | None] | None = None,
              recorded: Callable[[Manifest], None] | None = None
              ) -> concurrent.futures.Future:
@@ -284,7 +285,7 @@ class Release:
     sources: dict = dataclasses.field(default_factory=dict, compare=False)
 
     @classmethod
-    def of(cls, event: dict) -> "Release":
+    def of(cls, event: dict) -> Release:
         signum = event.get("release_signal")
         sources = event.get("sources")
         return cls(event["iteration"], event.get("ticket"),

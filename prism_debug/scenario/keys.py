@@ -16,7 +16,7 @@ accepted key into its place and checks that nothing refuses it.
 
 from __future__ import annotations
 
-from typing import Collection
+from collections.abc import Collection
 
 from prism_debug.checked import declared_fields
 from prism_debug.faults import Action, Duration, Fault, Selector, Trigger

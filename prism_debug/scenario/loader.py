@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import shlex
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 

@@ -80,8 +80,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, Iterator, Sequence
+from typing import ClassVar
 
 from prism_debug.checked import (
     MAX_GPUS_PER_NODE,
@@ -103,7 +104,6 @@ from prism_debug.checked import (
 )
 from prism_debug.errors import ConfigError
 from prism_debug.example import Example
-from prism_debug.faults.model import TIME_TRIGGER_REFUSED
 from prism_debug.faults import (
     DesyncKind,
     Fault,
@@ -113,6 +113,7 @@ from prism_debug.faults import (
     resolve,
     select,
 )
+from prism_debug.faults.model import TIME_TRIGGER_REFUSED
 from prism_debug.graph.selectors import expand, node_spans, rank_spans, ranks_text, select_ranks
 from prism_debug.variability import Variability
 

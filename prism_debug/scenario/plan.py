@@ -12,7 +12,7 @@ import dataclasses
 import math
 import re
 import statistics
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -22,9 +22,9 @@ from prism_debug.engine.replay import CostFn, ReplayEngine
 from prism_debug.faults import DesyncKind, Fault, resolve
 from prism_debug.graph import ExecutionGraph
 from prism_debug.scenario.model import (
+    Expectation,
     ExpectDigests,
     ExpectException,
-    Expectation,
     ExpectExitCode,
     ExpectFlightRecord,
     ExpectIterationTime,
@@ -67,7 +67,7 @@ class Observed:
     # a run of several real ranks: each rank's own, lowest first (the fields
     # above are then the lowest rank's, with the run's exit code), as a
     # RunResult's ``ranks``
-    ranks: dict[int, "Observed"] = dataclasses.field(default_factory=dict)
+    ranks: dict[int, Observed] = dataclasses.field(default_factory=dict)
 
 
 def exception_from_output(lines: Iterable[str]) -> tuple[str, str] | None:

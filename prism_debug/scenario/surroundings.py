@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Protocol, Sequence
+from typing import Protocol
 
 from prism_debug.cost import load_profile
 from prism_debug.errors import ConfigError, GraphError, PrismError, VariabilityError

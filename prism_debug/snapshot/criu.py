@@ -93,7 +93,7 @@ def tracks_memory(criu: Criu) -> tuple[bool, str]:
     return proc.returncode == 0, detail
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def lazy_pages(criu: Criu) -> tuple[bool, str]:
     """Whether this kernel and these privileges let CRIU restore lazily:
     userfaultfd with the non-cooperative events (``uffd-noncoop``: a restored

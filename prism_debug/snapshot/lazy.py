@@ -37,8 +37,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from prism_debug.errors import CriuError
 from prism_debug.snapshot import criu as criu_api
@@ -52,7 +52,7 @@ GRACE_S = 2.0
 
 # the daemons this process watches (its children): a controller about to
 # report a restored run's end reaps them first (:func:`reap`)
-_watched: set["LazyPages"] = set()
+_watched: set[LazyPages] = set()
 _watched_lock = threading.Lock()
 
 
@@ -84,7 +84,7 @@ class LazyPages:
     @classmethod
     def start(cls, criu: criu_api.Criu, images_dir: Path, work_dir: Path, *,
               deadline_s: float = START_DEADLINE_S,
-              preexec_fn: Callable[[], None] | None = None) -> "LazyPages":
+              preexec_fn: Callable[[], None] | None = None) -> LazyPages:
         """The daemon for ``images_dir``, listening in ``work_dir`` (the
         restore's), or :class:`CriuError` with its log's first error."""
         socket = work_dir / SOCKET

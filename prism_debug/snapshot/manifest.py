@@ -89,7 +89,7 @@ class Manifest:
         return json.dumps(dataclasses.asdict(self), indent=1) + "\n"
 
     @classmethod
-    def from_json(cls, text: str, where: Path) -> "Manifest":
+    def from_json(cls, text: str, where: Path) -> Manifest:
         try:
             data = json.loads(text)
             if not isinstance(data, dict):

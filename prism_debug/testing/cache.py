@@ -26,8 +26,8 @@ import fcntl
 import hashlib
 import json
 import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import prism_debug
 from prism_debug import api

@@ -6,8 +6,9 @@ what a script can call without pytest (:func:`regression_run`)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from prism_debug import api
 from prism_debug.errors import ConfigError

@@ -61,7 +61,7 @@ class PrismResult:
 
     @classmethod
     def from_run(cls, run: RunResult, snapshot_id: str, *, reload: bool = False,
-                 time_rtol: float = DEFAULT_TIME_RTOL) -> "PrismResult":
+                 time_rtol: float = DEFAULT_TIME_RTOL) -> PrismResult:
         observed = observe(run)
         records = {e["iteration"]: e for e in run.events if e["kind"] == "iteration"}
         iterations = []

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -60,7 +60,7 @@ class Distribution:
         object.__setattr__(self, "params", tuple(float(p) for p in params))
 
     @classmethod
-    def with_cv(cls, family: str, cv: float) -> "Distribution":
+    def with_cv(cls, family: str, cv: float) -> Distribution:
         """Mean 1 and coefficient of variation ``cv`` (0 to :data:`MAX_CV`).
 
         ``cv`` below :data:`MIN_CV` (0 too) gives the constant 1 (a normal of
@@ -163,7 +163,7 @@ class Distribution:
         return [self.family, *self.params]
 
     @classmethod
-    def from_json(cls, data) -> "Distribution":
+    def from_json(cls, data) -> Distribution:
         """The distribution ``[family, params…]`` (as :meth:`to_json` writes) describes;
         :class:`VariabilityError` saying what to give otherwise."""
         if not (isinstance(data, list) and data and isinstance(data[0], str)):
@@ -172,7 +172,7 @@ class Distribution:
         return cls(data[0], tuple(data[1:]))
 
     @classmethod
-    def from_gap_fit(cls, gap_fit: GapFit) -> "Distribution":
+    def from_gap_fit(cls, gap_fit: GapFit) -> Distribution:
         return cls(gap_fit.family, gap_fit.params)
 
 
@@ -196,7 +196,7 @@ class Fit:
                       self.samples, self.pooled)
 
     @classmethod
-    def from_gap_fit(cls, gap_fit: GapFit) -> "Fit":
+    def from_gap_fit(cls, gap_fit: GapFit) -> Fit:
         return cls(Distribution.from_gap_fit(gap_fit), gap_fit.ks, gap_fit.samples,
                    gap_fit.pooled)
 

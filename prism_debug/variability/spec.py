@@ -22,8 +22,9 @@ Every problem is one :class:`VariabilityError` naming the term and what to give.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, NoReturn, Sequence
+from typing import NoReturn
 
 from prism_debug.cost.ops import COLLECTIVES, known_op
 from prism_debug.errors import VariabilityError
@@ -125,7 +126,7 @@ class Variability:
         return {"variability": [rule.to_item() for rule in self.rules]}
 
     @classmethod
-    def from_dict(cls, data: object, source: str = "variability") -> "Variability":
+    def from_dict(cls, data: object, source: str = "variability") -> Variability:
         """What :meth:`to_dict` (or a variability file) holds; ``source``
         begins every error message."""
         return _from_data(data, source, lambda key_path: None)

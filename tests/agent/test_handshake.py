@@ -8,7 +8,6 @@ import json
 import os
 import threading
 import time
-from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st

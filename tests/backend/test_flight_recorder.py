@@ -7,8 +7,15 @@ import textwrap
 import pytest
 
 from prism_debug.backend.flight_recorder import (
-    DEFAULT_BUFFER_SIZE, FlightRecorder, buffer_size_from_env, dump_path, dump_prefix_from_env,
-    pg_status_from_entries, python_frames, scalar_type_name, write_group_dumps,
+    DEFAULT_BUFFER_SIZE,
+    FlightRecorder,
+    buffer_size_from_env,
+    dump_path,
+    dump_prefix_from_env,
+    pg_status_from_entries,
+    python_frames,
+    scalar_type_name,
+    write_group_dumps,
 )
 from prism_debug.errors import ConfigError
 

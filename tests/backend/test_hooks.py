@@ -8,7 +8,11 @@ from prism_debug.agent.agent import Agent
 from prism_debug.agent.program import ProgramRecorder
 from prism_debug.backend.flight_log import FlightLog
 from prism_debug.backend.hooks import (
-    FlightHook, PeerFaultsHook, RecorderHook, WatchdogHook, WatchHook,
+    FlightHook,
+    PeerFaultsHook,
+    RecorderHook,
+    WatchdogHook,
+    WatchHook,
 )
 from prism_debug.backend.peer_faults import PeerFaults
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog

@@ -25,9 +25,16 @@ import torch.distributed as dist
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from prism_debug.backend.mixed import (MixedGroup, allgather_mixed, allreduce_mixed,
-                                       alltoall_mixed, broadcast_mixed, multiplicities,
-                                       reduce_mixed, reduce_scatter_mixed)
+from prism_debug.backend.mixed import (
+    MixedGroup,
+    allgather_mixed,
+    allreduce_mixed,
+    alltoall_mixed,
+    broadcast_mixed,
+    multiplicities,
+    reduce_mixed,
+    reduce_scatter_mixed,
+)
 from prism_debug.backend.values import POLICIES, Values
 
 R = dist.ReduceOp

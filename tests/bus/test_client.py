@@ -226,9 +226,8 @@ def test_a_session_with_curve_is_reached_with_the_client_keys(tmp_path, monkeypa
             publish(bus, (1, "paused"))
             assert bus.next_event("paused", timeout_s=2)["data"] == {"n": 1}
         # a client without keys gets nowhere: the handshake never completes
-        with BusClient(server.commands, server.events) as plain:
-            with pytest.raises(BusTimeout):
-                plain.request("echo", timeout_s=0.2, text="clear")
+        with BusClient(server.commands, server.events) as plain, pytest.raises(BusTimeout):
+            plain.request("echo", timeout_s=0.2, text="clear")
         # nor does one with keys but the wrong server key
         public, secret = keys.load_client()
         wrong = ClientCurve(public=public, secret=secret, server_public=public)

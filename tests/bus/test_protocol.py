@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from prism_debug.bus.protocol import (
-    EVENT_KINDS,
     BASE_VERSION,
+    EVENT_KINDS,
     MAX_FRAME_BYTES,
     VERBS,
     BadArguments,

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from prism_debug.bus import runtime, server as bus_server
+from prism_debug.bus import runtime
+from prism_debug.bus import server as bus_server
 from prism_debug.bus.client import BusClient
 from prism_debug.bus.protocol import MAX_WIRE_BYTES, decode_event, encode_request
 from prism_debug.errors import ConfigError

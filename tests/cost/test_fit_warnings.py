@@ -1,14 +1,16 @@
 """calibrate says when its profile misses what it was fitted to, and records
 how well each fit met its measurements in the profile it writes."""
 
-import subprocess
-import sys
 
-import pytest
 
 from prism_debug.cost import CostModel, load_profile
 from prism_debug.cost.calibrate import (
-    FIT_ERROR_WARN, Measurements, fit_quality, fit_warnings, local_profile, to_toml,
+    FIT_ERROR_WARN,
+    Measurements,
+    fit_quality,
+    fit_warnings,
+    local_profile,
+    to_toml,
 )
 
 SIZES = tuple(2**k for k in range(3, 25, 3))  # 8 B … 16 MiB, as local_bench measures

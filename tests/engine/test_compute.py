@@ -13,7 +13,11 @@ from prism_debug.engine import GraphCompute
 from prism_debug.engine.replay import ReplayEngine
 from prism_debug.graph.execution import ExecutionGraph, Mesh
 from tests.engine.test_replay import (
-    constant_cost, perturb, pipeline_graph, pipeline_jobs, tp_then_dp_graph,
+    constant_cost,
+    perturb,
+    pipeline_graph,
+    pipeline_jobs,
+    tp_then_dp_graph,
 )
 
 

@@ -18,7 +18,13 @@ from prism_debug.engine.replay import SAMPLE_COLUMNS, ReplayEngine
 from prism_debug.graph.execution import ClassProgram, ExecutionGraph, Mesh, OpSpec
 from tests.engine.test_compute import all_times, pipeline_of
 from tests.engine.test_replay import (
-    COST, constant_cost, end, issue, perturb, pipeline_jobs, wait,
+    COST,
+    constant_cost,
+    end,
+    issue,
+    perturb,
+    pipeline_jobs,
+    wait,
 )
 
 

@@ -7,7 +7,14 @@ import pytest
 
 from prism_debug.errors import ConfigError
 from prism_debug.faults import (
-    Selector, SlowFault, Trigger, fault_text, parse_fault, rank_text, resolve, select,
+    Selector,
+    SlowFault,
+    Trigger,
+    fault_text,
+    parse_fault,
+    rank_text,
+    resolve,
+    select,
 )
 from tests.engine.test_replay import pipeline_graph
 

@@ -11,8 +11,22 @@ from hypothesis import strategies as st
 
 from prism_debug.errors import ConfigError
 from prism_debug.faults import (
-    Action, DelayFault, DesyncKind, Duration, FailFault, HangFault, Intermittent, LinkFault,
-    NanFault, Selector, SlowFault, Trigger, USAGE, USAGE_TEXT, fault_from_dict, fault_text,
+    USAGE,
+    USAGE_TEXT,
+    Action,
+    DelayFault,
+    DesyncKind,
+    Duration,
+    FailFault,
+    HangFault,
+    Intermittent,
+    LinkFault,
+    NanFault,
+    Selector,
+    SlowFault,
+    Trigger,
+    fault_from_dict,
+    fault_text,
     parse_fault,
 )
 

@@ -13,6 +13,7 @@ import pytest
 
 from prism_debug.errors import GraphError
 from prism_debug.graph import ExecutionGraph
+
 MAX_GRAPH_ENV = "PRISM_DEBUG_MAX_GRAPH_MB"  # (a literal: the test runs against older code too)
 from tests.engine.test_replay import pipeline_graph
 

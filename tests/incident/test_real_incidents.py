@@ -11,8 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tools.incident_jobs import (DUMP_PREFIX, WORKLOAD, IncidentJobError, dumped_ranks,
-                                 run_real_incident)
+from tools.incident_jobs import (
+    DUMP_PREFIX,
+    WORKLOAD,
+    IncidentJobError,
+    dumped_ranks,
+    run_real_incident,
+)
 
 BUCKETS = 2  # the jobs' --buckets: dp all-reduces per iteration
 GRAD_NUMEL = 64 * 256  # --grad-kib 64 of float32

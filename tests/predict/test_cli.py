@@ -92,8 +92,12 @@ def test_bad_input_is_one_line(ddp_file, tmp_path, monkeypatch, args, message):
 
 
 def test_the_help_states_the_cores_defaults():
-    from prism_debug.predict import (ATTRIBUTION_SAMPLES, DEFAULT_ITERATIONS, DEFAULT_SAMPLES,
-                                     DEFAULT_SLOWDOWNS)
+    from prism_debug.predict import (
+        ATTRIBUTION_SAMPLES,
+        DEFAULT_ITERATIONS,
+        DEFAULT_SAMPLES,
+        DEFAULT_SLOWDOWNS,
+    )
 
     text = " ".join(CliRunner().invoke(main, ["predict", "--help"]).output.split())
     assert f"whole world [default: {DEFAULT_SAMPLES}]" in text

@@ -221,9 +221,8 @@ def test_a_bus_beyond_loopback_needs_curve_keys(tmp_path, session_dir, monkeypat
     public, secret = zmq.curve_keypair()
     stranger = ClientCurve(public=public, secret=secret,
                            server_public=info.curve_public.encode())
-    with BusClient(info.commands, info.events, stranger) as client:
-        with pytest.raises(BusTimeout):
-            client.request("status", timeout_s=2.0)
+    with BusClient(info.commands, info.events, stranger) as client, pytest.raises(BusTimeout):
+        client.request("status", timeout_s=2.0)
     console = attach("--json", "--command", "status; c")
     assert console.returncode == 0, console.stderr
     status = json.loads(console.stdout.splitlines()[0])

@@ -14,7 +14,6 @@ import math
 import pickle
 from types import SimpleNamespace
 
-import pytest
 import torch
 
 from prism_debug.backend.flight_log import FlightLog

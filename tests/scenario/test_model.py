@@ -74,7 +74,7 @@ def test_fraction_draws_are_reproducible_and_in_the_world(size, fraction, seed):
     selector = Selector(fraction=fraction, seed=str(seed))
     ranks = select(selector, size, 8)
     assert ranks == select(selector, size, 8)
-    assert ranks == sorted(set(ranks)) and 0 <= ranks[0] and ranks[-1] < size
+    assert ranks == sorted(set(ranks)) and ranks[0] >= 0 and ranks[-1] < size
     assert len(ranks) == max(1, round(fraction * size))
 
 

@@ -9,8 +9,14 @@ import pytest
 from prism_debug.faults import fault_from_dict, fault_text, parse_fault, resolve
 from prism_debug.scenario import parse_scenario
 from prism_debug.scenario.plan import (
-    FlightFindings, Observed, evaluate, exception_from_output, flight_findings, needs_baseline,
-    needs_prediction, predicted_ratio,
+    FlightFindings,
+    Observed,
+    evaluate,
+    exception_from_output,
+    flight_findings,
+    needs_baseline,
+    needs_prediction,
+    predicted_ratio,
 )
 from tests.engine.test_replay import constant_cost, pipeline_graph
 

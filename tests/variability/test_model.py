@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from prism_debug.engine.replay import ReplayEngine
-from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, Mesh, OpSpec
+from prism_debug.graph.execution import ClassProgram, ExecutionGraph, Mesh, OpSpec
 from prism_debug.variability import parse_variability
 from prism_debug.variability.model import StochasticCompute
 from prism_debug.variability.order_stats import expected_max_normal, std_max_normal

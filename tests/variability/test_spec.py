@@ -7,8 +7,13 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from prism_debug.errors import VariabilityError
-from prism_debug.variability import Distribution, Rule, Variability, load_variability, \
-    parse_variability
+from prism_debug.variability import (
+    Distribution,
+    Rule,
+    Variability,
+    load_variability,
+    parse_variability,
+)
 from tests.engine.test_replay import pipeline_graph
 
 OPS = ("all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, reduce, gather, "
