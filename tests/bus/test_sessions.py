@@ -88,7 +88,7 @@ def test_a_session_whose_pid_is_gone_is_stale_and_removed(directory, dead_pid):
     json.dumps({**json.loads(info("x").to_json()), "session": "other"}),  # name mismatch
     json.dumps({**json.loads(info("x").to_json()), "pid": True}),
     json.dumps({**json.loads(info("x").to_json()), "ranks": [9000]}),  # outside the world
-])
+], ids=["not-json", "a-list", "fields-missing", "name-mismatch", "pid-bool", "rank-outside"])
 def test_an_unreadable_session_file_is_stale(directory, content):
     directory.mkdir()
     (directory / "x.json").write_text(content)
