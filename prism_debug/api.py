@@ -34,16 +34,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from prism_debug.controller import launch
+from prism_debug.controller.launch import restore
 from prism_debug.cost import HardwareProfile, load_profile
 from prism_debug.errors import PrismError
 from prism_debug.faults import Fault, fault_from_dict, fault_text, parse_fault
-from prism_debug.runner import launch
-from prism_debug.runner.graph_cache import with_graph
-from prism_debug.runner.incident import IncidentOptions, IncidentResult, import_incident
-from prism_debug.runner.launch import restore
-from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult
-from prism_debug.runner.scenario_run import ScenarioResult, run_scenario
+from prism_debug.process.options import RestoreOptions, RunOptions, RunResult
 from prism_debug.scenario import Scenario, load_scenario, parse_scenario
+from prism_debug.workflows.graph_cache import with_graph
+from prism_debug.workflows.incident import IncidentOptions, IncidentResult, import_incident
+from prism_debug.workflows.scenario_run import ScenarioResult, run_scenario
 
 
 def run(options: RunOptions, message: Callable[[str], None] = lambda line: None) -> RunResult:

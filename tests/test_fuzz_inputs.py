@@ -23,12 +23,12 @@ from hypothesis import strategies as st
 
 from prism_debug.cost import CostModel, Placement, load_profile
 from prism_debug.cost.calibrate import parse_nccl_tests
-from prism_debug.cost.profile import BUNDLED_DIR
+from prism_debug.cost.hardware import BUNDLED_DIR
 from prism_debug.engine import ReplayEngine
 from prism_debug.errors import ConfigError, GraphError, HardwareProfileError, ScenarioError
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.selectors import number_list, rank_list
-from prism_debug.runner.options import OPTION_BOUNDS, option_number, parse_bytes
+from prism_debug.process.options import OPTION_BOUNDS, option_number, parse_bytes
 from prism_debug.scenario import parse_scenario
 from tests.engine.test_replay import pipeline_graph, tp_then_dp_graph
 

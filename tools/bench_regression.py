@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from prism_debug import api  # noqa: E402
-from prism_debug.runner.graph_cache import cached_graph  # noqa: E402
 from prism_debug.testing import SnapshotCache, job_for, parse_faults, regression_run  # noqa: E402
+from prism_debug.workflows.graph_cache import cached_graph  # noqa: E402
 
 WORLD, RANK, TIMEOUT_S = 64, 5, 2.0
 
@@ -66,7 +66,7 @@ def snapshot_check(job, cache: SnapshotCache, work: Path, k: int, faults: list[s
 
 
 def rerun_check(job, graph: Path, work: Path, n: int, k: int, faults: list[str]):
-    from prism_debug.runner.scenario_run import observe
+    from prism_debug.workflows.scenario_run import observe
     result = api.run(api.RunOptions(
         command=list(job.command), rank=RANK, world_size=WORLD,
         profile=api.load_profile(job.hardware), iterations=n + k, graph_path=graph, bind=None,

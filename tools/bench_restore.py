@@ -45,7 +45,7 @@ WORKLOAD = ROOT / "tools" / "restore_workload.py"
 sys.path.insert(0, str(ROOT))
 
 from prism_debug import api  # noqa: E402
-from prism_debug.runner.paths import PRIVATE_UMASK, open_store  # noqa: E402
+from prism_debug.process.paths import PRIVATE_UMASK, open_store  # noqa: E402
 
 _SNAPSHOT = re.compile(r"^snapshot (\S+): iteration \d+, ([\d.]+) MiB in ([\d.]+) s", re.M)
 _RESTORED = re.compile(r"^restored pid \d+ in ([\d.]+) s \(.*?, (eager|lazi)ly\b")

@@ -37,7 +37,7 @@ from prism_debug.agent.program import MESSAGES_ENV, ProgramRecorder, slice_book
 from prism_debug.agent.real import SeveralRanks
 from prism_debug.agent.reload import Sources
 from prism_debug.agent.reload import apply as apply_reload
-from prism_debug.backend.flight_log import FlightLog
+from prism_debug.backend.fr_recorder import FlightLog
 from prism_debug.backend.install import Messages, install
 from prism_debug.backend.real_comms import SideStore
 from prism_debug.backend.runtime import Runtime

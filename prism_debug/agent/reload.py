@@ -34,7 +34,7 @@ from prism_debug.reload.sources import read_text
 
 _PACKAGE = os.path.dirname(prism_debug.__file__)
 # not the user's: Python's own, installed packages', prism-debug's and its hook
-# (runner/paths.py's HOOKS_DIR, which the rank's sitecustomize loads from)
+# (process/paths.py's HOOKS_DIR, which the rank's sitecustomize loads from)
 _NOT_USER = tuple(os.path.realpath(p) + os.sep for p in {
     *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
     _PACKAGE, os.path.join(os.path.dirname(_PACKAGE), "hooks")})

@@ -82,11 +82,11 @@ class PeerFaultsHook(Protocol):
 
 
 class FlightHook(Protocol):
-    """The flight recorder's ring of issued ops and its dump (backend/flight_log.py's FlightLog)."""
+    """The flight recorder's ring of issued ops and its dump (backend/fr_recorder.py's FlightLog)."""
 
     def note(self, pg: Group, call: str, outputs: list, inputs: list | None, peer: int | None,
              done: Completion, iteration: int) -> None:
-        """One op issued, ``call`` as backend/nccl_record.py names it (its sizes,
+        """One op issued, ``call`` as backend/fr_nccl_names.py names it (its sizes,
         never its tensors)."""
 
     def dump(self, pg_id: int, seq: int,

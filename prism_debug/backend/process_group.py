@@ -99,7 +99,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         reduce-scatter); ``source``: the group rank the data came from (a
         broadcast's root, a receive's peer); ``call``: the op as NCCL tells
         its variants apart ("_all_gather_base", "allreduce_coalesced", ...;
-        backend/nccl_record.py), where that is not ``op``."""
+        backend/fr_nccl_names.py), where that is not ``op``."""
         rt = self._rt
         tracker = rt.tracker
         if rt.peer_faults.active and op != "send" and rt.peer_faults.apply(

@@ -53,7 +53,7 @@ class Runtime:
     # what faulty peers hand the real rank (nan, inf, corrupt); None: the
     # rank's own PeerFaults, made in __post_init__ (it needs the rank)
     peer_faults: PeerFaultsHook = None  # type: ignore[assignment]
-    # the flight recorder (backend/flight_log.py), when the env turns it on
+    # the flight recorder (backend/fr_recorder.py), when the env turns it on
     flight: FlightHook | None = None
     # called once with the iteration in which the rank first hands a collective
     # a NaN or inf of its own (None: nobody asks, nothing is checked)

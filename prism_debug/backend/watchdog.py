@@ -58,7 +58,7 @@ class TimedOutOp:
     pg_id: int
     seq: int  # the group's collective sequence number
     op: str  # the prism group's name for it ("all_gather", "_all_gather_base", ...)
-    numel_in: int  # as WorkNCCL counts them (backend/nccl_record.py)
+    numel_in: int  # as WorkNCCL counts them (backend/fr_nccl_names.py)
     numel_out: int
     timeout_ms: int
     ran_for_ms: int

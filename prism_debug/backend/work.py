@@ -11,7 +11,7 @@ import threading
 import torch.distributed as dist
 from torch.futures import Future
 
-from prism_debug.backend.nccl_record import nccl_call_of
+from prism_debug.backend.fr_nccl_names import nccl_call_of
 from prism_debug.backend.tracker import OpRecord
 from prism_debug.backend.watchdog import TimedOutOp
 
@@ -34,7 +34,7 @@ class PrismWork(dist._Work):
         self._runtime = runtime
         # what the watchdog needs to know: the group that issued it (None: no
         # watchdog), the op's number in that group, its name as NCCL tells
-        # its variants apart (backend/nccl_record.py), when the rank issued
+        # its variants apart (backend/fr_nccl_names.py), when the rank issued
         # it, and its inputs where they are not its result, for the sizes
         # NCCL prints (its peer: a send's or receive's)
         self.group = group

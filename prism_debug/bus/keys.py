@@ -1,7 +1,7 @@
 """CURVE keys for a bus bound beyond loopback.
 
 On the machine the bus is a pair of ipc sockets in a private directory (see
-:mod:`prism_debug.bus.runtime`), so it runs in the clear.  Bound to an address
+:mod:`prism_debug.bus.socket_dir`), so it runs in the clear.  Bound to an address
 beyond loopback, the controller adds TCP endpoints and requires CURVE: one
 server and one client key pair per user, created once by ``prism-debug keys``
 in ZeroMQ's certificate format (``NAME.key`` public, ``NAME.key_secret``

@@ -11,7 +11,7 @@ output, snapshots, exit) — go out on the PUB socket under their rank's topic,
 each rank's with one sequence of numbers, so a client can tell it missed some.
 
 Who may talk to it (see README, "Security model"): the sockets are ``ipc://`` files
-in a directory only the user can enter (:mod:`prism_debug.bus.runtime`); bound to an
+in a directory only the user can enter (:mod:`prism_debug.bus.socket_dir`); bound to an
 address beyond loopback, a TCP endpoint is added and the whole bus requires CURVE
 with the user's client key.  A rank's agent is whoever proves it: an ``agent.hello``
 carrying the session's secret, sent over the ipc socket by that rank's own process
@@ -52,7 +52,7 @@ from typing import Any
 import zmq
 
 from prism_debug.bus import keys as curve_keys
-from prism_debug.bus import runtime
+from prism_debug.bus import socket_dir
 from prism_debug.bus.agents import AgentConnection, AgentTable, Forwarded, Queued, peer_pid
 from prism_debug.bus.protocol import (
     AGENT_EVENT_KINDS,
@@ -137,10 +137,10 @@ class BusServer:
         self.agents.pid_of = lambda rank: self.rank_pid() if rank == self.rank else None
         server_keys = curve_keys.server_keys_for(host)  # None on loopback: no TCP at all
         # made before anything that must be closed: a refused directory leaves nothing open
-        sockets_dir = runtime.private_dir(directory)
+        sockets_dir = socket_dir.private_dir(directory)
         name = secrets.token_hex(6)
-        commands_ipc = runtime.socket_path(sockets_dir, f"{name}.c")
-        events_ipc = runtime.socket_path(sockets_dir, f"{name}.e")
+        commands_ipc = socket_dir.socket_path(sockets_dir, f"{name}.c")
+        events_ipc = socket_dir.socket_path(sockets_dir, f"{name}.e")
         self._context = zmq.Context()
         self._router = self._context.socket(zmq.ROUTER)
         self._pub = self._context.socket(zmq.PUB)
@@ -235,7 +235,7 @@ class BusServer:
 
     @staticmethod
     def _bind(socket: zmq.Socket, endpoint: str) -> str:
-        path = runtime.ipc_path(endpoint)
+        path = socket_dir.ipc_path(endpoint)
         if path is not None and os.path.lexists(path):
             os.unlink(path)  # a socket left by a controller that died; the name is ours
         socket.bind(endpoint)

@@ -25,8 +25,8 @@ from prism_debug.errors import ConfigError, ExitCode
 from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.graph.selectors import number_list, rank_list
-from prism_debug.runner.options import python_command
-from prism_debug.runner.torchrun import host_of, under_torchrun
+from prism_debug.process.options import python_command
+from prism_debug.process.torchrun import host_of, under_torchrun
 from prism_debug.variability import parse_variability
 
 
@@ -130,7 +130,7 @@ def run(rank, ranks_text, world_size, gpus_per_node, hardware, iterations, repor
     the same command, script and layout start at once.
     """
     from prism_debug import api  # the runner (and ZeroMQ) only for the commands that run
-    from prism_debug.runner.graph_cache import PROFILE_ITERATIONS
+    from prism_debug.workflows.graph_cache import PROFILE_ITERATIONS
 
     _private()
     if lockstep and graph_path is not None:
@@ -195,15 +195,15 @@ def snapshot() -> None:
 
 
 def _store(store: Path | None):
-    from prism_debug.runner.paths import open_store
+    from prism_debug.process.paths import open_store
 
     return open_store(store, lambda line: click.echo(line, err=True))
 
 
 def _private() -> None:
     """The controller's files are the user's alone: the store, run folders,
-    reports (the rank gets the user's own umask back: runner/paths.py)."""
-    from prism_debug.runner.paths import PRIVATE_UMASK
+    reports (the rank gets the user's own umask back: process/paths.py)."""
+    from prism_debug.process.paths import PRIVATE_UMASK
 
     os.umask(PRIVATE_UMASK)
 
@@ -431,8 +431,8 @@ def profile(world_size, gpus_per_node, iterations, slice_ranks, out, run_dir, co
 
     With no COMMAND, profiles the bundled example.
     """
-    from prism_debug.runner.profile import ProfileOptions
-    from prism_debug.runner.profile import profile as run_profile
+    from prism_debug.workflows.profiling import ProfileOptions
+    from prism_debug.workflows.profiling import profile as run_profile
 
     _private()
     options = ProfileOptions(
@@ -454,9 +454,9 @@ def scenario() -> None:
                 type=click.Path(dir_okay=False, path_type=Path))
 def scenario_lint(files) -> None:
     """Report every error in FILES, each with its line and column."""
-    from prism_debug.runner.scenario_lint import ThisMachine
     from prism_debug.scenario import lint
     from prism_debug.scenario.loader import read_scenario_text
+    from prism_debug.workflows.scenario_lint import ThisMachine
 
     problems = 0
     for path in files:
@@ -485,11 +485,11 @@ def scenario_run(files, report_path, junit_path, run_dir, store) -> None:
     """Run each scenario headless: one PASS/FAIL line per expectation; exit
     code 0 only when all pass."""
     from prism_debug import api
-    from prism_debug.runner.options import check_output_paths
-    from prism_debug.runner.scenario_run import junit_xml
+    from prism_debug.process.options import check_output_paths
+    from prism_debug.workflows.scenario_run import junit_xml
 
     check_output_paths(("--report", report_path), ("--junit", junit_path))
-    from prism_debug.runner.scenario_lint import ThisMachine
+    from prism_debug.workflows.scenario_lint import ThisMachine
 
     # every file checked first, as lint checks it (scripts, graphs): nothing starts
     # when one is broken

@@ -34,8 +34,8 @@ def incident_command(dump_dir, prefix, out, world_size, gpus_per_node, run_dir, 
     with --out write a scenario that reproduces it.  Give the job's command
     for one rank after -- to place the fault in its iterations (its graph is
     profiled once and cached)."""
-    from prism_debug.runner.incident import IncidentOptions, import_incident
-    from prism_debug.runner.paths import PRIVATE_UMASK
+    from prism_debug.process.paths import PRIVATE_UMASK
+    from prism_debug.workflows.incident import IncidentOptions, import_incident
 
     os.umask(PRIVATE_UMASK)  # the scenario, the profile's files: the user's alone
     result = import_incident(IncidentOptions(

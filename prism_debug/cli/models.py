@@ -20,7 +20,7 @@ from prism_debug.cost import (
 )
 from prism_debug.errors import ConfigError
 from prism_debug.graph.selectors import rank_list
-from prism_debug.runner.options import parse_bytes
+from prism_debug.process.options import parse_bytes
 
 
 class OpName(click.ParamType):
@@ -175,7 +175,7 @@ def calibrate(nccl_tests, local, processes, base, no_nvls, name, out) -> None:
         raise ConfigError(f"--out {out}: directory {out.resolve().parent} does not exist")
     name = name or out.stem
     if local:
-        from prism_debug.runner.local_bench import measure
+        from prism_debug.workflows.local_bench import measure
 
         click.echo(f"calibrate: timing gloo all-reduce, send/recv, all-gather, reduce-scatter "
                    f"and broadcast between {processes} processes …")

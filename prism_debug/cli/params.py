@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from prism_debug.errors import PrismError
-from prism_debug.runner.options import option_number
+from prism_debug.process.options import option_number
 
 
 class ErrorsAsLines(click.Group):
@@ -19,7 +19,7 @@ class ErrorsAsLines(click.Group):
 
 
 class Number(click.ParamType):
-    """A number within its option's bounds (runner/options.py OPTION_BOUNDS): one
+    """A number within its option's bounds (process/options.py OPTION_BOUNDS): one
     error line naming the option, as every PrismError, not click's usage text."""
 
     name = "number"

@@ -1,5 +1,12 @@
 """Collective cost model and hardware profiles (pure: no torch, no I/O beyond profiles)."""
 
+from prism_debug.cost.hardware import (
+    DEFAULT_PROFILE,
+    HardwareProfile,
+    OpFit,
+    bundled_profiles,
+    load_profile,
+)
 from prism_debug.cost.model import (
     COLLECTIVES,
     CostModel,
@@ -9,13 +16,6 @@ from prism_debug.cost.model import (
     bus_factor,
 )
 from prism_debug.cost.ops import ALIASES, known_op, op_name
-from prism_debug.cost.profile import (
-    DEFAULT_PROFILE,
-    HardwareProfile,
-    OpFit,
-    bundled_profiles,
-    load_profile,
-)
 
 __all__ = [
     "ALIASES", "COLLECTIVES", "CostModel", "DEFAULT_PROFILE", "Estimate", "HardwareProfile",

@@ -2,7 +2,7 @@
 
 Measurements are (op, bytes, seconds) samples on a group of ``num_ranks``
 ranks over ``num_nodes`` nodes: parsed from nccl-tests output, or measured
-with real gloo collectives on this host (``runner/local_bench.py``).
+with real gloo collectives on this host (``workflows/local_bench.py``).
 
 * nccl-tests runs (``fit``) keep the base profile's form and fit, by least
   squares over every size of every run, the bandwidths and latency scales
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from prism_debug.cost.hardware import HardwareProfile, OpFit
 from prism_debug.cost.model import CostModel, Placement, bus_factor
-from prism_debug.cost.profile import HardwareProfile, OpFit
 from prism_debug.errors import ConfigError
 
 NCCL_TESTS_OPS = {

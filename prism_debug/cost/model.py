@@ -28,8 +28,8 @@ import dataclasses
 import math
 from typing import Protocol
 
+from prism_debug.cost.hardware import LL, LL128, SIMPLE, HardwareProfile, OpFit
 from prism_debug.cost.ops import COLLECTIVES, op_name
-from prism_debug.cost.profile import LL, LL128, SIMPLE, HardwareProfile, OpFit
 from prism_debug.errors import ConfigError
 
 _PROTOCOLS = (LL, LL128, SIMPLE)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from prism_debug.backend.flight_recorder import dtype_of_scalar_type
+from prism_debug.backend.fr_dump_format import dtype_of_scalar_type
 from prism_debug.graph.execution import ExecutionGraph, OpSpec
 from prism_debug.graph.families import WORLD_FAMILY
 from prism_debug.incident.analysis import Group

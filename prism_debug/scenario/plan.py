@@ -1,7 +1,7 @@
 """From what a scenario's run showed to verdicts, and what the replay engine
 predicts of its faults.
 
-Pure core: the adapter that launches the rank (``runner/scenario_run.py``)
+Pure core: the adapter that launches the rank (``workflows/scenario_run.py``)
 hands in what it observed as an :class:`Observed`; everything that decides
 PASS or FAIL is here, so it is tested without running anything.
 """

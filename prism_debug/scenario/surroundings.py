@@ -5,7 +5,7 @@ collectives.
 
 Pure core: the machine's side — how a run resolves its command, where the
 graph cache keeps a job's graph — comes in through :class:`Machine`, which
-``runner/scenario_lint.py`` implements with the run's own code.  Nothing here
+``workflows/scenario_lint.py`` implements with the run's own code.  Nothing here
 profiles or launches anything; where no graph exists yet, the graph checks
 say nothing rather than guess.
 """

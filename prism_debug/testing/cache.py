@@ -32,10 +32,10 @@ from pathlib import Path
 import prism_debug
 from prism_debug import api
 from prism_debug.errors import ConfigError, SnapshotError
-from prism_debug.runner.graph_cache import PROFILE_ITERATIONS, cache_key, package_version
-from prism_debug.runner.paths import PACKAGE_ROOT, open_store, user_cache_dir
+from prism_debug.process.paths import PACKAGE_ROOT, open_store, user_cache_dir
 from prism_debug.snapshot.manifest import Manifest
 from prism_debug.snapshot.store import make_private_dir, sha256_file
+from prism_debug.workflows.graph_cache import PROFILE_ITERATIONS, cache_key, package_version
 
 CACHE_ENV = "PRISM_DEBUG_TEST_CACHE"
 DEFAULT_HARDWARE = "h100-ib400"

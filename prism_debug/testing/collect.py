@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from prism_debug.runner.scenario_run import ScenarioResult, run_scenario
 from prism_debug.scenario import load_scenario
+from prism_debug.workflows.scenario_run import ScenarioResult, run_scenario
 
 # a scenario file has these at its top level (other YAML in a test tree is left alone)
 _SCENARIO_KEYS = (re.compile(r"^world\s*:", re.MULTILINE), re.compile(r"^run\s*:", re.MULTILINE))

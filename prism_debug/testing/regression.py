@@ -15,11 +15,11 @@ from prism_debug.errors import ConfigError
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.example import Example
 from prism_debug.faults import Fault
-from prism_debug.runner.graph_cache import PROFILE_ITERATIONS
-from prism_debug.runner.interpreter import with_interpreter
-from prism_debug.runner.options import python_command
+from prism_debug.process.interpreter import with_interpreter
+from prism_debug.process.options import python_command
 from prism_debug.testing.cache import DEFAULT_HARDWARE, Job, SnapshotCache, cache_dir
 from prism_debug.testing.result import DEFAULT_TIME_RTOL, PrismResult
+from prism_debug.workflows.graph_cache import PROFILE_ITERATIONS
 
 Message = Callable[[str], None]
 #: what the bundled example is told to run when a test snapshots it: more

@@ -9,9 +9,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from prism_debug.runner.options import RunResult
-from prism_debug.runner.scenario_run import observe
+from prism_debug.process.options import RunResult
 from prism_debug.scenario.plan import FlightFindings
+from prism_debug.workflows.scenario_run import observe
 
 #: iteration times in a golden: 4 significant digits, so a refreshed golden
 #: diffs only where a time really moved

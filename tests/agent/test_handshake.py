@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prism_debug.agent.handshake import RELEASE_SIGNAL, Handshake
-from prism_debug.runner.snapshots import Release, release_rank, write_control
+from prism_debug.capture.snapshots import Release, release_rank, write_control
 
 contents = st.dictionaries(st.sampled_from(["stop_at", "phase", "ticket", "snapshot", "faults"]),
                            st.one_of(st.integers(0, 10**6), st.text(max_size=40),

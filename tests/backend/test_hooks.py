@@ -6,7 +6,7 @@ import pytest
 
 from prism_debug.agent.agent import Agent
 from prism_debug.agent.program import ProgramRecorder
-from prism_debug.backend.flight_log import FlightLog
+from prism_debug.backend.fr_recorder import FlightLog
 from prism_debug.backend.hooks import (
     FlightHook,
     PeerFaultsHook,

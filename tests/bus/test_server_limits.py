@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import zmq
 
-from prism_debug.bus import runtime
 from prism_debug.bus import server as bus_server
+from prism_debug.bus import socket_dir
 from prism_debug.bus.client import BusClient
 from prism_debug.bus.protocol import MAX_WIRE_BYTES, decode_event, encode_request
 from prism_debug.errors import ConfigError
@@ -106,17 +106,17 @@ def test_a_socket_path_too_long_for_unix_is_refused_with_the_way_out(short_dir):
     assert message.startswith(f"the bus socket {deep}/") and message.endswith(
         "bytes long, over the 107 a Unix socket allows: set $PRISM_DEBUG_RUNTIME to a shorter "
         "private directory")
-    assert runtime.socket_path(short_dir, "x.c") == f"ipc://{short_dir}/x.c"
+    assert socket_dir.socket_path(short_dir, "x.c") == f"ipc://{short_dir}/x.c"
 
 
 def test_the_runtime_directory_follows_the_environment(monkeypatch):
-    monkeypatch.delenv(runtime.ENV_VAR, raising=False)
+    monkeypatch.delenv(socket_dir.ENV_VAR, raising=False)
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
-    assert runtime.runtime_dir() == Path("/run/user/1000/prism-debug")
+    assert socket_dir.runtime_dir() == Path("/run/user/1000/prism-debug")
     monkeypatch.delenv("XDG_RUNTIME_DIR")
-    assert runtime.runtime_dir() == Path(f"/tmp/prism-debug-{os.geteuid()}")
-    monkeypatch.setenv(runtime.ENV_VAR, "/x/y")
-    assert runtime.runtime_dir() == Path("/x/y")
+    assert socket_dir.runtime_dir() == Path(f"/tmp/prism-debug-{os.geteuid()}")
+    monkeypatch.setenv(socket_dir.ENV_VAR, "/x/y")
+    assert socket_dir.runtime_dir() == Path("/x/y")
 
 
 # -- the agent, once it proved itself ---------------------------------------------------------

@@ -9,7 +9,7 @@ import pytest
 
 from prism_debug.cost import load_profile
 from prism_debug.cost.calibrate import parse_nccl_tests
-from prism_debug.cost.profile import BUNDLED_DIR
+from prism_debug.cost.hardware import BUNDLED_DIR
 from prism_debug.errors import ConfigError, HardwareProfileError
 
 BASE = (BUNDLED_DIR / "h100-ib400.toml").read_text()

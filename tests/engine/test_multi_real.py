@@ -18,7 +18,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from prism_debug.cost import DEFAULT_PROFILE, CostModel
-from prism_debug.cost.profile import load_profile
+from prism_debug.cost.hardware import load_profile
 from prism_debug.engine.replay import ReplayEngine
 from prism_debug.graph.execution import ClassProgram, ExecutionGraph, GraphError, Mesh, OpSpec
 from prism_debug.variability import parse_variability

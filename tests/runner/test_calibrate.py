@@ -11,7 +11,7 @@ import pytest
 
 from prism_debug.cost import CostModel, Placement, load_profile
 from prism_debug.errors import LaunchError
-from prism_debug.runner.local_bench import measure
+from prism_debug.workflows.local_bench import measure
 
 # rank 0 fails at once; the others would wait for it forever
 FAILING_WORKER = (sys.executable, "-c", "import os, sys, time\n"

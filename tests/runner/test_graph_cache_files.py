@@ -4,7 +4,7 @@
 import pytest
 
 from prism_debug.errors import GraphError
-from prism_debug.runner.graph_cache import CACHE_ENV, cache_key, cached_graph
+from prism_debug.workflows.graph_cache import CACHE_ENV, cache_key, cached_graph
 
 
 def test_a_damaged_unprofilable_file_is_one_bounded_line(tmp_path, monkeypatch):

@@ -20,9 +20,9 @@ import prism_debug
 from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.graph import ExecutionGraph
-from prism_debug.runner import graph_cache
-from prism_debug.runner.options import python_command
+from prism_debug.process.options import python_command
 from prism_debug.snapshot.store import Store, sha256_file
+from prism_debug.workflows import graph_cache
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 STEPS = [sys.executable, str(SCRIPTS / "train_steps.py"), "--iterations", "4"]

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 # (ENOSPC): patched in the controller's process only, the rank is untouched.
 FULL_DISK_CONTROLLER = """
 import errno, runpy, sys
-from prism_debug.runner import snapshots
+from prism_debug.capture import snapshots
 def write_control(path, content):
     raise OSError(errno.ENOSPC, "No space left on device", str(path))
 snapshots.write_control = write_control

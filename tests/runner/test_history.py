@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from prism_debug.capture.history import History, Kept, Position
 from prism_debug.errors import InvalidState
-from prism_debug.runner.history import History, Kept, Position
 
 
 class Store:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from prism_debug.runner.interpreter import with_interpreter
+from prism_debug.process.interpreter import with_interpreter
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 SYSTEM_PYTHON = "/usr/bin/python3"

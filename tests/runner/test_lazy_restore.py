@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from prism_debug.runner.snapshots import RestoreWay, restore_way
+from prism_debug.capture.snapshots import RestoreWay, restore_way
 from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot.manifest import Manifest
 from tests.runner.test_snapshots import EXAMPLE, cli, digests
@@ -136,7 +136,7 @@ def test_removing_the_snapshot_while_its_daemon_serves_pages_spares_the_rank(cha
     # The daemon holds the images open from the restore on: `snapshot rm`
     # unlinks them, and the pages it has not delivered yet stay readable.
     from prism_debug import api
-    from prism_debug.runner.paths import open_store
+    from prism_debug.process.paths import open_store
 
     tmp, store, full, _, original = chain
     copy = tmp_path / "store"

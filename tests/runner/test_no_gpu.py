@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from prism_debug.agent.no_gpu import no_gpu_event
-from prism_debug.runner.report import no_gpu_line
+from prism_debug.process.report import no_gpu_line
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 ADVICE = ("run the rank on a machine with a GPU, or keep it on the CPU when "

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from prism_debug.runner.recorder import RECORDER_NICENESS, Recorder
+from prism_debug.capture.recorder import RECORDER_NICENESS, Recorder
 
 
 @settings(max_examples=30, deadline=None)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from prism_debug.cost import CostModel, Placement
-from prism_debug.cost.profile import BUNDLED_DIR, load_profile
+from prism_debug.cost.hardware import BUNDLED_DIR, load_profile
 from prism_debug.graph import ExecutionGraph
 from tests.cli import cli
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from prism_debug.errors import ConfigError
-from prism_debug.runner.torchrun import WORKER_ONLY, host_of, under_torchrun
+from prism_debug.process.torchrun import WORKER_ONLY, host_of, under_torchrun
 from tests.runner.hosts import run_on_two_hosts
 from tests.runner.test_multi_rank import EXAMPLE, losses, torchrun
 

@@ -9,10 +9,10 @@ import json
 import pytest
 
 from prism_debug.agent.config import AgentConfig
+from prism_debug.capture.snapshots import _environment_digest
 from prism_debug.cost import load_profile
 from prism_debug.errors import ConfigError
-from prism_debug.runner.options import RunOptions
-from prism_debug.runner.snapshots import _environment_digest
+from prism_debug.process.options import RunOptions
 from prism_debug.variability import Variability, parse_variability
 
 VARIABILITY = parse_variability(["cv=0.05 dist=gamma", "class=1 rank-cv=0.02"])

@@ -16,12 +16,12 @@ from types import SimpleNamespace
 
 import torch
 
-from prism_debug.backend.flight_log import FlightLog
-from prism_debug.backend.flight_recorder import write_group_dumps
+from prism_debug.backend.fr_dump_format import write_group_dumps
+from prism_debug.backend.fr_recorder import FlightLog
 from prism_debug.faults import parse_fault, resolve
-from prism_debug.runner import scenario_run
 from prism_debug.scenario import parse_scenario
 from prism_debug.scenario.plan import Observed, evaluate
+from prism_debug.workflows import scenario_run
 
 GROUP = [5, 13, 21, 29]  # the real rank 5's data-parallel group in a world of 64
 PREFIX = "trace_rank_"

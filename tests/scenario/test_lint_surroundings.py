@@ -15,10 +15,10 @@ import pytest
 from prism_debug.cost import bundled_profiles
 from prism_debug.errors import ConfigError
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, Mesh, OpSpec
-from prism_debug.runner.graph_cache import cache_dir, cache_key
-from prism_debug.runner.scenario_lint import ThisMachine
-from prism_debug.runner.scenario_run import run_scenario, scenario_command
 from prism_debug.scenario import lint, load_scenario, parse_scenario
+from prism_debug.workflows.graph_cache import cache_dir, cache_key
+from prism_debug.workflows.scenario_lint import ThisMachine
+from prism_debug.workflows.scenario_run import run_scenario, scenario_command
 
 
 def issue(op: int, gap: float = 0.0) -> Event:

@@ -8,11 +8,11 @@ import pytest
 
 from prism_debug.errors import ConfigError
 from prism_debug.faults import parse_fault
-from prism_debug.runner.scenario_lint import ThisMachine
-from prism_debug.runner.scenario_run import run_scenario
 from prism_debug.scenario import World, lint, parse_scenario
 from prism_debug.scenario.keys import accepted_keys
 from prism_debug.scenario.plan import Observed, evaluate, predicted_ratio, predicted_ratios
+from prism_debug.workflows.scenario_lint import ThisMachine
+from prism_debug.workflows.scenario_run import run_scenario
 from tests.engine.test_replay import constant_cost, pipeline_graph
 from tests.scenario.test_lint_surroundings import two_stage_graph
 

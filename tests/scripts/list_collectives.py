@@ -2,7 +2,7 @@
 three iterations (optimizer steps) of them in the default group (no
 send/recv: gloo's recorder leaves them out): run by prism-debug (the
 flight record the harness writes) and by real gloo processes (torch's own
-flight recorder), so tests/backend/test_nccl_record.py can compare the two.
+flight recorder), so tests/backend/test_fr_nccl_names.py can compare the two.
 
 With RECORD_DIR set (the real gloo run), each rank dumps torch's recorder
 after every op and writes which entries each op added to RECORD_DIR/RANK.json.

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from prism_debug.runner.paths import SOURCE_ROOT
+from prism_debug.process.paths import SOURCE_ROOT
 
 PLUGIN = ("-p", "prism_debug.testing.plugin")
 # iteration times here are this (shared, busy) machine's: the goldens hold them

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ElementTree
 
 import pytest
 
-from prism_debug.runner.paths import SOURCE_ROOT
+from prism_debug.process.paths import SOURCE_ROOT
 
 SCENARIOS = SOURCE_ROOT / "examples" / "scenarios"
 PLUGIN = ("-p", "prism_debug.testing.plugin", "-p", "no:cacheprovider")
@@ -85,9 +85,9 @@ def test_a_broken_scenario_fails_its_item_naming_its_lines(pytester, env):
 
 def test_the_clis_junit_report_has_a_case_per_expectation(tmp_path):
     """(``scenario run --junit``; its end-to-end run was the test this file replaced.)"""
-    from prism_debug.runner.scenario_run import ScenarioResult, junit_xml
     from prism_debug.scenario import load_scenario
     from prism_debug.scenario.plan import Verdict
+    from prism_debug.workflows.scenario_run import ScenarioResult, junit_xml
 
     scenario = load_scenario(SCENARIOS / "nan_peer.yaml")
     verdicts = [Verdict(scenario.expect[0], True, "exit code 0: got 0"),

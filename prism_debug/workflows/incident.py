@@ -25,9 +25,9 @@ from prism_debug.incident.dumps import DumpSet, read_dumps
 from prism_debug.incident.placement import family_of, place
 from prism_debug.incident.reproduce import Reproduction, describe, scenario_text
 from prism_debug.incident.skeleton import build_skeleton
-from prism_debug.runner.fr_trace import needs_repair, repaired_copies, run_fr_trace
-from prism_debug.runner.graph_cache import cached_graph
-from prism_debug.runner.interpreter import with_interpreter
+from prism_debug.process.interpreter import with_interpreter
+from prism_debug.workflows.fr_analyzer import needs_repair, repaired_copies, run_fr_trace
+from prism_debug.workflows.graph_cache import cached_graph
 
 Message = Callable[[str], None]
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prism_debug.agent.program import MESSAGES_ENV, events_from_json, write_slice_messages
+from prism_debug.controller.launch import RunOptions, run
 from prism_debug.cost import load_profile
 from prism_debug.errors import ConfigError, GraphError, LaunchError
 from prism_debug.graph import ExecutionGraph, Mesh
@@ -30,8 +31,7 @@ from prism_debug.graph.build import (
     representatives,
 )
 from prism_debug.graph.messages import NEEDS_MESSAGES_EXIT, MissingMessage, PeerMessage
-from prism_debug.runner import report as reporting
-from prism_debug.runner.launch import RunOptions, run
+from prism_debug.process import report as reporting
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from prism_debug.runner.children import RankProcess
-from prism_debug.runner.snapshots import Release, Snapshotter
+from prism_debug.capture.snapshots import Release, Snapshotter
+from prism_debug.process.children import RankProcess
 
 
 class RankSnapshots:

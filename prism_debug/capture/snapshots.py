@@ -19,7 +19,7 @@ each on its own, so that nothing that befalls one skips another:
   fails the release signal the rank named ends its wait.
 * **Recording** (an increment's comparison with its parent, checksums,
   manifest, the move out of the staging folder) comes last, while the rank
-  already runs, on the recorder's thread (``runner/recorder.py``), in the
+  already runs, on the recorder's thread (``capture/recorder.py``), in the
   order of the dumps: the loop is free for the rank's next snapshot at
   once.  A full disk there costs the snapshot, never the run, and a
   controller killed there leaves only a ``.tmp-`` staging folder, which no
@@ -50,12 +50,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from prism_debug.capture.recorder import Recorder
 from prism_debug.faults import Fault
+from prism_debug.process.children import continue_rank, die_with_controller
+from prism_debug.process.options import RunOptions, script_of
 from prism_debug.reload import plan as plan_reload
 from prism_debug.reload import sources as kept_sources
-from prism_debug.runner.children import continue_rank, die_with_controller
-from prism_debug.runner.options import RunOptions, script_of
-from prism_debug.runner.recorder import Recorder
 from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot import incremental
 from prism_debug.snapshot import lazy as lazy_pages

@@ -15,11 +15,11 @@ from pathlib import Path
 from prism_debug.agent.config import ENV_VAR, OWNER_ENV_VAR, AgentConfig
 from prism_debug.errors import GraphError, LaunchError, MissingGpu
 from prism_debug.graph import ExecutionGraph
-from prism_debug.runner import report as reporting
-from prism_debug.runner.children import Follower, die_with_controller
-from prism_debug.runner.interpreter import never_loaded
-from prism_debug.runner.options import RunOptions
-from prism_debug.runner.paths import HOOKS_DIR, SOURCE_ROOT, USER_UMASK
+from prism_debug.process import report as reporting
+from prism_debug.process.children import Follower, die_with_controller
+from prism_debug.process.interpreter import never_loaded
+from prism_debug.process.options import RunOptions
+from prism_debug.process.paths import HOOKS_DIR, SOURCE_ROOT, USER_UMASK
 
 Message = Callable[[str], None]
 

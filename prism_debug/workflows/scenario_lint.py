@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from prism_debug.errors import ConfigError
-from prism_debug.runner.graph_cache import cache_dir, cache_key
-from prism_debug.runner.options import check_command
-from prism_debug.runner.scenario_run import scenario_command
+from prism_debug.process.options import check_command
 from prism_debug.scenario.model import Run, World
+from prism_debug.workflows.graph_cache import cache_dir, cache_key
+from prism_debug.workflows.scenario_run import scenario_command
 
 
 class ThisMachine:

@@ -109,7 +109,7 @@ def _summary(op: str, nbytes: int, per_rank: list[list[float]]) -> list:
     return [nbytes, median, max(q3 - q1, 2 * drift) / 2 / median]
 
 
-WORKER = (sys.executable, "-m", "prism_debug.runner.local_bench")
+WORKER = (sys.executable, "-m", "prism_debug.workflows.local_bench")
 
 
 def measure(processes: int = 2, *, worker_command=WORKER,

@@ -23,8 +23,8 @@ from prism_debug.cost import HardwareProfile
 from prism_debug.errors import ConfigError
 from prism_debug.faults import Fault
 from prism_debug.graph import ExecutionGraph
-from prism_debug.runner.interpreter import is_python
-from prism_debug.runner.torchrun import Host
+from prism_debug.process.interpreter import is_python
+from prism_debug.process.torchrun import Host
 from prism_debug.variability import Variability
 
 # snapshots a --history ring keeps: each is a dump of the rank on disk

@@ -36,28 +36,28 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from prism_debug.capture.snapshots import (
+    Snapshotter,
+    check_unchanged,
+    restore_process,
+    restore_tools,
+)
+from prism_debug.controller.no_session import NoSession, RankSnapshots
+from prism_debug.controller.ranks_session import RanksSession
 from prism_debug.errors import ConfigError, SnapshotError
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.selectors import ranks_text
-from prism_debug.runner.children import POLL_S, Child, Follower, RestoredChild, run_files
-from prism_debug.runner.no_session import NoSession, RankSnapshots
-from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult
-from prism_debug.runner.paths import default_run_dir, make_run_dir
-from prism_debug.runner.rank_start import (
+from prism_debug.process.children import POLL_S, Child, Follower, RestoredChild, run_files
+from prism_debug.process.options import RestoreOptions, RunOptions, RunResult
+from prism_debug.process.paths import default_run_dir, make_run_dir
+from prism_debug.process.start import (
     agent_config,
     check_gpu_calls,
     check_rank_events,
     finish,
     start_rank,
 )
-from prism_debug.runner.ranks_session import RanksSession
-from prism_debug.runner.snapshots import (
-    Snapshotter,
-    check_unchanged,
-    restore_process,
-    restore_tools,
-)
-from prism_debug.runner.torchrun import WORKER_ONLY, Host
+from prism_debug.process.torchrun import WORKER_ONLY, Host
 from prism_debug.snapshot.criu import tree_pids
 from prism_debug.snapshot.store import Store
 

@@ -28,10 +28,10 @@ from pathlib import Path
 import prism_debug
 from prism_debug.errors import ConfigError, GraphError
 from prism_debug.graph.execution import GRAPH_VERSION
-from prism_debug.runner.options import RunOptions, check_command, script_of
-from prism_debug.runner.paths import default_run_dir, user_cache_dir
-from prism_debug.runner.profile import ProfileOptions, profile
+from prism_debug.process.options import RunOptions, check_command, script_of
+from prism_debug.process.paths import default_run_dir, user_cache_dir
 from prism_debug.snapshot.store import sha256_file
+from prism_debug.workflows.profiling import ProfileOptions, profile
 
 CACHE_ENV = "PRISM_DEBUG_GRAPH_CACHE"
 PROFILE_ITERATIONS = 4  # per slice: a warm-up, and a steady state to compare

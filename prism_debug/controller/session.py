@@ -10,7 +10,7 @@ loop's sleep.  Two things run beside it, so the bus goes on answering —
 breakpoints, status, the rank's heartbeats — and the rank's next snapshot
 is dumped at once: the checks before a restore (every image's checksum:
 seconds for a large rank), and the record of each snapshot once the rank
-was let go (``runner/recorder.py``), whose askers are answered when it is
+was let go (``capture/recorder.py``), whose askers are answered when it is
 over, in the order the snapshots were taken.  The restore
 itself comes back to the loop (its thread is the copy's parent, and the
 copy dies with that thread).  A restore never loses the running rank to a
@@ -33,6 +33,11 @@ from pathlib import Path
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
 from prism_debug.bus.words import describe_pause, how_to_resume
+from prism_debug.capture import snapshots
+from prism_debug.capture.history import Plan, Position
+from prism_debug.capture.ring import Ring
+from prism_debug.capture.snapshots import Release, Snapshotter, release_rank
+from prism_debug.controller.no_session import NoSession
 from prism_debug.errors import (
     BusError,
     Busy,
@@ -41,12 +46,7 @@ from prism_debug.errors import (
     RankUnavailable,
     SnapshotFailed,
 )
-from prism_debug.runner import snapshots
-from prism_debug.runner.children import RankProcess, RestoredChild
-from prism_debug.runner.history import Plan, Position
-from prism_debug.runner.no_session import NoSession
-from prism_debug.runner.ring import Ring
-from prism_debug.runner.snapshots import Release, Snapshotter, release_rank
+from prism_debug.process.children import RankProcess, RestoredChild
 from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot.manifest import Manifest
 from prism_debug.snapshot.store import Store, now_text

@@ -3,7 +3,7 @@ keeps, where ``back`` and ``reverse-continue`` go, and which snapshots the
 ring gives up as it moves on.
 
 Pure bookkeeping (no CRIU, no bus, no files): the controller's session
-(``runner/session.py``) takes the dumps, restores and removes the snapshots
+(``controller/session.py``) takes the dumps, restores and removes the snapshots
 this decides.  The rank stops for a snapshot at every iteration boundary; a
 snapshot taken after iteration ``s`` restores a copy paused where iteration
 ``s + 1`` starts, and a run of the same rank from there is the same run, bit

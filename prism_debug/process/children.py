@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from prism_debug.runner import report as reporting
+from prism_debug.process import report as reporting
 
 # how often the controller looks at the rank's output and events: a rank
 # announcing a snapshot idles until then (50 ms was a seventh of a 1 GiB dump)

@@ -1,6 +1,6 @@
 """The ``run --history K`` ring on disk: dumps marked as the ring's, the
 timeline told of every snapshot and restore, and the snapshots it gives up
-removed from the store.  ``runner/history.py`` decides; this does it, for the
+removed from the store.  ``capture/history.py`` decides; this does it, for the
 controller's session."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import dataclasses
 import threading
 from collections.abc import Callable
 
+from prism_debug.capture.history import History, Kept, Plan, Position
+from prism_debug.capture.snapshots import Release, Snapshotter
 from prism_debug.errors import PrismError
-from prism_debug.runner.history import History, Kept, Plan, Position
-from prism_debug.runner.snapshots import Release, Snapshotter
 from prism_debug.snapshot.manifest import Manifest
 from prism_debug.snapshot.store import Store
 

@@ -5,7 +5,7 @@ a positive size, as torch's ProcessGroupNCCL records and dumps.  Every op the
 rank issues is noted as a tuple in a ring of that size: sizes, dtype, group,
 sequence numbers and how to learn its completion, never its tensors.  The
 entries torch writes are built only at the dump, by
-:class:`~prism_debug.backend.flight_recorder.FlightRecorder`.
+:class:`~prism_debug.backend.fr_dump_format.FlightRecorder`.
 
 When the watchdog fires, the dump holds the timed-out op's group: the real
 rank's file at ``TORCH_FR_DUMP_TEMP_FILE`` + rank, and one per virtual peer
@@ -19,7 +19,7 @@ would have written it:
 * every other peer issued what the real rank did (where the real rank sent
   to it, it received, and the other way round).
 
-Each op is recorded as ProcessGroupNCCL records it (backend/nccl_record.py):
+Each op is recorded as ProcessGroupNCCL records it (backend/fr_nccl_names.py):
 a list-form all-gather's outputs stacked into one tensor, and so on.
 
 So ``python -m torch.distributed.flight_recorder.fr_trace DIR`` names the
@@ -38,7 +38,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from prism_debug.backend.flight_recorder import (
+from prism_debug.backend.fr_dump_format import (
     BUFFER_SIZE_ENV,
     FlightRecorder,
     buffer_size_from_env,
@@ -46,7 +46,7 @@ from prism_debug.backend.flight_recorder import (
     python_frames,
     write_group_dumps,
 )
-from prism_debug.backend.nccl_record import nccl_call_of
+from prism_debug.backend.fr_nccl_names import nccl_call_of
 from prism_debug.faults import MISSING_ACTIONS, Action, Fault, Injection
 
 log = logging.getLogger(__name__)
@@ -77,7 +77,7 @@ class FlightLog:
 
     def note(self, pg, call: str, outputs: list, inputs: list | None, peer: int | None,
              done, iteration: int) -> None:
-        """One op issued: ``call`` names it as :mod:`~prism_debug.backend.nccl_record`
+        """One op issued: ``call`` names it as :mod:`~prism_debug.backend.fr_nccl_names`
         does ("all_gather", "_all_gather_base", ...), ``outputs`` and ``inputs``
         are the tensors the group was handed; ``done`` is its completion (a
         float, or a callable that resolves it, inf while not known)."""

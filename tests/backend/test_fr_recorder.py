@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from prism_debug.backend.flight_log import FlightLog
+from prism_debug.backend.fr_recorder import FlightLog
 from prism_debug.faults import parse_fault, resolve
-from tests.backend.test_flight_recorder import fr_trace
+from tests.backend.test_fr_dump_format import fr_trace
 
 GROUP = [5, 13, 21, 29]
 

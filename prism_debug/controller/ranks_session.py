@@ -20,10 +20,10 @@ from collections.abc import Callable
 
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
+from prism_debug.controller.no_session import RankSnapshots
+from prism_debug.controller.session import session_info
 from prism_debug.errors import BusError, InvalidState, PrismError
-from prism_debug.runner.children import RankProcess
-from prism_debug.runner.no_session import RankSnapshots
-from prism_debug.runner.session import session_info
+from prism_debug.process.children import RankProcess
 
 NOT_YET = ("{verb}: not yet in a run of several real ranks ({why}); the ranks run on as "
            "they are")

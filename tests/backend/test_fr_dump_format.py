@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from prism_debug.backend.flight_recorder import (
+from prism_debug.backend.fr_dump_format import (
     DEFAULT_BUFFER_SIZE,
     FlightRecorder,
     buffer_size_from_env,

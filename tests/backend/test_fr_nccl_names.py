@@ -19,10 +19,10 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from prism_debug.backend.flight_log import FlightLog
-from prism_debug.backend.nccl_record import NcclCall, nccl_call, nccl_call_of
+from prism_debug.backend.fr_nccl_names import NcclCall, nccl_call, nccl_call_of
+from prism_debug.backend.fr_recorder import FlightLog
 from prism_debug.errors import ConfigError
-from tests.backend.test_flight_recorder import fr_trace
+from tests.backend.test_fr_dump_format import fr_trace
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "list_collectives.py"
 WORLD = 4

@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from prism_debug.backend.flight_recorder import scalar_type_name
+from prism_debug.backend.fr_dump_format import scalar_type_name
 from prism_debug.errors import ConfigError
 
 __all__ = ["NcclCall", "UNDEFINED", "nccl_call", "nccl_call_of"]

@@ -16,6 +16,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
+from prism_debug.capture.snapshots import (
+    Snapshotter,
+    check_unchanged,
+    restore_process,
+    restore_tools,
+    snapshot_tools,
+)
+from prism_debug.controller.ranks import restore_cut, run_ranks
+from prism_debug.controller.session import NoSession, Session, open_session
 from prism_debug.errors import (
     ConfigError,
     GraphError,
@@ -24,7 +33,7 @@ from prism_debug.errors import (
 from prism_debug.faults import resolve
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.selectors import ranks_text
-from prism_debug.runner.children import (
+from prism_debug.process.children import (
     Child,
     Follower,
     IsolatedChild,
@@ -32,36 +41,27 @@ from prism_debug.runner.children import (
     run_files,
     supervise,
 )
-from prism_debug.runner.interpreter import check_interpreter, with_interpreter
-from prism_debug.runner.options import (
+from prism_debug.process.interpreter import check_interpreter, with_interpreter
+from prism_debug.process.options import (
     VARIABILITY_NEEDS_GRAPH,
     RestoreOptions,
     RunOptions,
     RunResult,
     check_command,
 )
-from prism_debug.runner.paths import (
+from prism_debug.process.paths import (
     default_run_dir,
     make_run_dir,
     open_store,
     private,
 )
-from prism_debug.runner.rank_start import (
+from prism_debug.process.start import (
     agent_config,
     check_gpu_calls,
     check_rank_events,
     finish,
     rank_pythonpath,
     start_rank,
-)
-from prism_debug.runner.ranks import restore_cut, run_ranks
-from prism_debug.runner.session import NoSession, Session, open_session
-from prism_debug.runner.snapshots import (
-    Snapshotter,
-    check_unchanged,
-    restore_process,
-    restore_tools,
-    snapshot_tools,
 )
 from prism_debug.snapshot import lazy as lazy_pages
 from prism_debug.snapshot.criu import tree_pids

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
+from prism_debug.controller.launch import restore, run
 from prism_debug.cost import DEFAULT_PROFILE, CostModel, load_profile
 from prism_debug.errors import ConfigError
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
@@ -24,12 +25,9 @@ from prism_debug.faults import Action, fault_text, rank_text, resolve
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.selectors import ranks_text
 from prism_debug.predict import predict
-from prism_debug.runner.fr_trace import FR_TRACE_TIMEOUT_S, run_fr_trace
-from prism_debug.runner.graph_cache import cached_graph
-from prism_debug.runner.interpreter import with_interpreter
-from prism_debug.runner.launch import restore, run
-from prism_debug.runner.options import RestoreOptions, RunOptions, RunResult, python_command
-from prism_debug.runner.paths import default_run_dir, make_run_dir, open_store
+from prism_debug.process.interpreter import with_interpreter
+from prism_debug.process.options import RestoreOptions, RunOptions, RunResult, python_command
+from prism_debug.process.paths import default_run_dir, make_run_dir, open_store
 from prism_debug.scenario import Scenario, plan
 from prism_debug.scenario.model import (
     ExpectFlightRecord,
@@ -41,6 +39,8 @@ from prism_debug.snapshot.manifest import Manifest
 from prism_debug.snapshot.store import sha256_file
 from prism_debug.variability import Variability
 from prism_debug.variability.model import StochasticCompute
+from prism_debug.workflows.fr_analyzer import FR_TRACE_TIMEOUT_S, run_fr_trace
+from prism_debug.workflows.graph_cache import cached_graph
 
 # samples of a scenario's predicted percentile: p99 over 200 × K iterations
 PREDICT_SAMPLES = 200
