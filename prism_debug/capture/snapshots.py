@@ -40,6 +40,7 @@ fails on the way is undone and done again eagerly.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -309,10 +310,8 @@ def release_rank(pid: int, control: Path, release: Release,
         message(f"prism-debug: warning: cannot write the rank's control file {control} "
                 f"({exc}); letting it go by {how}")
     if release.signal is not None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, release.signal)
-        except ProcessLookupError:
-            pass
     continue_rank(pid)  # a copy of an older snapshot stops itself: harmless otherwise
 
 
@@ -579,10 +578,8 @@ def _wait_resumed(events: Path, offset: int, pid: int, deadline_s: float) -> str
 
 def _end_copy(pid: int) -> None:
     """Kill and reap a copy nobody follows yet (a failed lazy restore)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     os.waitpid(pid, 0)
 
 

@@ -209,7 +209,8 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
         pid = restore_process(store, manifest, files, criu, iterations=options.iterations,
                               record_ops=options.trace_path is not None,
                               bus=session.commands_endpoint, bus_curve=session.agent_curve,
-                              bus_secret=session.agent_secret, faults=options.faults, watch_nonfinite=options.watch_nonfinite,
+                              bus_secret=session.agent_secret, faults=options.faults,
+                              watch_nonfinite=options.watch_nonfinite,
                               lazy=options.lazy, message=message, reload=reload)
         # needing no pids here, the copy is the init of a pid namespace of its own
         session.child = RestoredChild(pid, isolated=isolated)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -501,10 +502,9 @@ class Session:
         leave = lambda result: self.server.forget_client(client)  # noqa: E731
         if self.server.agent_connected or self.exit_code is not None:
             return self._ask_rank("detach", leave)
-        try:
+        # (gone meanwhile, or a table full: nothing to release)
+        with contextlib.suppress(BusError):
             self.server.ask_agent("detach", {}, lambda message: None)
-        except BusError:  # gone meanwhile, or a table full: nothing to release
-            pass
         return self._ask_rank("status", leave)
 
     def _leave(self, client: bytes, args: dict) -> dict:

@@ -19,6 +19,7 @@ child is ``unshare``, whose ``--kill-child`` passes the death on to the rank.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -95,10 +96,8 @@ class _RankProcess:
         raise NotImplementedError
 
     def signal(self, signum: int) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signum)
-        except ProcessLookupError:
-            pass
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
@@ -110,10 +109,8 @@ class _RankProcess:
         Sent directly: an isolated rank's :meth:`signal` would turn them into
         SIGKILL.  A controller that dies meanwhile takes the frozen rank along
         (its parent-death signal is SIGKILL, which ends a stopped process)."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pid, signal.SIGSTOP if held else signal.SIGCONT)
-        except ProcessLookupError:
-            pass
 
     def process_ids(self) -> set[int]:
         """The pids and thread ids the rank's process tree holds now."""
@@ -128,11 +125,9 @@ class _RankProcess:
             found.add(pid)
             found.update(tids)
             for tid in tids:
-                try:
+                with contextlib.suppress(OSError):
                     todo += [int(c) for c in
                              Path(f"/proc/{pid}/task/{tid}/children").read_text().split()]
-                except OSError:
-                    pass
         return found
 
 
@@ -219,10 +214,8 @@ def continue_rank(pid: int) -> None:
     """SIGCONT: a restored copy of a rank dumped while stopped goes on (the
     images of snapshots taken before CRIU froze ranks by itself hold a
     stopped process); harmless to a running one."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGCONT)
-    except ProcessLookupError:
-        pass
 
 
 # -- following the rank ---------------------------------------------------------------------

@@ -86,6 +86,30 @@ class RunOptions:
     host: Host | None = None
 
     def __post_init__(self) -> None:
+        # (in this order: with several mistakes, the first is the one said)
+        self._check_job()
+        self._check_replay()
+        self._check_snapshots()
+        if self.faults and not self.replayed:
+            raise ConfigError("--perturb needs a graph, not --lockstep: perturbations act on "
+                              "virtual peers replayed from an execution graph")
+        if self.variability is not None and not self.replayed:
+            raise ConfigError(VARIABILITY_NEEDS_GRAPH)
+        if self.collective_timeout_s is not None \
+                and not 0 < self.collective_timeout_s <= MAX_TIMEOUT_S:  # (NaN too)
+            raise ConfigError(f"--collective-timeout must be a number of seconds in (0, "
+                              f"{MAX_TIMEOUT_S:.10g}], got {self.collective_timeout_s}")
+        if self.paused and self.bind is None:
+            raise ConfigError("--paused waits for prism-debug attach, which --no-bus rules out")
+        if self.incremental and not self.takes_snapshots:
+            raise ConfigError("--incremental needs snapshots: add --snapshot-at, "
+                              "--snapshot-every or --history")
+        check_output_paths(("--report", self.report_path), ("--trace", self.trace_path))
+        if self.ranks:
+            self._check_ranks()
+
+    def _check_job(self) -> None:
+        """The world, the rank in it, and what it runs."""
         if self.world_size < 1:
             raise ConfigError(f"--world-size must be at least 1, got {self.world_size}")
         if self.world_size > MAX_WORLD_SIZE:
@@ -101,17 +125,22 @@ class RunOptions:
                               f"{self.seed}")
         if not self.command:
             raise ConfigError("no command to run")
+
+    def _check_replay(self) -> None:
+        """Where virtual peers' timing comes from, and who is traced."""
         if self.profile_graph and self.graph_path is not None:
             raise ConfigError("a run replays the graph it is given or profiles one, not both")
-        replayed = self.graph_path is not None or self.profile_graph
         if self.trace_ranks:
-            if not replayed or self.trace_path is None:
+            if not self.replayed or self.trace_path is None:
                 raise ConfigError("--trace-ranks needs a graph (not --lockstep) and --trace: "
                                   "in lockstep virtual peers simply do what the real rank does")
             outside = [r for r in self.trace_ranks if not 0 <= r < self.world_size]
             if outside:
                 raise ConfigError(f"--trace-ranks {outside[0]} is outside the world of "
                                   f"{self.world_size}")
+
+    def _check_snapshots(self) -> None:
+        """When the rank is dumped, and the history ring the console steps back through."""
         if any(k < 1 for k in self.snapshot_at) or (self.snapshot_every is not None
                                                       and self.snapshot_every < 1):
             raise ConfigError("snapshot iterations count from 1: --snapshot-at and "
@@ -122,23 +151,11 @@ class RunOptions:
         if self.history is not None and self.bind is None:
             raise ConfigError("--history keeps snapshots for the console's back and "
                               "reverse-continue, which --no-bus rules out")
-        if self.faults and not replayed:
-            raise ConfigError("--perturb needs a graph, not --lockstep: perturbations act on "
-                              "virtual peers replayed from an execution graph")
-        if self.variability is not None and not replayed:
-            raise ConfigError(VARIABILITY_NEEDS_GRAPH)
-        if self.collective_timeout_s is not None \
-                and not 0 < self.collective_timeout_s <= MAX_TIMEOUT_S:  # (NaN too)
-            raise ConfigError(f"--collective-timeout must be a number of seconds in (0, "
-                              f"{MAX_TIMEOUT_S:.10g}], got {self.collective_timeout_s}")
-        if self.paused and self.bind is None:
-            raise ConfigError("--paused waits for prism-debug attach, which --no-bus rules out")
-        if self.incremental and not self.takes_snapshots:
-            raise ConfigError("--incremental needs snapshots: add --snapshot-at, "
-                              "--snapshot-every or --history")
-        check_output_paths(("--report", self.report_path), ("--trace", self.trace_path))
-        if self.ranks:
-            self._check_ranks()
+
+    @property
+    def replayed(self) -> bool:
+        """Whether virtual peers replay a graph (given, or profiled first)."""
+        return self.graph_path is not None or self.profile_graph
 
     @property
     def takes_snapshots(self) -> bool:

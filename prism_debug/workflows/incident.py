@@ -67,7 +67,8 @@ def import_incident(options: IncidentOptions,
     if options.analyzer:
         findings, note = _analyzer(dumps, incident)
     command = _absolute_scripts(options.command)
-    graph_path, placements, unplaced, graph_ref, notes = None, {}, "", "profile", ()
+    graph_path, placements, unplaced, graph_ref = None, {}, "", "profile"
+    notes: tuple[str, ...] = ()
     stop = incident.stop
     if stop is not None and command:
         graph_path = cached_graph(with_interpreter(list(command)), incident.world_size,

@@ -87,7 +87,7 @@ def _worker() -> None:
                 call()
             times[op, nbytes].append((time.perf_counter() - start) / calls
                                      / (2 if op == "send" else 1))
-    gathered = [None] * n
+    gathered: list[dict] = [{}] * n  # (all_gather_object fills every place)
     dist.all_gather_object(gathered, times)
     if rank == 0:
         results = {op: [_summary(op, ops[op, b][1], [g[op, b] for g in gathered]) for b in SIZES]
@@ -100,7 +100,8 @@ def _summary(op: str, nbytes: int, per_rank: list[list[float]]) -> list:
     """``[bytes, seconds, spread]`` of one op and size over the passes: a
     collective ends for the group when its slowest rank is done, so each
     pass counts its slowest rank (the ping-pong: rank 0's round trips)."""
-    passes = per_rank[0] if op == "send" else [max(ranks) for ranks in zip(*per_rank)]
+    passes = per_rank[0] if op == "send" else [max(ranks)
+                                               for ranks in zip(*per_rank, strict=True)]
     q1, median, q3 = statistics.quantiles(passes, n=4)
     # the spread: half the interquartile range, or how far the medians of the
     # first and the second half of the passes drifted apart, if further

@@ -112,7 +112,8 @@ def _profile(options: ProfileOptions, message: Callable[[str], None],
                               f"its output is in {result.run_dir / 'rank.log'}")
         iterations = tuple(events_from_json(e["program"]) for e in events
                            if e["kind"] == "iteration")
-        families = next((e["families"] for e in reversed(events) if "families" in e), [])
+        families: list[dict] = next(
+            (e["families"] for e in reversed(events) if "families" in e), [])
         record = SliceRecord(rank, tuple(families), iterations[:options.iterations], sent)
         num_issues = sum(isinstance(e, RecordedIssue) for e in iterations[-1]) \
             if iterations else 0
@@ -208,8 +209,9 @@ def _mesh_words(mesh: Mesh) -> str:
     """`pp=4 x dp=256 x tp=8`; an axis no family of the script spans has no
     name a user wrote (the graph calls it `_axisK`), so it is shown as what
     it is: plain DDP is `64 ranks, no family but the world`."""
-    named = [(n, s) for n, s in zip(mesh.names, mesh.shape) if not n.startswith("_axis")]
+    named = [(n, s) for n, s in zip(mesh.names, mesh.shape, strict=True)
+             if not n.startswith("_axis")]
     if not named:
         return f"{mesh.world_size} ranks, no family but the world"
     return " x ".join(f"{n}={s}" if not n.startswith("_axis") else f"{s} (no family)"
-                      for n, s in zip(mesh.names, mesh.shape))
+                      for n, s in zip(mesh.names, mesh.shape, strict=True))

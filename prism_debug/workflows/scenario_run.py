@@ -13,15 +13,19 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Protocol
 from xml.sax.saxutils import escape, quoteattr
 
+import numpy as np
+from numpy.typing import NDArray
+
 from prism_debug.controller.launch import restore, run
-from prism_debug.cost import DEFAULT_PROFILE, CostModel, load_profile
+from prism_debug.cost import DEFAULT_PROFILE, CostModel, HardwareProfile, load_profile
 from prism_debug.errors import ConfigError
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
-from prism_debug.faults import Action, fault_text, rank_text, resolve
+from prism_debug.faults import Action, Fault, fault_text, rank_text, resolve
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.selectors import ranks_text
 from prism_debug.predict import predict
@@ -75,15 +79,59 @@ class ScenarioResult:
                                  for v in self.verdicts]}
 
 
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """What a scenario runs, resolved before anything starts: its snapshot (if
+    it restores one), hardware, command, graph, faults and variability."""
+
+    manifest: Manifest | None
+    profile: HardwareProfile
+    command: list[str]
+    graph_path: Path | None
+    graph: ExecutionGraph | None
+    faults: tuple[Fault, ...]
+    variability: Variability | None
+    watch_nonfinite: bool
+
+
 def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
                  run_dir: Path | None = None, store: Path | None = None) -> ScenarioResult:
     """Run ``scenario`` (a command, the example, or a snapshot of ``store``)
-    with its faults, and judge what it showed."""
+    with its faults, and judge what it showed: resolve the job, start a
+    baseline if an expectation compares with one, predict what the replay
+    engine expects, run with the faults, then judge."""
     started = time.monotonic()
     run_dir = (run_dir or default_run_dir()).resolve()
     make_run_dir(run_dir)
+    job = _resolve(scenario, run_dir, store, message)
+    start = _starter(scenario, job, run_dir, store)
+    baseline = None
+    if plan.needs_baseline(scenario):
+        message("scenario: baseline run, without the faults")
+        baseline = observe(start("baseline", False, None, _quiet(message)))
+    predicted, ratios = _predicted_ratios(scenario, job, message)
+    predicted_times = None
+    if plan.needs_distribution(scenario):
+        graph = _graph_to_predict(scenario, job)
+        predicted_times = _predicted_times(scenario, graph, job.profile, job.faults,
+                                           scenario.run, job.manifest)
+        message(f"scenario: prism-debug predict: {predicted_times.size} iterations of rank "
+                f"{scenario.world.rank} over {len(predicted_times)} samples")
+    message(f"scenario: {scenario.name}: run with the faults")
+    observed = observe(start("run", True, run_dir / "report.json", message))
+    several = scenario.world.several_real_ranks
+    verdicts = plan.evaluate(scenario, observed, baseline, ratios if several else predicted,
+                             predicted_times)
+    return ScenarioResult(scenario, verdicts, run_dir, time.monotonic() - started, predicted,
+                          ratios if several else {})
+
+
+def _resolve(scenario: Scenario, run_dir: Path, store: Path | None,
+             message: Message) -> _Job:
+    """The job a scenario runs, checked against what only now can be known (its
+    snapshot in the store, a graph profiled just now), its faults resolved."""
     spec, world = scenario.run, scenario.world
-    manifest = _snapshot(scenario, store) if spec.snapshot is not None else None
+    manifest = _snapshot(scenario, spec.snapshot, store) if spec.snapshot is not None else None
     hardware = manifest.hardware if manifest is not None else spec.hardware or DEFAULT_PROFILE
     profile = dataclasses.replace(load_profile(hardware), gpus_per_node=world.gpus_per_node)
     command = (manifest.command if manifest is not None
@@ -97,105 +145,141 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
     if scenario.faults and graph is None:
         raise ConfigError(f"{scenario.source}: faults act on virtual peers replayed from an "
                           "execution graph: give run.graph (a file, or profile)")
-    variability = scenario.variability
-    if variability is not None:
-        if graph is None:
-            raise ConfigError(f"{scenario.source}: variability draws the compute of virtual "
-                              "peers replayed from an execution graph: give run.graph (a "
-                              "file, or profile)")
-        if manifest is not None:
-            raise ConfigError(f"{scenario.source}: a restored snapshot keeps the variability "
-                              f"of the run it was taken in: leave variability out")
-        try:
-            variability.check(graph)
-        except ConfigError as exc:  # a graph profiled just now, which lint could not read
-            raise ConfigError(f"{scenario.source}: variability: {exc}") from exc
-        message(f"scenario: variability {variability.describe()}")
+    _check_variability(scenario, graph, manifest, message)
     faults = scenario.seeded_faults()
-    real = set(world.real_ranks)
     for i, fault in enumerate(faults):
-        try:
-            targets = resolve(fault, world.size, world.gpus_per_node, graph).targets
-        except ConfigError as exc:  # a graph profiled just now, which lint could not read
-            raise ConfigError(f"{scenario.source}:{fault.line}: faults[{i}].select: {exc}") \
-                from exc
-        if world.several_real_ranks and fault.action != Action.LINK:
-            # (a fraction drawn with the scenario's seed, a group of a graph profiled
-            # just now: what lint could not see)
-            if set(targets) <= real:
-                raise ConfigError(f"{scenario.source}:{fault.line}: faults[{i}].select: "
-                                  + only_real_ranks_message(targets, world))
-            if spared := sorted(real & set(targets)):
-                which = f"rank {spared[0]}" if len(spared) == 1 else f"ranks {ranks_text(spared)}"
-                message(f"scenario: faults[{i}] spares real {which}: faults act on virtual "
-                        "peers only")
-        message(f"scenario: perturb {fault_text(fault)}" + (
-            f"  ({rank_text(targets)})" if fault.select.kind in ("family", "class", "fraction")
-            else ""))
+        _resolve_fault(scenario, i, fault, graph, message)
     watch = any(isinstance(e, ExpectNanAt) for e in scenario.expect)
+    return _Job(manifest, profile, command, graph_path, graph, tuple(faults),
+                scenario.variability, watch)
 
+
+def _check_variability(scenario: Scenario, graph: ExecutionGraph | None,
+                       manifest: Manifest | None, message: Message) -> None:
+    """Stochastic peers need a graph to draw from, and a fresh run: a restored
+    snapshot keeps the variability of the run it was taken in."""
+    variability = scenario.variability
+    if variability is None:
+        return
+    if graph is None:
+        raise ConfigError(f"{scenario.source}: variability draws the compute of virtual "
+                          "peers replayed from an execution graph: give run.graph (a "
+                          "file, or profile)")
     if manifest is not None:
-        def start(name: str, with_faults: bool, report: Path | None, say: Message) -> RunResult:
+        raise ConfigError(f"{scenario.source}: a restored snapshot keeps the variability "
+                          f"of the run it was taken in: leave variability out")
+    try:
+        variability.check(graph)
+    except ConfigError as exc:  # a graph profiled just now, which lint could not read
+        raise ConfigError(f"{scenario.source}: variability: {exc}") from exc
+    message(f"scenario: variability {variability.describe()}")
+
+
+def _resolve_fault(scenario: Scenario, i: int, fault: Fault, graph: ExecutionGraph | None,
+                   message: Message) -> None:
+    """Whom ``faults[i]`` hits, said in a line; one that would hit only real
+    ranks refused (a fraction drawn with the scenario's seed, a group of a
+    graph profiled just now: what lint could not see)."""
+    world = scenario.world
+    try:
+        targets = resolve(fault, world.size, world.gpus_per_node, graph).targets
+    except ConfigError as exc:  # a graph profiled just now, which lint could not read
+        raise ConfigError(f"{scenario.source}:{fault.line}: faults[{i}].select: {exc}") \
+            from exc
+    if world.several_real_ranks and fault.action != Action.LINK:
+        real = set(world.real_ranks)
+        if set(targets) <= real:
+            raise ConfigError(f"{scenario.source}:{fault.line}: faults[{i}].select: "
+                              + only_real_ranks_message(targets, world))
+        if spared := sorted(real & set(targets)):
+            which = f"rank {spared[0]}" if len(spared) == 1 else f"ranks {ranks_text(spared)}"
+            message(f"scenario: faults[{i}] spares real {which}: faults act on virtual "
+                    "peers only")
+    message(f"scenario: perturb {fault_text(fault)}" + (
+        f"  ({rank_text(targets)})" if fault.select.kind in ("family", "class", "fraction")
+        else ""))
+
+
+class _Start(Protocol):
+    """Starts one run of the scenario's job, with or without its faults."""
+
+    def __call__(self, name: str, with_faults: bool, report: Path | None,
+                 say: Message) -> RunResult: ...
+
+
+def _starter(scenario: Scenario, job: _Job, run_dir: Path, store: Path | None) -> _Start:
+    """How the scenario's runs start: a restore of its snapshot, with the faults
+    put in force as the rank resumes, or a run of its command."""
+    spec, world = scenario.run, scenario.world
+    if job.manifest is not None:
+        snapshot_id = spec.snapshot  # (a cut's id, for several real ranks: all of them)
+        assert snapshot_id is not None  # job.manifest was read from it
+
+        def restore_it(name: str, with_faults: bool, report: Path | None,
+                       say: Message) -> RunResult:
             return restore(RestoreOptions(
-                snapshot_id=spec.snapshot, store=store, iterations=spec.iterations,
+                snapshot_id=snapshot_id, store=store, iterations=spec.iterations,
                 run_dir=run_dir / name, bind=None, report_path=report,
-                faults=faults if with_faults else (), watch_nonfinite=watch and with_faults),
-                say)
+                faults=job.faults if with_faults else (),
+                watch_nonfinite=job.watch_nonfinite and with_faults), say)
+        return restore_it
+
+    flight_env = {}
+    if any(isinstance(e, ExpectFlightRecord) for e in scenario.expect):
+        # torch records only when asked; the dump goes into the run's folder
+        flight_env = {"TORCH_FR_BUFFER_SIZE": "2000",
+                      "TORCH_FR_DUMP_TEMP_FILE": str(run_dir / "flight" / "trace_rank_")}
+
+    def run_it(name: str, with_faults: bool, report: Path | None, say: Message) -> RunResult:
+        env = tuple(spec.env)
+        if with_faults:
+            env += tuple((k, v) for k, v in flight_env.items() if k not in dict(spec.env))
+        return run(RunOptions(
+            command=job.command, rank=world.real_ranks[0], world_size=world.size,
+            ranks=world.real_ranks if world.several_real_ranks else (), profile=job.profile,
+            iterations=spec.iterations, seed=scenario.seed, graph_path=job.graph_path,
+            graph=job.graph, bind=None, collective_timeout_s=spec.timeout_s,
+            run_dir=run_dir / name, report_path=report, env=env,
+            faults=job.faults if with_faults else (), variability=job.variability,
+            watch_nonfinite=job.watch_nonfinite and with_faults), say)
+    return run_it
+
+
+def _predicted_ratios(scenario: Scenario, job: _Job,
+                      message: Message) -> tuple[float | None, dict[int, float]]:
+    """The replay engine's iteration-time ratio with the faults against without,
+    for the lowest real rank and for each (nothing when no expectation asks)."""
+    if not plan.needs_prediction(scenario):
+        return None, {}
+    spec, world, manifest = scenario.run, scenario.world, job.manifest
+    graph = _graph_to_predict(scenario, job)
+    # a restored run's iterations count on from its snapshot's
+    horizon = spec.last_iteration or (
+        manifest.iteration + (spec.iterations or 4) if manifest is not None else 4)
+    compute = StochasticCompute(graph, job.variability) if job.variability else None
+    ratios = plan.predicted_ratios(
+        graph, CostModel(job.profile).op_time_s, world.real_ranks, list(job.faults), horizon,
+        first_iteration=manifest.iteration + 1 if manifest is not None else 2,
+        seed=scenario.seed, compute=compute)
+    predicted = ratios[world.real_ranks[0]]
+    if world.several_real_ranks:
+        message("scenario: the replay engine predicts iterations " + ", ".join(
+            f"x{ratio:.3f} (rank {rank})" for rank, ratio in ratios.items()))
     else:
-        flight_env = {}
-        if any(isinstance(e, ExpectFlightRecord) for e in scenario.expect):
-            # torch records only when asked; the dump goes into the run's folder
-            flight_env = {"TORCH_FR_BUFFER_SIZE": "2000",
-                          "TORCH_FR_DUMP_TEMP_FILE": str(run_dir / "flight" / "trace_rank_")}
-
-        def start(name: str, with_faults: bool, report: Path | None, say: Message) -> RunResult:
-            env = tuple(spec.env)
-            if with_faults:
-                env += tuple((k, v) for k, v in flight_env.items() if k not in dict(spec.env))
-            return run(RunOptions(
-                command=command, rank=world.real_ranks[0], world_size=world.size,
-                ranks=world.real_ranks if world.several_real_ranks else (), profile=profile,
-                iterations=spec.iterations, seed=scenario.seed, graph_path=graph_path,
-                graph=graph, bind=None, collective_timeout_s=spec.timeout_s,
-                run_dir=run_dir / name, report_path=report, env=env,
-                faults=faults if with_faults else (), variability=variability,
-                watch_nonfinite=watch and with_faults), say)
-
-    baseline = None
-    if plan.needs_baseline(scenario):
-        message("scenario: baseline run, without the faults")
-        baseline = observe(start("baseline", False, None, _quiet(message)))
-    predicted, ratios = None, {}
-    if plan.needs_prediction(scenario):
-        # a restored run's iterations count on from its snapshot's
-        horizon = spec.last_iteration or (
-            manifest.iteration + (spec.iterations or 4) if manifest is not None else 4)
-        ratios = plan.predicted_ratios(
-            graph, CostModel(profile).op_time_s, world.real_ranks, faults, horizon,
-            first_iteration=manifest.iteration + 1 if manifest is not None else 2,
-            seed=scenario.seed, compute=variability and StochasticCompute(graph, variability))
-        predicted = ratios[world.real_ranks[0]]
-        if world.several_real_ranks:
-            message("scenario: the replay engine predicts iterations " + ", ".join(
-                f"x{ratio:.3f} (rank {rank})" for rank, ratio in ratios.items()))
-        else:
-            message(f"scenario: the replay engine predicts iterations x{predicted:.3f}")
-    predicted_times = None
-    if plan.needs_distribution(scenario):
-        predicted_times = _predicted_times(scenario, graph, profile, faults, spec, manifest)
-        message(f"scenario: prism-debug predict: {predicted_times.size} iterations of rank "
-                f"{world.rank} over {len(predicted_times)} samples")
-    message(f"scenario: {scenario.name}: run with the faults")
-    observed = observe(start("run", True, run_dir / "report.json", message))
-    several = world.several_real_ranks
-    verdicts = plan.evaluate(scenario, observed, baseline, ratios if several else predicted,
-                             predicted_times)
-    return ScenarioResult(scenario, verdicts, run_dir, time.monotonic() - started, predicted,
-                          ratios if several else {})
+        message(f"scenario: the replay engine predicts iterations x{predicted:.3f}")
+    return predicted, ratios
 
 
-def _predicted_times(scenario: Scenario, graph: ExecutionGraph, profile, faults, spec: Run,
-                     manifest: Manifest | None):
+def _graph_to_predict(scenario: Scenario, job: _Job) -> ExecutionGraph:
+    if job.graph is None:
+        raise ConfigError(f"{scenario.source}: iteration_time predicted replays the world from "
+                          "an execution graph: give run.graph (a file, or profile)")
+    return job.graph
+
+
+def _predicted_times(scenario: Scenario, graph: ExecutionGraph, profile: HardwareProfile,
+                     faults: Sequence[Fault], spec: Run,
+                     manifest: Manifest | None) -> NDArray[np.float64]:
     """The real rank's iteration times prism-debug predict gives for the
     scenario's world — its graph, variability, faults and seed — over the
     iterations the run's percentile counts (after the first, or after the
@@ -207,21 +291,21 @@ def _predicted_times(scenario: Scenario, graph: ExecutionGraph, profile, faults,
     prediction = predict(graph, CostModel(profile).op_time_s,
                          scenario.variability or Variability(()),
                          samples=PREDICT_SAMPLES, iterations=max(1, horizon - first),
-                         rank=scenario.world.rank, seed=scenario.seed, injections=injections,
-                         attribution=False, jobs=1)
+                         rank=scenario.world.real_ranks[0], seed=scenario.seed,
+                         injections=injections, attribution=False, jobs=1)
     return prediction.times_s
 
 
-def _snapshot(scenario: Scenario, store: Path | None) -> Manifest:
+def _snapshot(scenario: Scenario, snapshot_id: str, store: Path | None) -> Manifest:
     """The snapshot the scenario starts from (of a cut, for several real
     ranks: its lowest rank's, whose run's facts every rank of it shares),
     checked against its world, its faults and its expectations (a restored
     rank runs only the iterations after the snapshot's)."""
     # the manifest alone: each restore verifies the images before it starts
     world = scenario.world
-    where = f"{scenario.source}: run.snapshot {scenario.run.snapshot}"
+    where = f"{scenario.source}: run.snapshot {snapshot_id}"
     if world.several_real_ranks:  # a cut of exactly its ranks, all in this store
-        members = open_store(store).cut(scenario.run.snapshot)
+        members = open_store(store).cut(snapshot_id)
         manifest = members[0]
         ranks = tuple(manifest.cut_ranks)
         if (ranks, manifest.world_size) != (world.real_ranks, world.size):
@@ -229,7 +313,7 @@ def _snapshot(scenario: Scenario, store: Path | None) -> Manifest:
                               f"{manifest.world_size}; the scenario's world is ranks "
                               f"{ranks_text(world.real_ranks)} of {world.size}")
     else:
-        manifest = open_store(store).get(scenario.run.snapshot)
+        manifest = open_store(store).get(snapshot_id)
         if (manifest.rank, manifest.world_size) != (world.rank, world.size):
             raise ConfigError(f"{where} is of rank {manifest.rank} of {manifest.world_size}; "
                               f"the scenario's world is rank {world.rank} of {world.size}")
@@ -254,6 +338,7 @@ def scenario_command(spec: Run, source: str) -> list[str]:
     checks, too)."""
     if spec.example is not None:
         return python_command(EXAMPLE_SCRIPT, spec.example.argv())
+    assert spec.command is not None  # the model gives a run a command or the example
     command = list(spec.command)
     # a script named relative to the scenario file
     base = Path(source).resolve().parent
