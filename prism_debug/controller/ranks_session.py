@@ -16,6 +16,7 @@ one).  The ranks' parts of the run's cuts are dumped here as they come.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from prism_debug.bus import sessions
