@@ -40,7 +40,8 @@ POLL_S = 0.01
 class RankProcess(Protocol):
     """The rank's process, whichever way it was started."""
 
-    pid: int
+    @property
+    def pid(self) -> int: ...
 
     def poll(self) -> int | None: ...
 
@@ -51,6 +52,12 @@ class RankProcess(Protocol):
 
     def kill(self) -> None:
         """End the rank for good and reap it."""
+
+    def hold(self, held: bool) -> None:
+        """Freeze the rank's process group, or let it go on."""
+
+    def process_ids(self) -> set[int]:
+        """The pids and thread ids the rank's process tree holds now."""
 
 
 def run_files(run_dir: Path) -> dict[str, Path]:
@@ -90,7 +97,9 @@ class _RankProcess:
     """What every form of the rank does alike: signals go to its process group,
     and a kill is SIGKILL then a reap."""
 
-    pid: int
+    @property
+    def pid(self) -> int:
+        raise NotImplementedError
 
     def wait(self) -> int:
         raise NotImplementedError
@@ -136,7 +145,10 @@ class Child(_RankProcess):
 
     def __init__(self, popen: subprocess.Popen) -> None:
         self._popen = popen
-        self.pid = popen.pid
+
+    @property
+    def pid(self) -> int:
+        return self._popen.pid
 
     def poll(self) -> int | None:
         return self._popen.poll()
@@ -189,9 +201,13 @@ class RestoredChild(_RankProcess):
     :class:`IsolatedChild` is."""
 
     def __init__(self, pid: int, isolated: bool = False) -> None:
-        self.pid = pid
+        self._pid = pid
         self.isolated = isolated
         self.returncode: int | None = None
+
+    @property
+    def pid(self) -> int:
+        return self._pid
 
     def signal(self, signum: int) -> None:
         super().signal(signum if signum == signal.SIGINT or not self.isolated
@@ -205,9 +221,9 @@ class RestoredChild(_RankProcess):
         return self.returncode
 
     def wait(self) -> int:
-        while self.poll() is None:
+        while (code := self.poll()) is None:
             time.sleep(0.01)
-        return self.returncode
+        return code
 
 
 def continue_rank(pid: int) -> None:
@@ -322,6 +338,7 @@ def supervise(session: RunSession, follower: Follower) -> int:
         while True:
             try:
                 child = session.child
+                assert child is not None  # a session follows a rank from its start
                 code = child.poll()
                 follower.poll()
                 if code is not None and child is session.child and not session.restoring:
@@ -331,9 +348,10 @@ def supervise(session: RunSession, follower: Follower) -> int:
                 session.poll(POLL_S)
             except KeyboardInterrupt:
                 interrupted += 1
+                assert session.child is not None
                 session.child.signal(signal.SIGINT if interrupted == 1 else signal.SIGKILL)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if session.child.poll() is None:
+        if session.child is not None and session.child.poll() is None:
             session.child.kill()
