@@ -15,14 +15,16 @@ remembered too, with why, so later runs do not profile it again.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import importlib.metadata
 import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import prism_debug
@@ -80,13 +82,38 @@ def cached_graph(command: list[str], world_size: int, gpus_per_node: int, *,
     key = cache_key(command, world_size, gpus_per_node)
     path = cache / f"{key}.prism"
     refused = cache / f"{key}.unprofilable"
+    if not path.is_file() and not refused.is_file():
+        _private_dirs(cache)
+        # runs of one job started together profile it once: the others wait
+        # for the first one's graph (the kernel lets the lock go if it dies)
+        with _key_lock(cache / f"{key}.lock"):
+            if not path.is_file() and not refused.is_file():
+                _profile_into(command, world_size, gpus_per_node, path, refused,
+                              run_dir=run_dir, message=message)
+                return path
     if path.is_file():
         message(f"graph: {path} (cached: profiled before for this command, script and layout)")
         return path
-    if refused.is_file():
-        raise GraphError(f"{_reason(refused)} (profiled before; remove {refused} to profile "
-                         "again)")
-    _private_dirs(cache)
+    raise GraphError(f"{_reason(refused)} (profiled before; remove {refused} to profile "
+                     "again)")
+
+
+@contextlib.contextmanager
+def _key_lock(lock: Path) -> Iterator[None]:
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _profile_into(command: list[str], world_size: int, gpus_per_node: int, path: Path,
+                  refused: Path, *, run_dir: Path | None, message: Message) -> None:
+    """Profile the job into the cache: its graph at ``path``, or why no graph
+    can describe it at ``refused``."""
+    cache = path.parent
+    key = path.stem
     message(f"graph: profiling the job once into {path} ({PROFILE_ITERATIONS} iterations per "
             "slice, one slice per rank class)")
     partial = cache / f"{key}.{os.getpid()}.partial"
@@ -106,7 +133,6 @@ def cached_graph(command: list[str], world_size: int, gpus_per_node: int, *,
     finally:
         for left in (partial, partial.with_name(partial.name + ".tmp")):  # (graph.save's)
             left.unlink(missing_ok=True)
-    return path
 
 
 def with_graph(options: RunOptions, message: Message) -> RunOptions:

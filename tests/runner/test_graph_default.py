@@ -55,8 +55,11 @@ def test_the_first_run_profiles_with_progress_and_the_second_starts_from_the_cac
             str(tmp_path / "r.json"), "--", *STEPS)
     first = cli(*args, cache=cache)
     assert first.returncode == 0, first.stdout + first.stderr
-    (path,) = cache.iterdir()
-    assert path.name == f"{graph_cache.cache_key(STEPS, 64, 8)}.prism"
+    key = graph_cache.cache_key(STEPS, 64, 8)
+    # the graph, and the lock that runs of the job started together profile under
+    assert sorted(p.name for p in cache.iterdir()) == [f"{key}.lock", f"{key}.prism"]
+    path, lock = cache / f"{key}.prism", cache / f"{key}.lock"
+    assert stat.S_IMODE(lock.stat().st_mode) == 0o600
     lines = own_lines(first)
     assert lines[0] == (f"graph: profiling the job once into {path} (4 iterations per slice, one "
                         "slice per rank class)")
@@ -79,7 +82,8 @@ def test_the_first_run_profiles_with_progress_and_the_second_starts_from_the_cac
     assert own_lines(second)[0] == (f"graph: {path} (cached: profiled before for this command, "
                                     "script and layout)")
     assert not any(line.startswith(("profile:", "graph: profil")) for line in own_lines(second))
-    assert path.stat().st_mtime_ns == profiled_at and list(cache.iterdir()) == [path]
+    assert path.stat().st_mtime_ns == profiled_at
+    assert sorted(cache.iterdir()) == [lock, path]
     assert [r.split()[5] for r in rows(second)] == [r.split()[5] for r in rows(first)]  # digests
 
 
