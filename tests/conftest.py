@@ -1,21 +1,52 @@
-"""Fixtures that cost seconds, made once per test session and shared."""
+"""Fixtures that cost seconds, made once per test session and shared — with
+every pytest-xdist worker of the session too: what they make lives in a
+folder the workers share, each product made once under a lock (``flock``:
+the kernel lets it go if a worker dies) and read by all."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run real pytest sessions
 
 
+def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder of this test session that all its xdist workers share (a
+    worker's base temp is a folder of the session's)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder = base / name
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def locked(lock: Path) -> Iterator[None]:
+    """Hold ``lock`` (one worker at a time makes what it guards)."""
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def graph_cache(tmp_path_factory):
     """The graph cache the session's runs share (never the user's): a script
-    a test runs without --graph or --lockstep is profiled once per session."""
-    path = tmp_path_factory.mktemp("graph-cache")
+    a test runs without --graph or --lockstep is profiled once per session,
+    by whichever worker asks first (the cache locks each job's key)."""
+    path = shared_dir(tmp_path_factory, "graph-cache")
     before = os.environ.get("PRISM_DEBUG_GRAPH_CACHE")
     os.environ["PRISM_DEBUG_GRAPH_CACHE"] = str(path)
     yield path
@@ -26,12 +57,47 @@ def graph_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def example_graph(tmp_path_factory):
+def profiled_graph(tmp_path_factory) -> Callable[..., Path]:
+    """``profiled_graph(*args)``: the graph ``prism-debug profile --out FILE
+    *args`` writes, profiled once per session for each ``args`` (and shared by
+    the workers). Read-only: a test that changes a graph copies it first."""
+    folder = shared_dir(tmp_path_factory, "profiled-graphs")
+
+    def get(*args: object, env: dict[str, str] | None = None) -> Path:
+        words = [str(a) for a in args]
+        key = hashlib.sha256("\0".join(words).encode()).hexdigest()[:16]
+        path = folder / f"{key}.prism"
+        with locked(folder / f"{key}.lock"):
+            if not path.exists():
+                partial = folder / f"{key}.{os.getpid()}.partial.prism"
+                proc = subprocess.run([sys.executable, "-m", "prism_debug.cli", "profile",
+                                       *_with_out(words, partial)],
+                                      capture_output=True, text=True, timeout=600,
+                                      stdin=subprocess.DEVNULL, env=env)
+                assert proc.returncode == 0, proc.stdout + proc.stderr
+                (folder / f"{key}.out").write_text(proc.stdout + proc.stderr)
+                partial.rename(path)
+        return path
+
+    return get
+
+
+def _with_out(args: list[str], out: Path) -> list[str]:
+    """``args`` with ``--out`` given before the command (after ``--``)."""
+    if "--" in args:
+        at = args.index("--")
+        return [*args[:at], "--out", str(out), *args[at:]]
+    return [*args, "--out", str(out)]
+
+
+def profile_output(graph: Path) -> str:
+    """What ``prism-debug profile`` printed when it wrote ``graph`` (a graph
+    of :func:`profiled_graph`)."""
+    return graph.with_suffix(".out").read_text()
+
+
+@pytest.fixture(scope="session")
+def example_graph(profiled_graph):
     """The bundled example profiled at 64 ranks (tp=8 x pp=4 x dp=2), as
     ``prism-debug profile --world-size 64`` writes it."""
-    path = tmp_path_factory.mktemp("example-graph") / "example-64.prism"
-    proc = subprocess.run([sys.executable, "-m", "prism_debug.cli", "profile", "--world-size",
-                           "64", "--out", str(path)], capture_output=True, text=True,
-                          timeout=600, stdin=subprocess.DEVNULL)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return path
+    return profiled_graph("--world-size", "64")

@@ -18,12 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def graph(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("graph") / "p2p.prism"
-    proc = cli("profile", "--world-size", "16", "--out", str(out), "--", sys.executable,
-               str(SCRIPT))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+def graph(profiled_graph) -> Path:
+    return profiled_graph("--world-size", "16", "--", sys.executable, SCRIPT)
 
 
 def run(graph: Path, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:

@@ -24,18 +24,12 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def graphs(tmp_path_factory):
-    """Profiles each (script, world) once for the whole module."""
-    made: dict[tuple[str | None, int], Path] = {}
+def graphs(profiled_graph):
+    """Each (script, world) profiled once for the session (None: the example)."""
 
     def get(script: str | None, world: int) -> Path:
-        if (script, world) not in made:
-            out = tmp_path_factory.mktemp("graphs") / f"{script or 'example'}-{world}.prism"
-            command = ["--", sys.executable, str(SCRIPTS / script)] if script else []
-            proc = cli("profile", "--world-size", str(world), "--out", str(out), *command)
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            made[script, world] = out
-        return made[script, world]
+        command = ["--", sys.executable, str(SCRIPTS / script)] if script else []
+        return profiled_graph("--world-size", world, *command)
 
     return get
 

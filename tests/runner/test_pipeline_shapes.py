@@ -14,6 +14,7 @@ import pytest
 
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.messages import OBJECTS, TENSOR
+from tests.conftest import profile_output
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 SCRIPT = SCRIPTS / "pipeline_shapes.py"
@@ -29,12 +30,10 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def profiled(tmp_path_factory) -> tuple[Path, str]:
-    """The script profiled once for the module: the graph and what profile said."""
-    out = tmp_path_factory.mktemp("pipeline-shapes") / "graph.prism"
-    proc = cli("profile", "--world-size", WORLD, "--out", out, "--", sys.executable, SCRIPT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out, proc.stdout + proc.stderr
+def profiled(profiled_graph) -> tuple[Path, str]:
+    """The script profiled once for the session: the graph and what profile said."""
+    out = profiled_graph("--world-size", WORLD, "--", sys.executable, SCRIPT)
+    return out, profile_output(out)
 
 
 @pytest.fixture(scope="module")

@@ -40,11 +40,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def graph(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("whatif") / "steady.prism"
-    proc = cli("profile", *WORLD, "--out", str(path), "--", sys.executable, str(SCRIPT))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return path
+def graph(profiled_graph) -> Path:
+    return profiled_graph(*WORLD, "--", sys.executable, SCRIPT)
 
 
 def run(graph: Path, tmp: Path, perturb: str, *more: str) -> tuple[subprocess.CompletedProcess,

@@ -20,12 +20,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def graph(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("graph") / "steady-8.prism"
-    proc = cli("profile", "--world-size", "8", "--iterations", "4", "--out", str(out), "--",
-               sys.executable, str(SCRIPT), "--compute-ms", COMPUTE_MS)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out
+def graph(profiled_graph) -> Path:
+    return profiled_graph("--world-size", "8", "--iterations", "4", "--",
+                          sys.executable, SCRIPT, "--compute-ms", COMPUTE_MS)
 
 
 def run(graph: Path, where: Path, *extra: str, iterations: int = 6) -> tuple[dict, dict, str]:
