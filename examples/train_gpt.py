@@ -27,6 +27,7 @@ import resource
 import time
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 import torch.distributed as dist
@@ -379,7 +380,7 @@ def average_gradients(params, layout):
     flat = _flatten_dense_tensors(grads)
     dist.all_reduce(flat, group=layout.dp_group)
     flat /= layout.dp
-    for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads)):
+    for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
         grad.copy_(averaged)
 
 
@@ -418,7 +419,7 @@ def main():
 
     if args.timing:
         # an iteration ends at its optimizer step, as prism-debug counts them
-        times = [round(b - a, 6) for a, b in zip(iteration_ends, iteration_ends[1:])]
+        times = [round(b - a, 6) for a, b in pairwise(iteration_ends)]
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         print(f"timing rank={rank} iteration_s={times} peak_rss_bytes={peak_rss}", flush=True)
 

@@ -107,7 +107,7 @@ def blocks(info, clients: list[BusClient], num_blocks: int) -> tuple[list, list,
         received = [[] for _ in clients]
         while True:
             batches = [client.events(timeout_s=0.3) for client in clients]
-            for got, batch in zip(received, batches):
+            for got, batch in zip(received, batches, strict=True):
                 got.extend(batch)
             if not any(batches):
                 break

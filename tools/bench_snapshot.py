@@ -115,7 +115,7 @@ def prism_round(gib: float, frozen: float, work: Path) -> dict[str, float]:
     if len(taken) != 2:
         sys.exit(f"bench_snapshot: expected two snapshots:\n{out[-2000:]}")
     store, row = Store(store_dir), {}
-    for kind, (snapshot_id, mib, _) in zip(("full", "incr"), taken):
+    for kind, (snapshot_id, mib, _) in zip(("full", "incr"), taken, strict=True):
         manifest = store.get(snapshot_id)
         phases = manifest.phases
         row[f"{kind} MiB"] = float(mib)

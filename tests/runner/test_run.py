@@ -136,7 +136,7 @@ def test_digests_are_stable_with_a_seed_and_change_with_another(tmp_path, script
     a, b, c = run("1"), run("1"), run("2")
     assert len(digests(a)) >= 3
     assert digests(a) == digests(b)
-    assert all(x != y for x, y in zip(digests(a), digests(c)))
+    assert all(x != y for x, y in zip(digests(a), digests(c), strict=True))
     assert len(set(digests(a))) == len(digests(a))  # training changes values every step
 
 
