@@ -98,7 +98,8 @@ def make_layout(args, rank, world_size):
     """Validate the parallel sizes before any communication, so a bad config fails fast."""
     tp, pp = args.tp, args.pp
     if world_size % (tp * pp):
-        raise ValueError(f"WORLD_SIZE={world_size} is not divisible by tp*pp = {tp}*{pp} = {tp * pp}")
+        raise ValueError(
+            f"WORLD_SIZE={world_size} is not divisible by tp*pp = {tp}*{pp} = {tp * pp}")
     if args.layers % pp:
         raise ValueError(f"--layers {args.layers} is not divisible by --pp {pp}")
     if args.heads % tp:
@@ -106,7 +107,8 @@ def make_layout(args, rank, world_size):
     if args.hidden % args.heads:
         raise ValueError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
     dp = world_size // (tp * pp)
-    return Layout(tp=tp, dp=dp, pp=pp, tp_rank=rank % tp, dp_rank=rank // tp % dp, pp_rank=rank // (tp * dp))
+    return Layout(tp=tp, dp=dp, pp=pp, tp_rank=rank % tp, dp_rank=rank // tp % dp,
+                  pp_rank=rank // (tp * dp))
 
 
 def new_group_containing(rank, group_desc, all_groups):
@@ -212,7 +214,8 @@ class Block(nn.Module):
         self.head_dim = hidden // heads
         self.local_heads = heads // layout.tp
         local_ffn = 4 * hidden // layout.tp
-        heads_shard = slice(layout.tp_rank * self.local_heads, (layout.tp_rank + 1) * self.local_heads)
+        heads_shard = slice(layout.tp_rank * self.local_heads,
+                            (layout.tp_rank + 1) * self.local_heads)
         ffn_shard = slice(layout.tp_rank * local_ffn, (layout.tp_rank + 1) * local_ffn)
         # Residual projections are scaled down with depth, as in GPT-2.
         residual_std = 0.02 / math.sqrt(2 * args.layers)
@@ -255,7 +258,8 @@ class GPTStage(nn.Module):
             self.pos_emb = nn.Embedding(args.seq_len, args.hidden)
             nn.init.normal_(self.token_emb.weight, std=0.02)
             nn.init.normal_(self.pos_emb.weight, std=0.02)
-        self.blocks = nn.ModuleList(Block(args, layout, i) for i in range(first_layer, first_layer + per_stage))
+        self.blocks = nn.ModuleList(Block(args, layout, i)
+                                    for i in range(first_layer, first_layer + per_stage))
         if self.is_last:
             seed_component(args.seed, args.layers + 1)
             self.ln_f = nn.LayerNorm(args.hidden)
@@ -302,8 +306,9 @@ class PipelineComm:
 
     def __init__(self, layout, activation_shape, device):
         self.group = layout.pp_group
-        self.prev = None if layout.is_first_stage else layout.global_rank(layout.tp_rank, layout.dp_rank, layout.pp_rank - 1)
-        self.next = None if layout.is_last_stage else layout.global_rank(layout.tp_rank, layout.dp_rank, layout.pp_rank + 1)
+        at, t, d, p = layout.global_rank, layout.tp_rank, layout.dp_rank, layout.pp_rank
+        self.prev = None if layout.is_first_stage else at(t, d, p - 1)
+        self.next = None if layout.is_last_stage else at(t, d, p + 1)
         self.shape = activation_shape
         self.device = device
 
