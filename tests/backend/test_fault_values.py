@@ -252,7 +252,7 @@ def test_reduce_changes_only_the_roots_buffer(tmp_path, fault):
     proc = subprocess.run([sys.executable, str(script), fault], capture_output=True, text=True,
                           timeout=120, env=env, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (line,) = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    (line,) = [text for text in proc.stdout.splitlines() if text.startswith("RESULT ")]
     out = json.loads(line.removeprefix("RESULT "))
     x = [1.5, -2.0, 0.1, 3.0]
     assert out["0"] == [True, pytest.approx(x)] and out["5"] == [True, pytest.approx(x)]

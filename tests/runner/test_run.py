@@ -42,7 +42,8 @@ def digests(report) -> list[str]:
 
 
 def result_line(proc) -> dict:
-    (line,) = [l for l in proc.stdout.splitlines() if l.startswith("[rank ") and " RESULT " in l]
+    (line,) = [text for text in proc.stdout.splitlines()
+               if text.startswith("[rank ") and " RESULT " in text]
     return json.loads(line.split(" RESULT ", 1)[1])
 
 
