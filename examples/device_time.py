@@ -65,6 +65,7 @@ import signal
 import sys
 import time
 from datetime import timedelta
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -401,7 +402,7 @@ def main(argv=None):
         os._exit(1)
 
     if args.timing_dir is not None:
-        times = [b - a for a, b in zip(ends, ends[1:])]
+        times = [b - a for a, b in pairwise(ends)]
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         path = args.timing_dir / f"rank{rank}.json"
         path.parent.mkdir(parents=True, exist_ok=True)

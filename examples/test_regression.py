@@ -48,7 +48,7 @@ def test_nan_from_a_tensor_parallel_peer_shows_in_its_first_all_reduce(prism):
     nan = prism(**JOB, iterations=1, faults=["nan 4 family tp at 4"])
     assert nan.digests[4] != clean.digests[4]
     # the per-collective digests name the first op whose values differ
-    first = next(i for i, (a, b) in enumerate(zip(nan.collectives, clean.collectives))
+    first = next(i for i, (a, b) in enumerate(zip(nan.collectives, clean.collectives, strict=True))
                  if a.digest != b.digest)
     assert (first, nan.collectives[first].op, nan.collectives[first].family) == (
         0, "all_reduce", "tp")

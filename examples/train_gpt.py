@@ -27,6 +27,7 @@ import resource
 import time
 from collections import deque
 from dataclasses import dataclass
+from itertools import pairwise
 
 import torch
 import torch.distributed as dist
@@ -97,7 +98,8 @@ def make_layout(args, rank, world_size):
     """Validate the parallel sizes before any communication, so a bad config fails fast."""
     tp, pp = args.tp, args.pp
     if world_size % (tp * pp):
-        raise ValueError(f"WORLD_SIZE={world_size} is not divisible by tp*pp = {tp}*{pp} = {tp * pp}")
+        raise ValueError(
+            f"WORLD_SIZE={world_size} is not divisible by tp*pp = {tp}*{pp} = {tp * pp}")
     if args.layers % pp:
         raise ValueError(f"--layers {args.layers} is not divisible by --pp {pp}")
     if args.heads % tp:
@@ -105,7 +107,8 @@ def make_layout(args, rank, world_size):
     if args.hidden % args.heads:
         raise ValueError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
     dp = world_size // (tp * pp)
-    return Layout(tp=tp, dp=dp, pp=pp, tp_rank=rank % tp, dp_rank=rank // tp % dp, pp_rank=rank // (tp * dp))
+    return Layout(tp=tp, dp=dp, pp=pp, tp_rank=rank % tp, dp_rank=rank // tp % dp,
+                  pp_rank=rank // (tp * dp))
 
 
 def new_group_containing(rank, group_desc, all_groups):
@@ -211,7 +214,8 @@ class Block(nn.Module):
         self.head_dim = hidden // heads
         self.local_heads = heads // layout.tp
         local_ffn = 4 * hidden // layout.tp
-        heads_shard = slice(layout.tp_rank * self.local_heads, (layout.tp_rank + 1) * self.local_heads)
+        heads_shard = slice(layout.tp_rank * self.local_heads,
+                            (layout.tp_rank + 1) * self.local_heads)
         ffn_shard = slice(layout.tp_rank * local_ffn, (layout.tp_rank + 1) * local_ffn)
         # Residual projections are scaled down with depth, as in GPT-2.
         residual_std = 0.02 / math.sqrt(2 * args.layers)
@@ -254,7 +258,8 @@ class GPTStage(nn.Module):
             self.pos_emb = nn.Embedding(args.seq_len, args.hidden)
             nn.init.normal_(self.token_emb.weight, std=0.02)
             nn.init.normal_(self.pos_emb.weight, std=0.02)
-        self.blocks = nn.ModuleList(Block(args, layout, i) for i in range(first_layer, first_layer + per_stage))
+        self.blocks = nn.ModuleList(Block(args, layout, i)
+                                    for i in range(first_layer, first_layer + per_stage))
         if self.is_last:
             seed_component(args.seed, args.layers + 1)
             self.ln_f = nn.LayerNorm(args.hidden)
@@ -301,8 +306,9 @@ class PipelineComm:
 
     def __init__(self, layout, activation_shape, device):
         self.group = layout.pp_group
-        self.prev = None if layout.is_first_stage else layout.global_rank(layout.tp_rank, layout.dp_rank, layout.pp_rank - 1)
-        self.next = None if layout.is_last_stage else layout.global_rank(layout.tp_rank, layout.dp_rank, layout.pp_rank + 1)
+        at, t, d, p = layout.global_rank, layout.tp_rank, layout.dp_rank, layout.pp_rank
+        self.prev = None if layout.is_first_stage else at(t, d, p - 1)
+        self.next = None if layout.is_last_stage else at(t, d, p + 1)
         self.shape = activation_shape
         self.device = device
 
@@ -379,7 +385,7 @@ def average_gradients(params, layout):
     flat = _flatten_dense_tensors(grads)
     dist.all_reduce(flat, group=layout.dp_group)
     flat /= layout.dp
-    for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads)):
+    for grad, averaged in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
         grad.copy_(averaged)
 
 
@@ -418,7 +424,7 @@ def main():
 
     if args.timing:
         # an iteration ends at its optimizer step, as prism-debug counts them
-        times = [round(b - a, 6) for a, b in zip(iteration_ends, iteration_ends[1:])]
+        times = [round(b - a, 6) for a, b in pairwise(iteration_ends)]
         peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         print(f"timing rank={rank} iteration_s={times} peak_rss_bytes={peak_rss}", flush=True)
 

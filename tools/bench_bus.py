@@ -107,7 +107,7 @@ def blocks(info, clients: list[BusClient], num_blocks: int) -> tuple[list, list,
         received = [[] for _ in clients]
         while True:
             batches = [client.events(timeout_s=0.3) for client in clients]
-            for got, batch in zip(received, batches):
+            for got, batch in zip(received, batches, strict=True):
                 got.extend(batch)
             if not any(batches):
                 break
@@ -116,8 +116,9 @@ def blocks(info, clients: list[BusClient], num_blocks: int) -> tuple[list, list,
         if not us:
             continue
         (on_times if events_on else off_times).append(us[-1])
-        print(f"  {len(clients)} client(s), block {block + 1}, events {'on ' if events_on else 'off'}:"
-              f" {us[-1]:.2f} us per all-reduce", flush=True)
+        print(f"  {len(clients)} client(s), block {block + 1},"
+              f" events {'on ' if events_on else 'off'}: {us[-1]:.2f} us per all-reduce",
+              flush=True)
         if events_on:
             counts = [sum(e["kind"].startswith("coll.") for e in got) for got in received]
             rates.append(sum(counts) / len(clients) / elapsed)

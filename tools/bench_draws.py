@@ -6,8 +6,9 @@ beside the bare cost of drawing as many standard normals (numpy's floor).
 Rounds of the two are interleaved (A/B) and the best of each reported with
 the median beside it: on a shared machine the best is the cost, the spread
 the noise.  Times are the thread's CPU time (time.thread_time), which an
-oversubscribed machine inflates far less than wall time.  Last line: ``draws: shape=64x8 events=N us_per_class_iteration=X
-normals_floor_us=Y`` for the first family.
+oversubscribed machine inflates far less than wall time.  Last line:
+``draws: shape=64x8 events=N us_per_class_iteration=X normals_floor_us=Y``
+for the first family.
 """
 
 from __future__ import annotations

@@ -53,6 +53,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from itertools import pairwise
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +98,7 @@ def _side_by_side(commands: list[list[str]]) -> None:
     procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env=_env(), stdin=subprocess.DEVNULL) for c in commands]
     failed = None
-    for command, proc in zip(commands, procs):
+    for command, proc in zip(commands, procs, strict=True):
         output, _ = proc.communicate()
         if proc.returncode != 0 and failed is None:
             failed = (" ".join(command[:8]) + " …", proc.returncode, output)
@@ -129,7 +130,7 @@ def noise_floor(values: list[float]) -> float:
     """Median |a - b| / b over consecutive real runs, in percent."""
     if len(values) < 2:
         return float("nan")
-    return statistics.median(abs(_pct(a, b)) for b, a in zip(values, values[1:]))
+    return statistics.median(abs(_pct(a, b)) for b, a in pairwise(values))
 
 
 # --- device-time workload ------------------------------------------------------
@@ -228,7 +229,7 @@ def device_workload(args, workdir: Path, hardware: Path) -> tuple[list, list]:
                 layout=name, rank=r, stage=r // 4, real=statistics.median(real),
                 emulated=statistics.median(emulated),
                 wall=statistics.median(w[r] for w in walls),
-                error=statistics.median(_pct(e, a) for e, a in zip(emulated, real)),
+                error=statistics.median(_pct(e, a) for e, a in zip(emulated, real, strict=True)),
                 noise=noise_floor(real), real_rss=real_rss, emulated_rss=emulated_rss,
                 rss_error=statistics.median(rss_pairs),
                 rss_noise=noise_floor([res["real"][r][1] for res in rounds])))
@@ -241,9 +242,9 @@ def device_workload(args, workdir: Path, hardware: Path) -> tuple[list, list]:
                     emulated_slow=statistics.median(res["emulated slow"][r][0] for res in rounds),
                     real_slowdown=statistics.median(real_sd),
                     emulated_slowdown=statistics.median(emu_sd),
-                    error=statistics.median(100 * (e - a) for e, a in zip(emu_sd, real_sd)),
-                    noise=statistics.median(abs(100 * (a - b)) for b, a
-                                            in zip(real_sd, real_sd[1:]))
+                    error=statistics.median(100 * (e - a)
+                                            for e, a in zip(emu_sd, real_sd, strict=True)),
+                    noise=statistics.median(abs(100 * (a - b)) for b, a in pairwise(real_sd))
                     if len(real_sd) > 1 else float("nan")))
     return rows, straggler_rows
 

@@ -49,6 +49,7 @@ ends, so no process outlives it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -65,8 +66,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# after the sys.path set-up above: tools/ (and prism_debug) import from this checkout
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT  # noqa: E402
-from prism_debug.example import Example
+from prism_debug.example import Example  # noqa: E402
 from tools.incident_jobs import run_real_incident  # noqa: E402
 
 GOAL_S = 300
@@ -354,10 +356,8 @@ def _end_processes(token: str, patience_s: float = 30) -> None:
             print(f"bench_incident: processes {found} outlived SIGKILL", flush=True)
             return
         for pid in found:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.05)
 
 

@@ -176,7 +176,8 @@ def main() -> None:
             fake = medians["fake", world]
             for name, *_ in runs[1:]:
                 print(f"{world:>6} {name:>18} overhead over fake: "
-                      f"{medians[name, world] - fake:.2f} µs, ratio {medians[name, world] / fake:.2f}"
+                      f"{medians[name, world] - fake:.2f} µs,"
+                      f" ratio {medians[name, world] / fake:.2f}"
                       f" (CPU: ratio {cpus[name, world] / cpus['fake', world]:.2f})")
     world = max(w for _, w in medians)
     fake = medians["fake", world]

@@ -53,8 +53,8 @@ def closed_form(jobs: int, scale: float) -> bool:
     variability = parse_variability([f"cv={CLOSED_FORM_CV} dist=normal"])
     print(f"closed form: DDP, g = {GAP_S * 1e3:.0f} ms, iid normal compute (cv "
           f"{CLOSED_FORM_CV}), mean iteration = g·E[max of n normals] + all-reduce cost")
-    print(f"{'ranks':>7} {'samples':>8} {'Monte Carlo ms':>15} {'± s.e.':>8} {'closed form ms':>15} "
-          f"{'error':>8} {'error/s.e.':>10} {'seconds':>8}")
+    print(f"{'ranks':>7} {'samples':>8} {'Monte Carlo ms':>15} {'± s.e.':>8} "
+          f"{'closed form ms':>15} {'error':>8} {'error/s.e.':>10} {'seconds':>8}")
     ok = True
     for ranks, samples in CLOSED_FORM_SAMPLES.items():
         samples = max(10, int(samples * scale))

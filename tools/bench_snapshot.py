@@ -44,6 +44,7 @@ the criu command line's, medians summed over the sizes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shutil
@@ -53,6 +54,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -115,7 +117,7 @@ def prism_round(gib: float, frozen: float, work: Path) -> dict[str, float]:
     if len(taken) != 2:
         sys.exit(f"bench_snapshot: expected two snapshots:\n{out[-2000:]}")
     store, row = Store(store_dir), {}
-    for kind, (snapshot_id, mib, _) in zip(("full", "incr"), taken):
+    for kind, (snapshot_id, mib, _) in zip(("full", "incr"), taken, strict=True):
         manifest = store.get(snapshot_id)
         phases = manifest.phases
         row[f"{kind} MiB"] = float(mib)
@@ -126,9 +128,8 @@ def prism_round(gib: float, frozen: float, work: Path) -> dict[str, float]:
                                     phases["criu"]).items():
             row[f"{kind} · criu: {name}"] = value
         row[f"{kind} recorded"] = phases["pause"] + phases.get("compare", 0.0) + phases["commit"]
-        row[f"{kind} · verify, stat facts"] = timed(lambda: store.verify(snapshot_id))
-        row[f"{kind} · verify, re-hash"] = timed(
-            lambda: store.verify(snapshot_id, rehash=True))
+        row[f"{kind} · verify, stat facts"] = timed(partial(store.verify, snapshot_id))
+        row[f"{kind} · verify, re-hash"] = timed(partial(store.verify, snapshot_id, rehash=True))
         # eager, like for like with `criu restore` (a full snapshot restores
         # lazily by default where the kernel can)
         restored = prism("snapshot", "restore", snapshot_id, "--store", str(store_dir),
@@ -191,10 +192,8 @@ def criu_round(gib: float, frozen: float, work: Path) -> dict[str, float]:
             os.killpg(pid, signal.SIGKILL)
             child.wait()
         if restored:  # the copy criu restore started, with the same pid and session
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def pretouch(gib: float) -> None:

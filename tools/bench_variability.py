@@ -67,6 +67,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -144,7 +145,7 @@ def noise_floor(figures: list[float]) -> float:
     """Median |a - b| / b over consecutive rounds' figures, in percent."""
     if len(figures) < 2:
         return float("nan")
-    return statistics.median(abs(_pct(a, b)) for b, a in zip(figures, figures[1:]))
+    return statistics.median(abs(_pct(a, b)) for b, a in pairwise(figures))
 
 
 # --- the real job ------------------------------------------------------------------
@@ -292,7 +293,7 @@ def fitted_rows(args, workdir: Path, hardware: Path, stated: list[Stated], round
         for r in ranks:
             pooled = percentiles([t for rnd in rounds[s.name] for t in rnd[r]])
             rows.append(dict(stated=s.name, rank=r, real=pooled, pred=pred[r],
-                             errors=[_pct(p, a) for p, a in zip(pred[r], pooled)]))
+                             errors=[_pct(p, a) for p, a in zip(pred[r], pooled, strict=True)]))
     return rows
 
 

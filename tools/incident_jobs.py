@@ -26,6 +26,7 @@ by a token in their environment, not by process group).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import shlex
@@ -157,10 +158,8 @@ def _end_job(torchrun: subprocess.Popen, token: str, patience_s: float = 30) -> 
         if time.monotonic() > deadline:
             raise IncidentJobError(f"processes {survivors} of the job outlived SIGKILL")
         for pid in survivors:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(0.05)
 
 

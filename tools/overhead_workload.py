@@ -1,10 +1,11 @@
 """A collective-heavy loop for tools/bench_overhead.py: small all-reduce,
 all-gather, reduce-scatter and broadcast on a tensor-parallel group of 8 and
-on the whole world (65,536 ranks: 8,192 groups of 8 made), in iterations of 200 collectives (marked with
-``prism_debug.iteration()``, so the loop profiles into a graph).  Prints the
-mean wall time per collective, the median over iterations (robust to the
-scheduler taking the core away on a busy machine) and the main thread's CPU
-time per collective (median over iterations).
+on the whole world (65,536 ranks: 8,192 groups of 8 made), in iterations of
+200 collectives (marked with ``prism_debug.iteration()``, so the loop
+profiles into a graph).  Prints the mean wall time per collective, the
+median over iterations (robust to the scheduler taking the core away on a
+busy machine) and the main thread's CPU time per collective (median over
+iterations).
 
 Under ``--backend fake`` it initialises torch's FakeProcessGroup itself;
 otherwise it is an ordinary script meant to run under ``prism-debug run``.

@@ -98,7 +98,7 @@ def contributions(x, op, n, me, faulty, policy, seed):
 
 def expected(x, op, n, me, faulty, policy, seed=0):
     ranks = contributions(x, op, n, me, faulty, policy, seed)
-    out = [reduce(BINARY[op], column) for column in zip(*ranks)]
+    out = [reduce(BINARY[op], column) for column in zip(*ranks, strict=True)]
     if op == "AVG":
         out = [v / n for v in out]
     elif op == "PREMUL_SUM":
@@ -116,7 +116,7 @@ def reduced(x, op, n, faulty, policy, seed=0):
 
 def same(got, want):
     assert len(got) == len(want)
-    for g, w in zip(got, want):
+    for g, w in zip(got, want, strict=True):
         if isinstance(w, float) and math.isnan(w):
             assert math.isnan(g), (got, want)
         elif isinstance(w, float) and math.isinf(w):
@@ -199,7 +199,7 @@ def test_any_group_shape_and_values(data, n, policy, op, seed):
     spoiled = tuple((r, *faulty[r]) for r in sorted(faulty))
     Values(policy, seed).reduce_peers(tensor, torch_op(op), n, KEY, spoiled)
     want = expected(x, op, n, me, faulty, policy, seed)
-    for g, w in zip(tensor.tolist(), want):
+    for g, w in zip(tensor.tolist(), want, strict=True):
         if math.isnan(w):
             assert math.isnan(g)
         else:  # a sum of n terms folded k at a time: a few ulps of the largest term
@@ -252,7 +252,7 @@ def test_reduce_changes_only_the_roots_buffer(tmp_path, fault):
     proc = subprocess.run([sys.executable, str(script), fault], capture_output=True, text=True,
                           timeout=120, env=env, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (line,) = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    (line,) = [text for text in proc.stdout.splitlines() if text.startswith("RESULT ")]
     out = json.loads(line.removeprefix("RESULT "))
     x = [1.5, -2.0, 0.1, 3.0]
     assert out["0"] == [True, pytest.approx(x)] and out["5"] == [True, pytest.approx(x)]
@@ -263,7 +263,7 @@ def test_reduce_changes_only_the_roots_buffer(tmp_path, fault):
     want = expected([float(torch.tensor(v, dtype=torch.float32)) for v in x], "SUM", 8, 1,
                     faulty, "mirror")
     assert not unchanged
-    for g, w in zip(root, want):
+    for g, w in zip(root, want, strict=True):
         assert (math.isnan(g) and math.isnan(w)) or g == pytest.approx(w, rel=1e-6)
 
 

@@ -285,7 +285,7 @@ def test_mirror_sum_is_the_multiplicity_weighted_sum_in_member_order(data, layou
     k = multiplicities(n, real)
     scale = PREMUL if name == "PREMUL_SUM" else 1.0
     want = xs[0] * (scale * k[0])
-    for x, kj in zip(xs[1:], k[1:]):
+    for x, kj in zip(xs[1:], k[1:], strict=True):
         want = want + x * (scale * kj)
     if name == "AVG":
         want = want / n
@@ -295,7 +295,7 @@ def test_mirror_sum_is_the_multiplicity_weighted_sum_in_member_order(data, layou
     # n additions, each off by at most eps of the magnitudes summed so far (plus
     # the subnormal range, where premultiplying by f rounds absolutely)
     brute = brute_force(xs, MixedGroup(n, real, 0), name, "mirror")
-    magnitude = sum(x.abs() * (scale * kj) for x, kj in zip(xs, k))
+    magnitude = sum(x.abs() * (scale * kj) for x, kj in zip(xs, k, strict=True))
     finfo = torch.finfo(dtype)
     bound = (n + 1) * (finfo.eps * (magnitude / n if name == "AVG" else magnitude) + finfo.tiny)
     assert ((results[0] - brute).abs() <= bound).all(), (results[0], brute, bound)

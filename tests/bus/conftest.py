@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.live_session import session_dir  # noqa: F401 (a fixture, shared)
+
 
 @pytest.fixture
 def short_dir():

@@ -175,9 +175,9 @@ def test_nobody_listening_is_a_timeout_too():
     port = unused.bind_to_random_port("tcp://127.0.0.1")
     unused.close()  # a port that was just free: nothing answers there
     context.term()
-    with BusClient(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port}") as bus:
-        with pytest.raises(BusTimeout) as raised:
-            bus.request("status", timeout_s=0.1)
+    with BusClient(f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port}") as bus, \
+            pytest.raises(BusTimeout) as raised:
+        bus.request("status", timeout_s=0.1)
     assert str(raised.value).startswith(f"the controller at tcp://127.0.0.1:{port} did not "
                                         "answer within 0.1s")
 
@@ -231,8 +231,7 @@ def test_a_session_with_curve_is_reached_with_the_client_keys(tmp_path, monkeypa
         # nor does one with keys but the wrong server key
         public, secret = keys.load_client()
         wrong = ClientCurve(public=public, secret=secret, server_public=public)
-        with BusClient(server.commands, server.events, wrong) as bus:
-            with pytest.raises(BusTimeout):
-                bus.request("echo", timeout_s=0.2, text="clear")
+        with BusClient(server.commands, server.events, wrong) as bus, pytest.raises(BusTimeout):
+            bus.request("echo", timeout_s=0.2, text="clear")
     finally:
         server.close()

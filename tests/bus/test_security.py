@@ -22,7 +22,7 @@ import zmq
 
 from prism_debug.bus.client import BusClient
 from prism_debug.bus.protocol import encode_request
-from tests.live_session import finish, session_dir, start, wait_for_session  # noqa: F401 (a fixture)
+from tests.live_session import finish, start, wait_for_session
 
 PYTHON = sys.executable
 pytestmark = pytest.mark.slow

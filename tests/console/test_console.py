@@ -116,7 +116,8 @@ def test_break_info_breaks_and_delete():
         "deleted breakpoint 2\n")
     assert client.requests[:2] == [
         ("break", {"kind": "iter", "iteration": 3, "temporary": False}),
-        ("break", {"kind": "coll", "op": "all_reduce", "family": "dp", "seq": 12, "temporary": True})]
+        ("break", {"kind": "coll", "op": "all_reduce", "family": "dp", "seq": 12,
+                   "temporary": True})]
     assert client.requests[3:] == [("delete", {"id": 1}), ("delete", {}), ("leave", {})]
 
 
@@ -235,11 +236,13 @@ def test_events_on_prints_events_between_commands_and_while_running():
         "events on\n"
         "[3] snapshot s1 taken after iteration 2 (3.0 GiB in 1.50 s)\n"
         "(missed 2 events)\n"
-        "[4] iteration 2 ended: 500.000 ms (compute 400.000 ms, comm wait 100.000 ms, 24 collectives)\n"
+        "[4] iteration 2 ended: 500.000 ms (compute 400.000 ms, comm wait 100.000 ms,"
+        " 24 collectives)\n"
         "[5] output: loss 0.25\n"
         "paused at iteration 3 (break 1)\n"
         "events off\n")
-    assert client.requests == [("events", {"on": True}), ("continue", {}), ("events", {"on": False})]
+    assert client.requests == [("events", {"on": True}), ("continue", {}),
+                               ("events", {"on": False})]
 
 
 def test_snapshot_snapshots_restore():
@@ -249,8 +252,8 @@ def test_snapshot_snapshots_restore():
         "snapshots": {"snapshots": [
             {"id": "s1", "iteration": 2, "image_bytes": 1 << 30, "created": "2025-01-02 10:11:12",
              "parent": None},
-            {"id": "s2", "iteration": 3, "image_bytes": 1536 << 20, "created": "2025-01-02 10:12:00",
-             "parent": "s1"}]},
+            {"id": "s2", "iteration": 3, "image_bytes": 1536 << 20,
+             "created": "2025-01-02 10:12:00", "parent": "s1"}]},
         "restore": {"id": "s1", "iteration": 2, "pid": 5151},
     })
     _, out = run(client, "snapshot before-nan\nsnapshots\nrestore s1\n")
@@ -265,7 +268,8 @@ def test_snapshot_snapshots_restore():
 
 
 def test_errors_print_stars_and_never_end_the_console():
-    client = FakeClient({"step": FakeBusError("InvalidState", "the rank is running; pause it first"),
+    client = FakeClient({"step": FakeBusError("InvalidState",
+                                              "the rank is running; pause it first"),
                          "status": STATUS})
     console, out = run(client, "step\nfrobnicate\nrestore\nstatus\n")
     assert out.splitlines()[:3] == [
@@ -434,7 +438,8 @@ def test_pause_on_a_paused_rank_answers_at_once():
 def test_tab_completion():
     console = Console(FakeClient(), RANK, stdout=io.StringIO(), interactive=False)
     assert console.complete_break("co", "break co", 6, 8) == ["coll"]
-    assert console.complete_b("all_", "b coll all_", 7, 11) == ["all_reduce", "all_gather", "all_to_all"]
+    assert console.complete_b("all_", "b coll all_", 7, 11) == ["all_reduce", "all_gather",
+                                                                "all_to_all"]
     assert console.complete_break("", "break coll all_reduce dp ", 25, 25) == ["seq"]
     assert console.complete_events("o", "events o", 7, 8) == ["on", "off"]
     assert console.completenames("sta") == ["status"]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.live_session import finish, session_dir, start, wait_for_session  # noqa: F401
+from tests.live_session import finish, start, wait_for_session
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ MEASURED_US = {
 
 
 def runs(measured_us=MEASURED_US) -> list[Measurements]:
-    return [Measurements(op, 2, 1, tuple((b, t * 1e-6) for b, t in zip(SIZES, times)),
+    return [Measurements(op, 2, 1, tuple((b, t * 1e-6) for b, t in zip(SIZES, times, strict=True)),
                          "gloo, 2 processes")
             for op, times in measured_us.items()]
 

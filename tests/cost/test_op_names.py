@@ -68,7 +68,7 @@ def spellings(draw):
     alias, canonical = draw(st.sampled_from(sorted(ALIASES.items())))
     parts = alias.replace("-", "_").split("_")
     seps = [draw(st.sampled_from(["_", "-", ""])) for _ in parts[1:]]
-    word = parts[0] + "".join(sep + part for sep, part in zip(seps, parts[1:]))
+    word = parts[0] + "".join(sep + part for sep, part in zip(seps, parts[1:], strict=True))
     word = "".join(c.upper() if draw(st.booleans()) else c for c in word)
     return word, canonical
 

@@ -86,7 +86,7 @@ def test_calibrated_on_aws_p5_it_meets_large_messages_and_misses_the_mid_sizes()
     p5 = run("aws_p5_2node_all_reduce_perf.txt")
     model = CostModel(fit(load_profile("h100-ib400"), [p5], "p5"))
     errors = [error_pct(model, p5, size) for size, _ in p5.samples]
-    large = [e for (size, _), e in zip(p5.samples, errors) if size >= 128 << 20]
+    large = [e for (size, _), e in zip(p5.samples, errors, strict=True) if size >= 128 << 20]
     assert max(abs(e) for e in large) < 6
     # NCCL's ramp between protocols and channel counts (16 KiB - 64 MiB) is not
     # in the model: the least-squares fit spreads it over both ends

@@ -2,6 +2,7 @@
 hand, and the text they are shown as."""
 
 import dataclasses
+from itertools import pairwise
 
 import pytest
 
@@ -50,7 +51,7 @@ def test_the_critical_path_of_a_pipeline_runs_through_the_stage_that_sends():
         (1, "all_reduce on tp", pytest.approx(0.1)),
     ]
     assert path[-1].end_s - path[0].start_s == pytest.approx(2.3)
-    for before, after in zip(path, path[1:]):
+    for before, after in pairwise(path):
         assert after.start_s == pytest.approx(before.end_s)
 
 

@@ -3,6 +3,7 @@
 import math
 import threading
 import time
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -32,7 +33,7 @@ def test_another_thread_never_sees_the_clock_run_ahead_during_a_hold():
     reader.join()
     wall = time.perf_counter() - wall
     # monotonic as every thread reads it, and the hold's 50 ms are not on it
-    assert all(b >= a for a, b in zip(readings, readings[1:]))
+    assert all(b >= a for a, b in pairwise(readings))
     assert readings[-1] - readings[0] < wall - 0.05
     assert max(r for r in readings if r <= arrival) == arrival  # frozen at the arrival
     assert clock.excluded_s >= 0.05

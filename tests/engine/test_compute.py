@@ -165,8 +165,9 @@ def test_the_graph_model_is_the_default():
         engine.delay([2 * 4 + 3], 0.25, family="tp")
         engine.run(3)
     assert all_times(engines[0]) == all_times(engines[1])
-    assert [(r.class_id, r.iteration, r.op, np.array(r.done).tolist()) for r in engines[0].records] \
-        == [(r.class_id, r.iteration, r.op, np.array(r.done).tolist()) for r in engines[1].records]
+    records = [[(r.class_id, r.iteration, r.op, np.array(r.done).tolist()) for r in e.records]
+               for e in engines]
+    assert records[0] == records[1]
 
 
 def test_a_model_must_answer_one_gap_per_event_over_the_class():

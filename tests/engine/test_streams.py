@@ -7,6 +7,7 @@ Every op costs COST; rank = 2·dp + tp in a (dp=2, tp=2) mesh.
 
 import dataclasses
 import math
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -123,7 +124,7 @@ def plain_iteration_times(graph: ExecutionGraph, slow, iterations: int) -> list[
                 t = np.maximum(t, done[event.op])
         starts.append(t)
     return [float(b.flat[r] - a.flat[r]) for r in range(graph.world_size)
-            for a, b in zip(starts, starts[1:])]
+            for a, b in pairwise(starts)]
 
 
 @settings(max_examples=80, deadline=None)

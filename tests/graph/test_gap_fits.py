@@ -61,7 +61,7 @@ def test_enough_steady_iterations_fit_each_op_on_its_own():
     issue = rng.lognormal(np.log(0.02), 0.3, steady)
     end = rng.gamma(9.0, 0.001, steady)
     graph = build_graph(4, 8, [ddp_slice([(0.5, 0.0, 0.1)] + [
-        (a, 0.0, c) for a, c in zip(issue, end)])])
+        (a, 0.0, c) for a, c in zip(issue, end, strict=True)])])
     assert graph.version == 3 == GRAPH_VERSION
     issue_fit, wait_fit, end_fit = graph.gap_fits[0]
     assert wait_fit is None  # a gap of 0: deterministic
@@ -107,7 +107,8 @@ def test_gaps_under_ten_microseconds_stay_deterministic():
 def fitted_graph() -> ExecutionGraph:
     rng = np.random.default_rng(1)
     rows = [(0.5, 0.0, 0.1)] + [(a, 0.0, 0.1 * b) for a, b in
-                                zip(rng.lognormal(-4, 0.2, 10), rng.gamma(20, 0.05, 10))]
+                                zip(rng.lognormal(-4, 0.2, 10), rng.gamma(20, 0.05, 10),
+                                    strict=True)]
     return build_graph(4, 8, [ddp_slice(rows)])
 
 

@@ -13,10 +13,9 @@ import pytest
 
 from prism_debug.errors import GraphError
 from prism_debug.graph import ExecutionGraph
-
-MAX_GRAPH_ENV = "PRISM_DEBUG_MAX_GRAPH_MB"  # (a literal: the test runs against older code too)
 from tests.engine.test_replay import pipeline_graph
 
+MAX_GRAPH_ENV = "PRISM_DEBUG_MAX_GRAPH_MB"  # (a literal: the test runs against older code too)
 ADVICE = ": give a file prism-debug profile wrote, or profile the job again"
 NOT_A_GRAPH = ": give a file prism-debug profile wrote (a gzipped JSON graph)"
 

@@ -64,7 +64,8 @@ def test_a_receive_from_a_class_not_profiled_yet_is_missing():
 def test_the_first_slice_knows_no_class_and_misses_everything():
     book = MessageBook(lambda rank: -1, 0, {}, known=())
     missing = book.receive(1, 0, 4, TENSOR)
-    assert missing.describe() == "a control tensor #0 that rank 4 sends -4 ranks away in iteration 1"
+    assert missing.describe() == (
+        "a control tensor #0 that rank 4 sends -4 ranks away in iteration 1")
 
 
 def test_a_counter_numbers_per_iteration_peer_and_kind():

@@ -71,7 +71,8 @@ def device_time_run(tmp_path_factory) -> Path:
          "--log-dir", str(where / "logs"), "--redirects", "3", str(script),
          str(WORKLOAD.parent), *ARGS, "--timing-dir", str(where / "timing")],
         capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
-        env=dict(os.environ, OMP_NUM_THREADS="1", SKELETON_DUMP_PREFIX=str(where / "dumps" / "rank_")))
+        env=dict(os.environ, OMP_NUM_THREADS="1",
+                 SKELETON_DUMP_PREFIX=str(where / "dumps" / "rank_")))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return where
 

@@ -75,7 +75,7 @@ def test_a_removed_class_gets_its_mean_and_the_others_their_very_draws():
         a = kept.gaps_s(class_id, 1, base, (2,), rng)
         b = removed.gaps_s(class_id, 1, base, (2,), np.random.default_rng(1))
         if class_id == 0:
-            assert all(np.array_equal(x, y) for x, y in zip(a, b))
+            assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
         else:
             # U(0.9, 1.1) has mean 1: the probe's mean is the gap within 0.2 %
             assert b == pytest.approx(list(base), rel=2e-3, abs=1e-12)

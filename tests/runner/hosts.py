@@ -32,4 +32,4 @@ def run_on_two_hosts(run_args: list[str], env: dict[str, str] | None = None,
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent.pid, signal.SIGKILL)
     return [subprocess.CompletedProcess(agent.args, agent.returncode, out)
-            for agent, out in zip(agents, outputs)]
+            for agent, out in zip(agents, outputs, strict=True)]

@@ -16,7 +16,7 @@ import pytest
 
 from prism_debug.bus.client import BusClient
 from prism_debug.bus.protocol import BusTimeout
-from tests.live_session import SCRIPTS, session_dir, start, wait_for_session  # noqa: F401
+from tests.live_session import SCRIPTS, start, wait_for_session
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from prism_debug.bus.client import BusClient
-from tests.live_session import SCRIPTS, session_dir, start, wait_for_session  # noqa: F401 (a fixture)
+from tests.live_session import SCRIPTS, start, wait_for_session
 from tests.runner.test_debug_session import attach
 
 pytestmark = pytest.mark.slow

@@ -19,7 +19,7 @@ from prism_debug.bus import sessions
 from prism_debug.bus.client import BusClient
 from prism_debug.bus.protocol import MAX_FRAME_BYTES, encode_request
 from prism_debug.bus.server import CLIENT_CHECK_S
-from tests.live_session import SCRIPTS, finish, session_dir, start, wait_for_session  # noqa: F401 (a fixture)
+from tests.live_session import SCRIPTS, finish, start, wait_for_session
 
 pytestmark = pytest.mark.slow
 

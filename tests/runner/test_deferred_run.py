@@ -1,6 +1,7 @@
 """End to end: a future the engine answers only after a later op (a world
-all-reduce issued before the send the other stage needs to reach it) completes, with no false watchdog
-timeout under a short --collective-timeout; a failed peer still times out."""
+all-reduce issued before the send the other stage needs to reach it)
+completes, with no false watchdog timeout under a short
+--collective-timeout; a failed peer still times out."""
 
 from __future__ import annotations
 

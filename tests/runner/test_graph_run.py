@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -102,7 +103,7 @@ def test_graph_show_summarises_classes(graphs):
     path = summary["critical_path"]
     assert all(s["end_s"] >= s["start_s"] for s in path)
     assert {s["family"] for s in path} == {None, "tp", "pp", "dp"}
-    for before, after in zip(path, path[1:]):  # a chain: each link starts as the last ends
+    for before, after in pairwise(path):  # a chain: each link starts as the last ends
         assert after["start_s"] == pytest.approx(before["end_s"], abs=1e-12)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.live_session import finish, session_dir, start, wait_for_session  # noqa: F401 (a fixture)
+from tests.live_session import finish, start, wait_for_session
 
 pytestmark = pytest.mark.slow
 

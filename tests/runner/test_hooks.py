@@ -30,7 +30,8 @@ def test_a_shadowed_sitecustomize_still_runs(tmp_path):
         env={**os.environ, "PYTHONPATH": str(site)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[rank 4097] user sitecustomize: yes" in proc.stdout
-    events = [json.loads(l) for l in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    lines = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
+    events = [json.loads(line) for line in lines]
     assert [e["kind"] for e in events[:2]] == ["loaded", "init"]
     assert events[1]["backend"] == "nccl"
 

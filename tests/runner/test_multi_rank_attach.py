@@ -12,7 +12,7 @@ import time
 import pytest
 
 from prism_debug.bus import sessions
-from tests.live_session import SCRIPTS, session_dir, wait_for_session  # noqa: F401
+from tests.live_session import SCRIPTS, wait_for_session
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,7 @@ def replies(proc: subprocess.CompletedProcess) -> list[dict]:
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-def test_a_console_drives_one_rank_of_several(tmp_path, session_dir):  # noqa: F811
+def test_a_console_drives_one_rank_of_several(tmp_path, session_dir):
     run = subprocess.Popen(
         [sys.executable, "-m", "prism_debug.cli", "run", "--lockstep", "--world-size", "64",
          "--ranks", "0-1", "--run-dir", str(tmp_path / "run"), "--", sys.executable,

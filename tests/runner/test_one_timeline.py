@@ -2,8 +2,9 @@
 
 Four real ranks of an 8,192-rank job (``examples/device_time.py``, tp 2 x
 dp 4,096: ranks 0-3 are two tensor-parallel pairs, and each data-parallel
-group holds two of them among 4,096), one of them a real straggler.  Each replica reports, per iteration, every real rank's
-completions as it computed them; they must be equal to the last bit, and
+group holds two of them among 4,096), one of them a real straggler.  Each
+replica reports, per iteration, every real rank's completions as it
+computed them; they must be equal to the last bit, and
 equal to an offline replay fed the arrivals the ranks recorded — what the
 graph implies for those arrivals, computed without any process, exchange or
 clock."""

@@ -32,7 +32,7 @@ def test_records_run_one_at_a_time_in_order_and_a_failure_stops_none(kinds):
     futures = [recorder.submit(lambda n=n, k=k: record(n, k)) for n, k in enumerate(kinds)]
     assert recorder.wait(10)
     assert ran == list(range(len(kinds)))
-    for number, (kind, future) in enumerate(zip(kinds, futures)):
+    for number, (kind, future) in enumerate(zip(kinds, futures, strict=True)):
         if kind == "fails":
             assert future.exception().errno == number
         else:

@@ -64,7 +64,8 @@ def test_a_stalled_peer_costs_the_run_what_the_replay_says(graph, tmp_path):
     # less what the rank computes between issuing it and waiting on it beyond
     # its cost (the profiled gap before the wait: microseconds)
     assert replayed[2] - unperturbed[2] == pytest.approx(0.2, abs=1e-3)
-    assert [a - b for a, b in zip(replayed, unperturbed)][3:] == pytest.approx([0, 0, 0])
+    assert [a - b for a, b in zip(replayed, unperturbed, strict=True)][3:] == \
+        pytest.approx([0, 0, 0])
     assert result["world"][2]["delayed"] == 4
     proc, report = run(graph, tmp_path, STALL)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -42,7 +42,8 @@ def digests(report) -> list[str]:
 
 
 def result_line(proc) -> dict:
-    (line,) = [l for l in proc.stdout.splitlines() if l.startswith("[rank ") and " RESULT " in l]
+    (line,) = [text for text in proc.stdout.splitlines()
+               if text.startswith("[rank ") and " RESULT " in text]
     return json.loads(line.split(" RESULT ", 1)[1])
 
 
@@ -136,7 +137,7 @@ def test_digests_are_stable_with_a_seed_and_change_with_another(tmp_path, script
     a, b, c = run("1"), run("1"), run("2")
     assert len(digests(a)) >= 3
     assert digests(a) == digests(b)
-    assert all(x != y for x, y in zip(digests(a), digests(c)))
+    assert all(x != y for x, y in zip(digests(a), digests(c), strict=True))
     assert len(set(digests(a))) == len(digests(a))  # training changes values every step
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -58,7 +59,7 @@ def test_ddp_buckets_on_one_group_run_one_after_the_other(tmp_path):
         ops = [b for b in buckets if start / 1e6 <= b[0] < stop / 1e6]
         assert len(ops) == BUCKETS
         # each bucket starts when the previous one ends (it was issued before)
-        for (arrival, done), (_, before) in zip(ops[1:], ops):
+        for (_, before), (arrival, done) in pairwise(ops):
             assert arrival < before
             assert done == pytest.approx(before + cost, abs=2e-6)
         # The first bucket starts once the last member is in (a peer whose

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from prism_debug.bus.client import BusClient
-from tests.live_session import SCRIPTS, session_dir, wait_for_session  # noqa: F401 (a fixture)
+from tests.live_session import SCRIPTS, wait_for_session
 
 pytestmark = pytest.mark.slow
 

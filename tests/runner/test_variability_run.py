@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -43,7 +44,7 @@ def peer_gaps(trace: dict, rank: int) -> list[float]:
     starts, never how long it computes."""
     ops = sorted((e["ts"], e["ts"] + e["dur"]) for e in trace["traceEvents"]
                  if e.get("pid") == rank and e.get("ph") == "X")
-    return [arrival - previous_done for (_, previous_done), (arrival, _) in zip(ops, ops[1:])]
+    return [arrival - previous_done for (_, previous_done), (arrival, _) in pairwise(ops)]
 
 
 def test_the_same_seed_draws_the_same_peers_and_another_seed_others(graph, tmp_path):

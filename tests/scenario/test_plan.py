@@ -51,7 +51,8 @@ def test_each_fault_is_the_line_the_console_would_take():
         "corrupt 7 -2.5",
         "desync 13 skip family dp",
     ]
-    for text, fault in zip(texts, s.faults):  # the file's fault and the typed line are one value
+    # the file's fault and the typed line are one value
+    for text, fault in zip(texts, s.faults, strict=True):
         typed = parse_fault(text, 64, 8)
         if fault.action == "link":  # a latency-only link: the line spells bandwidth x1
             fault = dataclasses.replace(fault, bandwidth_factor=1.0)

@@ -102,7 +102,8 @@ def test_a_run_with_no_iteration_after_the_warm_up_fails_the_percentile():
 
 def test_a_percentile_of_the_prediction_is_judged_on_predicts_times_not_the_runs():
     from prism_debug.scenario.plan import needs_baseline, needs_distribution, needs_prediction
-    scenario = parse_scenario(HEAD + "expect:\n  - iteration_time: {percentile: 95, predicted: true,"
+    scenario = parse_scenario(HEAD + "expect:\n"
+                                     "  - iteration_time: {percentile: 95, predicted: true,"
                                      " max_s: 0.13}\n")
     (expectation,) = scenario.expect
     assert expectation.is_predicted_percentile

@@ -22,23 +22,38 @@ def ones():
     return torch.ones(2)
 
 
-x = ones(); dist.all_reduce(x); results["all_reduce_world"] = x.tolist()
-x = ones(); dist.all_reduce(x, group=tp); results["all_reduce_tp"] = x.tolist()
-x = ones() * 3; dist.all_reduce(x, op=dist.ReduceOp.AVG, group=tp); results["avg"] = x.tolist()
-x = ones() * 2; dist.all_reduce(x, op=dist.ReduceOp.PRODUCT, group=tp); results["product"] = x.tolist()
-x = torch.ones(2, dtype=torch.bfloat16); dist.all_reduce(x, group=tp)
+x = ones()
+dist.all_reduce(x)
+results["all_reduce_world"] = x.tolist()
+x = ones()
+dist.all_reduce(x, group=tp)
+results["all_reduce_tp"] = x.tolist()
+x = ones() * 3
+dist.all_reduce(x, op=dist.ReduceOp.AVG, group=tp)
+results["avg"] = x.tolist()
+x = ones() * 2
+dist.all_reduce(x, op=dist.ReduceOp.PRODUCT, group=tp)
+results["product"] = x.tolist()
+x = torch.ones(2, dtype=torch.bfloat16)
+dist.all_reduce(x, group=tp)
 results["bf16"] = [x.dtype == torch.bfloat16, x.float().tolist()]
-x = torch.arange(3.0); dist.broadcast(x, src=rank - me if me else rank + 1, group=tp)
+x = torch.arange(3.0)
+dist.broadcast(x, src=rank - me if me else rank + 1, group=tp)
 results["broadcast"] = x.tolist()
-outs = [torch.empty(2) for _ in range(8)]; dist.all_gather(outs, torch.tensor([1.0, 2.0]), group=tp)
+outs = [torch.empty(2) for _ in range(8)]
+dist.all_gather(outs, torch.tensor([1.0, 2.0]), group=tp)
 results["all_gather"] = [o.tolist() for o in outs]
-out = torch.empty(16); dist.all_gather_into_tensor(out, torch.tensor([5.0, 6.0]), group=tp)
+out = torch.empty(16)
+dist.all_gather_into_tensor(out, torch.tensor([5.0, 6.0]), group=tp)
 results["all_gather_into_tensor"] = out.tolist()
-out = torch.empty(2); dist.reduce_scatter_tensor(out, torch.arange(16.0), group=tp)
+out = torch.empty(2)
+dist.reduce_scatter_tensor(out, torch.arange(16.0), group=tp)
 results["reduce_scatter_tensor"] = out.tolist()
-out = torch.empty(1); dist.reduce_scatter(out, [torch.tensor([float(i)]) for i in range(8)], group=tp)
+out = torch.empty(1)
+dist.reduce_scatter(out, [torch.tensor([float(i)]) for i in range(8)], group=tp)
 results["reduce_scatter"] = out.tolist()
-out = torch.empty(8); dist.all_to_all_single(out, torch.arange(8.0), group=tp)
+out = torch.empty(8)
+dist.all_to_all_single(out, torch.arange(8.0), group=tp)
 results["all_to_all_single"] = out.tolist()
 outs = [torch.empty(1) for _ in range(8)]
 dist.all_to_all(outs, [torch.tensor([float(i)]) for i in range(8)], group=tp)
@@ -46,9 +61,11 @@ results["all_to_all"] = [o.item() for o in outs]
 gathered = [torch.empty(1) for _ in range(8)]
 dist.gather(torch.tensor([4.0]), gathered, dst=rank, group=tp)
 results["gather"] = [g.item() for g in gathered]
-scattered = torch.empty(3); dist.scatter(scattered, None, src=rank - me if me else rank + 1, group=tp)
+scattered = torch.empty(3)
+dist.scatter(scattered, None, src=rank - me if me else rank + 1, group=tp)
 results["scatter_from_peer"] = scattered.tolist()
-received = torch.empty(3); dist.recv(received, src=(rank + 1) % world)
+received = torch.empty(3)
+dist.recv(received, src=(rank + 1) % world)
 results["recv"] = received.tolist()
 dist.send(torch.ones(3), dst=(rank + 1) % world)
 ops = [dist.P2POp(dist.isend, torch.ones(2), (rank + 1) % world),

@@ -14,7 +14,7 @@ import torch.distributed as dist  # noqa: E402
 dist.init_process_group(backend="nccl")
 model = torch.nn.Linear(16, 16)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(4):
+for _step in range(4):
     loss = model(torch.randn(8, 16)).square().mean()
     loss.backward()
     for parameter in model.parameters():

@@ -38,7 +38,7 @@ def op(label, run):
 
 # prism-debug counts iterations by optimizer steps
 optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-for iteration in range(3):
+for _iteration in range(3):
     op("all_gather list", lambda: dist.all_gather([torch.empty(1) for _ in range(world)],
                                                   torch.ones(1)))
     op("all_gather list 2x3", lambda: dist.all_gather(

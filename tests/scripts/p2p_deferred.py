@@ -28,7 +28,7 @@ for d in range(dp):
 first = rank < dp
 peer = rank + dp if first else rank - dp
 activation, gradient = torch.ones(HIDDEN), torch.zeros(HIDDEN)
-for step in range(int(os.environ.get("STEPS", "4"))):
+for _step in range(int(os.environ.get("STEPS", "4"))):
     if first:
         work = dist.all_reduce(gradient, async_op=True)
         # (PRISM_TEST_FUTURE=0: wait() on the Work instead, which older

@@ -16,7 +16,7 @@ args = parser.parse_args()
 dist.init_process_group(backend="nccl")
 weight = torch.nn.Parameter(torch.zeros(256))
 optimizer = torch.optim.SGD([weight], lr=0.1)
-for step in range(args.iterations):
+for _step in range(args.iterations):
     time.sleep(args.compute_ms / 1e3)
     weight.grad = torch.ones(256)
     dist.all_reduce(weight.grad)

@@ -8,15 +8,15 @@ import time
 import torch
 import torch.distributed as dist
 
-held = open(sys.argv[1], "r+")
-dist.init_process_group(backend="nccl")
-model = torch.nn.Linear(16, 16)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-while True:
-    loss = model(torch.randn(8, 16)).square().mean()
-    loss.backward()
-    for parameter in model.parameters():
-        dist.all_reduce(parameter.grad)
-    optimizer.step()
-    optimizer.zero_grad()
-    time.sleep(0.2)
+with open(sys.argv[1], "r+") as held:  # open for as long as the rank trains
+    dist.init_process_group(backend="nccl")
+    model = torch.nn.Linear(16, 16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    while True:
+        loss = model(torch.randn(8, 16)).square().mean()
+        loss.backward()
+        for parameter in model.parameters():
+            dist.all_reduce(parameter.grad)
+        optimizer.step()
+        optimizer.zero_grad()
+        time.sleep(0.2)

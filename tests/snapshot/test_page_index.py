@@ -57,7 +57,7 @@ def test_an_increment_by_index_keeps_exactly_the_pages_whose_bytes_differ(
     write_dump(tmp / "child", mine, entries)
     saving = incremental.link_to_parent(tmp / "child", tmp / "parent", min_saving=0.0)
     # the byte-for-byte answer: the pages that differ, in order
-    differ = [m for m, p in zip(mine, parent) if m != p]
+    differ = [m for m, p in zip(mine, parent, strict=True) if m != p]
     assert (saving.pages_total, saving.pages_kept, saving.linked) == (12, len(differ), True)
     assert (tmp / "child" / "pages-1.img").read_bytes() == b"".join(differ)
     # its index: xxh3-128 of each kept page
@@ -105,7 +105,7 @@ def test_compaction_in_place_keeps_the_kept_pages_in_order(tmp_path_factory, kep
     pages = [bytes([i]) * PAGE for i in range(len(kept))]
     path.write_bytes(b"".join(pages))
     incremental._compact(path, np.array(kept), move=move_pages * PAGE)
-    assert path.read_bytes() == b"".join(p for p, k in zip(pages, kept) if k)
+    assert path.read_bytes() == b"".join(p for p, k in zip(pages, kept, strict=True) if k)
 
 
 def manifest(snapshot_id: str) -> Manifest:

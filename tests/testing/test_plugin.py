@@ -58,7 +58,8 @@ def session(pytester, monkeypatch, snapshot_cache):
 @pytest.mark.slow
 def test_a_golden_is_written_then_passes_then_names_the_first_difference(pytester, session):
     pytester.makepyfile(test_lr=TEST_FILE.replace("{EXAMPLE}", "{}"))
-    golden = pytester.path / "__snapshots__" / "test_lr" / "test_example_after_iteration_3.prism.json"
+    golden = (pytester.path / "__snapshots__" / "test_lr"
+              / "test_example_after_iteration_3.prism.json")
 
     missing = session()
     missing.assert_outcomes(failed=1)
