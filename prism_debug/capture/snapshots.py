@@ -204,6 +204,7 @@ class Snapshotter:
             why = error
             if not why:
                 try:
+                    assert staging is not None  # no error: the dump was staged
                     on = tracked_parent if self.tracked else (
                         parent() if parent is not None else
                         self.taken[-1] if self.incremental and self.taken else None)
@@ -265,9 +266,11 @@ class Snapshotter:
 def _since_announced(events: Path | None) -> float:
     """Seconds since the rank announced its snapshot: its event log's last
     write (the announcement, flushed) is the moment it reached the boundary."""
+    if events is None:  # (a snapshotter told no run files)
+        return 0.0
     try:
         return max(0.0, (time.time_ns() - os.stat(events).st_mtime_ns) / 1e9)
-    except (OSError, TypeError):
+    except OSError:
         return 0.0
 
 
@@ -385,8 +388,13 @@ def check_unchanged(manifest: Manifest, store: Store | None = None,
     if plan.refused:
         raise SnapshotError(f"snapshot {manifest.id}: --reload refused, nothing was restored: "
                             f"{'; '.join(plan.refused)}; {rerecord}", snapshot_id=manifest.id)
-    return [f.to_dict(changes[f.path][1]) for f in plan.files
-            if f.patched or f.added or f.relined]
+    entries = []
+    for f in plan.files:
+        if f.patched or f.added or f.relined:
+            now = changes[f.path][1]
+            assert now is not None  # a file gone now is refused (plan_file)
+            entries.append(f.to_dict(now))
+    return entries
 
 
 def snapshot_tools() -> None:

@@ -83,4 +83,5 @@ class NoSession:
         return self.snapshots.taken
 
     def take_snapshot(self, event: dict) -> None:
+        assert self.child is not None  # the rank announcing the snapshot is the one followed
         self.snapshots.take(self.child.pid, event)

@@ -35,6 +35,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 
 from prism_debug.capture.snapshots import (
     Snapshotter,
@@ -44,13 +45,21 @@ from prism_debug.capture.snapshots import (
 )
 from prism_debug.controller.no_session import NoSession, RankSnapshots
 from prism_debug.controller.ranks_session import RanksSession
-from prism_debug.errors import ConfigError, SnapshotError
+from prism_debug.errors import ConfigError, InvalidState, SnapshotError
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.selectors import ranks_text
-from prism_debug.process.children import POLL_S, Child, Follower, RestoredChild, run_files
+from prism_debug.process.children import (
+    POLL_S,
+    Child,
+    Follower,
+    RestoredChild,
+    RunSession,
+    run_files,
+)
 from prism_debug.process.options import RestoreOptions, RunOptions, RunResult
 from prism_debug.process.paths import default_run_dir, make_run_dir
 from prism_debug.process.start import (
+    BusEnds,
     agent_config,
     check_gpu_calls,
     check_rank_events,
@@ -58,7 +67,8 @@ from prism_debug.process.start import (
     start_rank,
 )
 from prism_debug.process.torchrun import WORKER_ONLY, Host
-from prism_debug.snapshot.criu import tree_pids
+from prism_debug.snapshot.criu import Criu, tree_pids
+from prism_debug.snapshot.manifest import Manifest
 from prism_debug.snapshot.store import Store
 
 Message = Callable[[str], None]
@@ -83,8 +93,9 @@ def side_store(host: Host | None) -> Iterator[dict]:
     if host is None:
         store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                               timeout=MEETING_TIMEOUT)
-        where = {"host": "127.0.0.1", "port": store.port,
-                 "prefix": f"prism/{secrets.token_hex(16)}/"}
+        # (SideStore.to_dict()'s form, as torchrun's Host.side_store)
+        where: dict = {"host": "127.0.0.1", "port": store.port,
+                       "prefix": f"prism/{secrets.token_hex(16)}/"}
     else:
         where = host.side_store
         store = dist.TCPStore(where["host"], where["port"], is_master=True,
@@ -116,6 +127,12 @@ class _Rank:
         self.restored_from = restored_from  # the snapshot a restored copy came from
         self.exit_code: int | None = None
 
+    @property
+    def taken(self) -> list[str]:
+        """The snapshots the rank took, in order, once recorded (a restored
+        cut's copy is asked for none)."""
+        return self.snapshots.taken if self.snapshots is not None else []
+
 
 def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
               message: Message, store: Store) -> RunResult:
@@ -133,7 +150,7 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
     message(f"command: {shlex.join(options.command)}")
     session = None if options.bind is None else _session(
         ranks, options.world_size, options.bind, options.real_ranks,
-        host and (host.node_rank, host.nnodes), message)
+        (host.node_rank, host.nnodes) if host is not None else None, message)
     # as torchrun does for several processes on a host, unless the user set it
     extra_env = {} if "OMP_NUM_THREADS" in os.environ or any(
         k == "OMP_NUM_THREADS" for k, _ in options.env) else {"OMP_NUM_THREADS": "1"}
@@ -157,8 +174,7 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
 
 def _cuts(store: Store, ranks: dict[int, _Rank]) -> list[str]:
     """The cuts every rank here took a snapshot of, in the order taken."""
-    taken = {rank: [store.get(i).cut for i in each.snapshots.taken]
-             for rank, each in ranks.items()}
+    taken = {rank: [store.get(i).cut for i in each.taken] for rank, each in ranks.items()}
     first = next(iter(taken.values()), [])
     return [cut for cut in first if cut and all(cut in cuts for cuts in taken.values())]
 
@@ -204,12 +220,14 @@ def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, ran
     snapshots."""
     files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
     snapshots = RankSnapshots(snapshotter, files, dumper=True)
+    relay: RunSession
+    bus: BusEnds  # the session's ends of the bus (a NoSession has none)
     if session is not None:
-        relay = session.follower_side(rank, snapshots)
+        relay, bus = session.follower_side(rank, snapshots), session
     else:
-        relay = NoSession(snapshotter, files, snapshots)
+        relay = bus = NoSession(snapshotter, files, snapshots)
     config_path = files["log"].parent / "agent.json"
-    agent_config(options, graph, files, rank, session or relay, real_ranks=options.real_ranks,
+    agent_config(options, graph, files, rank, bus, real_ranks=options.real_ranks,
                  side_store=side).write(config_path)  # 0600: the bus's and the store's secrets
     child = Child(start_rank(options, rank, files, config_path, extra_env,
                              drop_env=WORKER_ONLY if options.host else ()))
@@ -217,15 +235,19 @@ def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, ran
 
 
 def _followed(rank: int, files: dict[str, Path], child: Child | RestoredChild,
-              session: RanksSession | None, relay, message: Message, **more) -> _Rank:
+              session: RanksSession | None, relay: RunSession, message: Message, *,
+              snapshots: RankSnapshots | None = None,
+              restored_from: str | None = None) -> _Rank:
     """A rank's process, known to the session (or its relay) and followed."""
     if session is not None:
         session.children[rank] = child
     else:
+        assert isinstance(relay, NoSession)  # without a session, a rank's relay is its own
         relay.child = child
     follower = Follower(files["log"], files["events"], rank, message, relay,
                         table_prefix=f"[rank {rank}] ")
-    return _Rank(rank, files, child, follower, **more)
+    return _Rank(rank, files, child, follower, snapshots=snapshots,
+                 restored_from=restored_from)
 
 
 def _supervise(ranks: dict[int, _Rank], session: RanksSession | None,
@@ -233,7 +255,9 @@ def _supervise(ranks: dict[int, _Rank], session: RanksSession | None,
     """Wait for every rank, relaying their output; the first failure's exit
     code (0 when none failed).  Ctrl-C, SIGTERM and SIGHUP go to every rank
     (a second Ctrl-C kills); once a rank fails, the others are stopped."""
-    def forward(signum, frame):
+    stopping = False  # (bound before the handler that sets it)
+
+    def forward(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True  # the ranks end as they were told: no failure of theirs
         for each in running():
@@ -244,7 +268,6 @@ def _supervise(ranks: dict[int, _Rank], session: RanksSession | None,
 
     failure: int | None = None
     interrupted = 0
-    stopping = False
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         while running():
@@ -355,19 +378,27 @@ def restore_cut(options: RestoreOptions, store: Store, message: Message) -> RunR
     return result
 
 
-def _restore(store: Store, manifest, criu, options: RestoreOptions, run_dir: Path,
-             session: RanksSession | None, side: dict, message: Message) -> _Rank:
+def _restore(store: Store, manifest: Manifest, criu: Criu, options: RestoreOptions,
+             run_dir: Path, session: RanksSession | None, side: dict,
+             message: Message) -> _Rank:
     """Restore one rank of a cut, told to meet the others on ``side``."""
     rank = manifest.rank
     files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
     os.chmod(files["control"], 0o600)  # it carries the store's prefix and the bus secret
-    relay = session.follower_side(rank, None) if session is not None \
-        else NoSession(lambda: None, files)
+
+    def no_snapshots() -> Snapshotter:  # (a restored cut's copies are asked for none)
+        raise InvalidState(f"rank {rank} asked for a snapshot nobody asked of it")
+
+    relay: RunSession
+    bus: BusEnds  # the session's ends of the bus (a NoSession has none)
+    if session is not None:
+        relay, bus = session.follower_side(rank, None), session
+    else:
+        relay = bus = NoSession(no_snapshots, files)
     isolated = not tree_pids(store.path(manifest.id))  # (read before the copy runs)
     pid = restore_process(
         store, manifest, files, criu, iterations=options.iterations,
-        bus=session and session.commands_endpoint, bus_curve=session and session.agent_curve,
-        bus_secret=session and session.agent_secret,
+        bus=bus.commands_endpoint, bus_curve=bus.agent_curve, bus_secret=bus.agent_secret,
         faults=options.faults, watch_nonfinite=options.watch_nonfinite, lazy=options.lazy,
         message=lambda line: message(f"[rank {rank}] {line}"), side_store=side)
     return _followed(rank, files, RestoredChild(pid, isolated=isolated), session, relay,

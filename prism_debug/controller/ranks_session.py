@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import Callable
 
 from prism_debug.bus import sessions
-from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
+from prism_debug.bus.server import BusServer, Deferred, Handler, Pending, result_of
 from prism_debug.controller.no_session import RankSnapshots
 from prism_debug.controller.session import session_info
 from prism_debug.errors import BusError, InvalidState, PrismError
@@ -143,7 +143,7 @@ class RanksSession:
                                           rank=rank)
 
 
-def _refuse(verb: str, why: str):
+def _refuse(verb: str, why: str) -> Handler:
     def refuse(client: bytes, args: dict) -> dict:
         raise InvalidState(NOT_YET.format(verb=verb, why=why))
     return refuse
@@ -170,7 +170,9 @@ class _RankSide:
     def take_snapshot(self, event: dict) -> None:
         if self._snapshots is None:  # (a restored cut's copies are asked for none)
             raise InvalidState(f"rank {self._rank} asked for a snapshot nobody asked of it")
-        self._snapshots.take(self.child.pid, event)
+        child = self.child
+        assert child is not None  # the rank announcing the snapshot is the one followed
+        self._snapshots.take(child.pid, event)
 
     def poll(self, timeout_s: float) -> None:
         self._session.poll(timeout_s)

@@ -168,21 +168,23 @@ class Session:
         self.snapshotting = True
         # only the ring asked for it: its own, quietly (no event, no waiter)
         ring = self.ring if event.get("history") else None
+        child = self.child
+        assert child is not None  # the rank announcing the snapshot is the one followed
         try:
             snapshotter = self.snapshotter
         except PrismError as exc:
             # no CRIU: the rank must still be let go
-            release_rank(self.child.pid, self.run_files["control"], Release.of(event),
+            release_rank(child.pid, self.run_files["control"], Release.of(event),
                          self._message)
             recording: concurrent.futures.Future = concurrent.futures.Future()
             recording.set_result((None, str(exc)))
         else:
             if ring is not None:
-                recording = ring.take(snapshotter, self.child.pid, iteration,
+                recording = ring.take(snapshotter, child.pid, iteration,
                                       bool(event.get("cuda")), Release.of(event))
             else:  # a restore point of the ring too, never removed
                 recording = snapshotter.take(
-                    self.child.pid, iteration, bool(event.get("cuda")), Release.of(event),
+                    child.pid, iteration, bool(event.get("cuda")), Release.of(event),
                     recorded=self.ring.taken if self.ring is not None else None)
         finally:
             self.snapshotting = False
@@ -431,7 +433,8 @@ class Session:
 
     def _step_back(self, iterations: int | None) -> dict:
         verb = "back" if iterations is not None else "reverse-continue"
-        if self.ring is None:
+        ring = self.ring
+        if ring is None:
             raise InvalidState(f"{verb} needs the run's history: run with --history K "
                                "(e.g. prism-debug run --history 8 …) to keep snapshots of the "
                                "last K iterations to go back to")
@@ -452,7 +455,7 @@ class Session:
                         raise InvalidState(f"{verb} goes back from a paused rank: pause it "
                                            "first (pause, or a breakpoint)")
                     self._records_done()  # the ring's newest snapshot may be the nearest
-                    plan = self.ring.plan(Position.of(status["paused_at"]), iterations)
+                    plan = ring.plan(Position.of(status["paused_at"]), iterations)
                 except PrismError as exc:
                     self.server.fail(pending, exc)
                     return
@@ -555,14 +558,17 @@ def _ids(pids: set[int]) -> str:
     return ", ".join(map(str, sorted(pids)))
 
 
-def session_info(server: BusServer, world_size: int, ranks: tuple[int, ...],
-                 **job) -> sessions.SessionInfo:
+def session_info(server: BusServer, world_size: int, ranks: tuple[int, ...], *,
+                 all_ranks: tuple[int, ...] | None = None, node_rank: int | None = None,
+                 nnodes: int | None = None) -> sessions.SessionInfo:
     """What ``prism-debug ps`` and ``attach`` learn of a session whose bus is
-    ``server`` (``job``: its share of a job on several hosts)."""
+    ``server`` (``all_ranks``, ``node_rank``, ``nnodes``: its share of a job
+    on several hosts)."""
     return sessions.SessionInfo(
         session=sessions.new_session_id(), pid=os.getpid(), commands=server.commands,
         events=server.events, world_size=world_size, ranks=ranks, started=now_text(),
-        curve_public=server.curve_public, remote_commands=server.remote_commands, **job)
+        curve_public=server.curve_public, remote_commands=server.remote_commands,
+        all_ranks=all_ranks, node_rank=node_rank, nnodes=nnodes)
 
 
 def open_session(rank: int, world_size: int, bind: str | None, files: dict[str, Path],

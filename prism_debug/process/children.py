@@ -28,6 +28,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Protocol
 
 from prism_debug.process import report as reporting
@@ -241,7 +242,10 @@ class RunSession(Protocol):
     """What the waiting loop serves besides the rank: the debugger bus (or
     nothing), snapshots, and who the rank is now (a restore replaces it)."""
 
-    child: RankProcess | None
+    @property
+    def child(self) -> RankProcess | None:
+        """The rank's process now (the loop only reads it: whoever starts or
+        replaces the rank sets it on its own session)."""
 
     def poll(self, timeout_s: float) -> None:
         """Serve the bus for up to ``timeout_s`` (the loop's sleep)."""
@@ -329,8 +333,10 @@ def supervise(session: RunSession, follower: Follower) -> int:
     meanwhile (a restore from the console): ``session.child`` is always the
     one to follow.
     """
-    def forward(signum, frame):
-        session.child.signal(signum)
+    def forward(signum: int, frame: FrameType | None) -> None:
+        child = session.child
+        assert child is not None  # the handlers are set once the rank is started
+        child.signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
     interrupted = 0

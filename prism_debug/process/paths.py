@@ -14,8 +14,9 @@ import os
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 import prism_debug
 from prism_debug.snapshot.store import Store, make_private_dir
@@ -94,8 +95,12 @@ def make_run_dir(path: Path) -> Path:
     return path
 
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
 @contextlib.contextmanager
-def private_umask():
+def private_umask() -> Iterator[None]:
     """Files and folders the controller makes meanwhile are the user's alone
     (the rank's process is started with :data:`USER_UMASK`)."""
     previous = os.umask(PRIVATE_UMASK)
@@ -105,10 +110,10 @@ def private_umask():
         os.umask(previous)
 
 
-def private(function):
+def private(function: Callable[_P, _R]) -> Callable[_P, _R]:
     """``function`` runs under :func:`private_umask`."""
     @functools.wraps(function)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
         with private_umask():
             return function(*args, **kwargs)
     return wrapper

@@ -19,7 +19,7 @@ _TABLE_HEADER = (f"{'iter':>5} {'time ms':>10} {'compute ms':>11} {'comm wait ms
 
 def read_events(path: Path) -> list[dict]:
     """The complete lines of an event log (a line being written is skipped)."""
-    events = []
+    events: list[dict] = []
     if not path.exists():
         return events
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -37,12 +37,12 @@ def no_gpu_line(event: dict, cwd: Path) -> tuple[str, str, int] | None:
     script's line that called CUDA, and why this machine cannot serve it;
     with that line's file and number.  None for an event not of that form
     (the rank writes it: checked, and cut to a size to read)."""
-    fields = (event.get("file"), event.get("line"), event.get("source"), event.get("reason"))
+    path, line, source, reason = (event.get("file"), event.get("line"), event.get("source"),
+                                  event.get("reason"))
     call = event.get("call")
-    if not (isinstance(fields[0], str) and type(fields[1]) is int and isinstance(fields[2], str)
-            and isinstance(fields[3], str) and (call is None or isinstance(call, str))):
+    if not (isinstance(path, str) and type(line) is int and isinstance(source, str)
+            and isinstance(reason, str) and (call is None or isinstance(call, str))):
         return None
-    path, line, source, reason = fields
     shown = Path(path)
     if shown.is_absolute() and shown.is_relative_to(cwd):
         shown = shown.relative_to(cwd)
@@ -128,7 +128,7 @@ def _spread(waits: list[float]) -> dict:
             "max_s": float(values.max())}
 
 
-def waits_lines(waits: dict) -> list[str]:
+def waits_lines(waits: dict | None) -> list[str]:
     """The waits distribution as the run prints it: a row per op kind, then all."""
     if not waits or waits.get("all") is None:
         return []

@@ -11,6 +11,7 @@ import resource
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 from prism_debug.agent.config import ENV_VAR, OWNER_ENV_VAR, AgentConfig
 from prism_debug.errors import GraphError, LaunchError, MissingGpu
@@ -22,6 +23,20 @@ from prism_debug.process.options import RunOptions
 from prism_debug.process.paths import HOOKS_DIR, SOURCE_ROOT, USER_UMASK
 
 Message = Callable[[str], None]
+
+
+class BusEnds(Protocol):
+    """What a rank's agent is told of the run's debugger bus: a session's
+    ends of it (a run without a bus has none: a NoSession's are None)."""
+
+    @property
+    def commands_endpoint(self) -> str | None: ...
+
+    @property
+    def agent_curve(self) -> dict | None: ...
+
+    @property
+    def agent_secret(self) -> str | None: ...
 
 
 def rank_pythonpath(env: dict[str, str], hooks: bool = False) -> str:
@@ -53,17 +68,21 @@ def torchrun_environment(rank: int, world_size: int, gpus_per_node: int) -> dict
 
 
 def agent_config(options: RunOptions, graph: ExecutionGraph | None, files: dict[str, Path],
-                 rank: int, session, **more) -> AgentConfig:
+                 rank: int, session: BusEnds, **more: Any) -> AgentConfig:
     """What the agent in ``rank``'s process is told (``more``: the fields of
     a run of several real ranks)."""
     profile = options.profile
+    graph_path = None
+    if graph is not None:
+        assert options.graph_path is not None  # a run's graph is read from it (load_graph)
+        graph_path = str(options.graph_path.resolve())
     return AgentConfig(
         rank=rank, world_size=options.world_size, gpus_per_node=profile.gpus_per_node,
         hardware=profile.to_dict(), seed=options.seed, values=options.values,
         events_path=str(files["events"]), iterations=options.iterations,
         record_ops=options.trace_path is not None, digests=options.digests,
         record_program=options.record_program,
-        graph_path=str(options.graph_path.resolve()) if graph is not None else None,
+        graph_path=graph_path,
         trace_ranks=options.trace_ranks, snapshot_at=options.snapshot_at,
         snapshot_every=options.snapshot_every, history=options.history is not None,
         control_path=str(files["control"]),

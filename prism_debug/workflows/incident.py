@@ -22,10 +22,11 @@ from prism_debug.errors import GraphError, IncidentError
 from prism_debug.graph import ExecutionGraph
 from prism_debug.incident.analysis import Group, Incident, analyse
 from prism_debug.incident.dumps import DumpSet, read_dumps
-from prism_debug.incident.placement import family_of, place
+from prism_debug.incident.placement import Placement, family_of, place
 from prism_debug.incident.reproduce import Reproduction, describe, scenario_text
 from prism_debug.incident.skeleton import build_skeleton
 from prism_debug.process.interpreter import with_interpreter
+from prism_debug.scenario.plan import FlightFindings
 from prism_debug.workflows.fr_analyzer import needs_repair, repaired_copies, run_fr_trace
 from prism_debug.workflows.graph_cache import cached_graph
 
@@ -67,6 +68,7 @@ def import_incident(options: IncidentOptions,
     if options.analyzer:
         findings, note = _analyzer(dumps, incident)
     command = _absolute_scripts(options.command)
+    placements: dict[int, Placement]  # culprit -> where its fault goes
     graph_path, placements, unplaced, graph_ref = None, {}, "", "profile"
     notes: tuple[str, ...] = ()
     stop = incident.stop
@@ -112,7 +114,7 @@ def import_incident(options: IncidentOptions,
     return IncidentResult(dumps, incident, repro, summary, scenario, graph_path, notes)
 
 
-def _analyzer(dumps: DumpSet, incident: Incident):
+def _analyzer(dumps: DumpSet, incident: Incident) -> tuple[FlightFindings, str]:
     """fr_trace's verdict, and how it was reached."""
     incomplete = bool(incident.no_dump)
     if not needs_repair(dumps):
@@ -128,7 +130,8 @@ def _analyzer(dumps: DumpSet, incident: Incident):
 
 
 def _placements(graph: ExecutionGraph, incident: Incident,
-                family_for: Callable[[Group, int], str | None]):
+                family_for: Callable[[Group, int], str | None]
+                ) -> tuple[dict[int, Placement], str]:
     """Each culprit's fault: where it should have issued the collective the
     others waited in; for a culprit whose own dump shows it stopped sooner in
     another group, the earliest op it never issued.  ``family_for`` names

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 
 from prism_debug.cost.calibrate import Measurements
 from prism_debug.errors import LaunchError
@@ -35,7 +36,7 @@ def _calls(nbytes: int) -> int:
     return max(1, min(40, int(2e6 / max(nbytes, 1))))
 
 
-def _op(op: str, nbytes: int, rank: int, n: int):
+def _op(op: str, nbytes: int, rank: int, n: int) -> tuple[Callable[[], object], int]:
     """A callable running one ``op`` of ``nbytes`` (nccl-tests' convention:
     the all-gather output, the reduce-scatter input), and the bytes it moves."""
     import torch
@@ -113,7 +114,7 @@ def _summary(op: str, nbytes: int, per_rank: list[list[float]]) -> list:
 WORKER = (sys.executable, "-m", "prism_debug.workflows.local_bench")
 
 
-def measure(processes: int = 2, *, worker_command=WORKER,
+def measure(processes: int = 2, *, worker_command: Sequence[str] = WORKER,
             timeout_s: float = 600.0) -> list[Measurements]:
     if processes < 2:
         raise LaunchError("local calibration needs at least 2 processes")
@@ -157,7 +158,7 @@ def measure(processes: int = 2, *, worker_command=WORKER,
     return measured
 
 
-def _wait_all(children, timeout_s: float, tmp: str) -> None:
+def _wait_all(children: list[subprocess.Popen], timeout_s: float, tmp: str) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         codes = [child.poll() for child in children]
