@@ -12,8 +12,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.prism-debug-installed
 LINT_STAMP := $(VENV)/.prism-debug-lint-installed
+DOCS_STAMP := $(VENV)/.prism-debug-docs-installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint docs bench clean
 
 run: $(STAMP)
 	$(BIN)/prism-debug run --report prism-report.json
@@ -25,6 +26,10 @@ test: $(STAMP)
 lint: $(LINT_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# the documentation site (docs/, mkdocs.yml), built strictly: a broken link fails it
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_overhead.py
@@ -53,5 +58,9 @@ $(LINT_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test,lint]"
 	touch $(LINT_STAMP)
 
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-build-isolation -e ".[test,lint,docs]"
+	touch $(DOCS_STAMP)
+
 clean:
-	rm -rf $(VENV) prism-report.json .pytest_cache .hypothesis
+	rm -rf $(VENV) prism-report.json .pytest_cache .hypothesis site

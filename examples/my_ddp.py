@@ -1,4 +1,4 @@
-"""A newcomer's own script: plain DDP on a small MLP, the README's walk-through.
+"""A newcomer's own script: plain DDP on a small MLP, the documentation's walk-through.
 
 Runs as written under torchrun (``torchrun --nproc-per-node 2 examples/my_ddp.py``,
 gloo on CPU) and under ``prism-debug run -- python my_ddp.py``; nothing in it

@@ -1,5 +1,5 @@
-"""Regression tests of the bundled example, from a snapshot (README
-"Regression tests"): ``pytest examples/test_regression.py``.
+"""Regression tests of the bundled example, from a snapshot (the documentation's
+"Regression tests" guide): ``pytest examples/test_regression.py``.
 
 Each test restores rank 5 of a 64-rank job (tp=8 x pp=4 x dp=2) after
 iteration 3 — recorded the first time a test asks for it, then taken from

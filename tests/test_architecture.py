@@ -123,10 +123,14 @@ def test_a_module_too_long_to_read_in_a_sitting_is_pointed_out():
                       "concepts part", stacklevel=1)
 
 
-def layers_in_readme() -> list[str]:
-    """The README's layout list: prism_debug's folders and modules, top down."""
-    text = (ROOT / "README.md").read_text()
-    block = text[text.index("## Layout"):].split("```")[1]
+#: the documentation page whose first code block lists the layout
+LAYOUT_PAGE = ROOT / "docs" / "development" / "layout.md"
+
+
+def layers_in_layout_page() -> list[str]:
+    """The layout page's list: prism_debug's folders and modules, top down."""
+    text = LAYOUT_PAGE.read_text()
+    block = text[text.index("# Layout"):].split("```")[1]
     layers = []
     for line in block.splitlines():
         name = line[2:].split(" ", 1)[0] if line.startswith("  ") and line[2] != " " else ""
@@ -137,8 +141,8 @@ def layers_in_readme() -> list[str]:
     return layers
 
 
-def test_every_import_points_up_the_readmes_layout():
-    layers = layers_in_readme()
+def test_every_import_points_up_the_documented_layout():
+    layers = layers_in_layout_page()
     graph = import_graph()
     units = {name.split(".")[1] for name in graph if name != "prism_debug"}
     assert sorted(layers) == sorted(units)  # the list names every folder and module

@@ -372,7 +372,7 @@ def main() -> None:
     parser.add_argument("--straggler-layouts", default="pp4xdp4",
                         help="Layouts with the straggler comparison ('' for none).")
     parser.add_argument("--activation-kib", type=int, default=16,
-                        help="Bytes sent between stages per micro-batch (see the README: at "
+                        help="Bytes sent between stages per micro-batch (see docs/benchmarks: at "
                              "256 KiB gloo's transfers among 16 processes cost more than "
                              "the calibrated profile says).")
     parser.add_argument("--calibrate-processes", type=int, default=4,

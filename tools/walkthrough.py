@@ -1,12 +1,15 @@
-"""Run the README's walk-through ("Walk-through: your own script") as written,
-and compare what every command prints with what the README shows.
+"""Run the documentation's walk-through ("Walk-through: your own script",
+``docs/getting-started/walkthrough.md``) as written, and compare what every
+command prints with what the page shows.
 
-The section is read from the README (``--readme``, default the checkout's), so
+The section is read from that page (``--page``, default the checkout's), so
 the text a newcomer follows is the text that is run; ``tests/test_walkthrough.py``
 runs this in ``make test``.  Its conventions:
 
 * a fenced block whose info string is a language and a file name
-  (```` ```yaml straggler.yaml ````) is written to that file when reached;
+  (```` ```yaml title="straggler.yaml" ````, as MkDocs Material titles a code
+  block, or ```` ```yaml straggler.yaml ````) is written to that file when
+  reached;
 * a fenced block that starts with ``$ `` is a terminal: each ``$ COMMAND`` (a
   line ending in ``\\`` continues it) is run with bash, and the lines up to the
   next ``$ `` are what it prints (stdout and stderr, as a terminal shows them);
@@ -29,14 +32,14 @@ timestamps and graph-cache keys; a table row's ``longest wait`` under 50 ms
 likewise the last rank of a console timeline's row; runs of blanks; and the
 order in which the rank's relayed lines (``[rank N] …``) interleave with
 prism-debug's own (two streams: each is compared in its own order).  The
-script's own lines are compared exactly.  A snapshot id the README uses in a
+script's own lines are compared exactly.  A snapshot id the page uses in a
 later command is replaced by the id the run really made.
 
 Why no golden-file library: cram/prysk and byexample want their own
 annotations in the transcript, and none runs a background job, keeps two
-output streams apart or writes a README section back; this is stdlib only.
+output streams apart or writes a page's section back; this is stdlib only.
 
-Exit code 0 when every command printed what the README shows, 1 with a
+Exit code 0 when every command printed what the page shows, 1 with a
 unified diff per differing command, 2 when the section is missing or
 malformed.  ``--update`` rewrites the section's terminals with the real
 output (paths as above) instead, for a maintainer to review with ``git diff``.
@@ -59,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "getting-started" / "walkthrough.md"
 SECTION = "Walk-through: your own script"
 SCRIPTS = (ROOT / "examples" / "my_ddp.py",)
 SHOWN_HOME = "~"
@@ -69,6 +73,7 @@ QUIET_S = 2.0  # a background command that has printed nothing for this long wai
 WAIT_NOISE_MS = 50.0  # a longest wait shorter than this names a race, not a fact of the job
 
 SNAPSHOT_ID = re.compile(r"\b(r\d+-it\d+-)([0-9a-f]{6})\b")
+_TITLE = re.compile(r'^title="([^"]+)"$')  # a code block's title: the file it is
 _RANK_LINE = re.compile(r"^\[rank \d+\] ")
 _LONGEST_WAIT = re.compile(r"longest wait (\d+(?:\.\d+)?) ms(?:: .*)?$")
 # a console timeline row: seq, op, group[i], bytes, start, duration, wait ms, last rank
@@ -117,11 +122,11 @@ def streams(lines: list[str]) -> tuple[list[str], list[str]]:
 
 @dataclass(frozen=True)
 class Step:
-    """One ``$ COMMAND`` of a terminal block and the lines the README shows under it."""
+    """One ``$ COMMAND`` of a terminal block and the lines the page shows under it."""
 
     command: str
     expected: tuple[str, ...]
-    first: int  # README line index of the command's first line
+    first: int  # the page's line index of the command's first line
     end: int  # … one past its last output line
 
     @property
@@ -137,16 +142,18 @@ class FileBlock:
 
 @dataclass(frozen=True)
 class Section:
-    lines: tuple[str, ...]  # the whole README
+    lines: tuple[str, ...]  # the whole page
     items: tuple[Step | FileBlock, ...]
+    source: str = "the page"  # its name in messages
 
 
 class WalkthroughError(Exception):
-    """The README has no walk-through section, or one this runner cannot read."""
+    """The page has no walk-through section, or one this runner cannot read."""
 
 
-def read_section(text: str) -> Section:
-    """The walk-through's files and commands, in README order."""
+def read_section(text: str, source: str = "the page") -> Section:
+    """The walk-through's files and commands, in the page's order (``source``
+    names the page in messages)."""
     lines = text.split("\n")
     start = level = None
     in_fence = False
@@ -162,7 +169,7 @@ def read_section(text: str) -> Section:
             end = index
             break
     if start is None:
-        raise WalkthroughError(f"no section titled '{SECTION}' in the README")
+        raise WalkthroughError(f"no section titled '{SECTION}' in {source}")
     items: list[Step | FileBlock] = []
     index = start + 1
     while index < end:
@@ -172,16 +179,17 @@ def read_section(text: str) -> Section:
         info = lines[index][3:].split()
         close = next((i for i in range(index + 1, end) if lines[i].startswith("```")), None)
         if close is None:
-            raise WalkthroughError(f"README line {index + 1}: a code block that never closes")
+            raise WalkthroughError(f"{source} line {index + 1}: a code block that never closes")
         body = lines[index + 1:close]
         if len(info) == 2:
-            items.append(FileBlock(info[1], "\n".join(body) + "\n"))
+            title = _TITLE.match(info[1])
+            items.append(FileBlock(title.group(1) if title else info[1], "\n".join(body) + "\n"))
         elif body and body[0].startswith("$ "):
             items.extend(_steps(body, index + 1))
         index = close + 1
     if not any(isinstance(item, Step) for item in items):
         raise WalkthroughError(f"the section '{SECTION}' has no $ command")
-    return Section(tuple(lines), tuple(items))
+    return Section(tuple(lines), tuple(items), source)
 
 
 def _steps(body: list[str], offset: int) -> list[Step]:
@@ -282,7 +290,7 @@ class Workspace:
         return workspace
 
     def show(self, text: str) -> str:
-        """Output with this machine's paths as the README shows them."""
+        """Output with this machine's paths as the page shows them."""
         venv = Path(sys.executable).parent.parent
         replacements = [(str(self.home), SHOWN_HOME), (str(ROOT), SHOWN_CHECKOUT)]
         if not venv.is_relative_to(ROOT):
@@ -298,25 +306,25 @@ class Workspace:
 @dataclass
 class Outcome:
     step: Step
-    command: str  # as run: the README's with the real snapshot ids
+    command: str  # as run: the page's with the real snapshot ids
     output: list[str]  # as shown: this machine's paths replaced
     seconds: float
 
-    def diff(self) -> list[str]:
+    def diff(self, source: str = "the page") -> list[str]:
         want, got = streams(list(self.step.expected)), streams(self.output)
         lines = []
         for name, expected, actual in zip(("prism-debug", "the rank"), want, got):
-            lines += difflib.unified_diff(expected, actual, f"README ({name}, normalised)",
+            lines += difflib.unified_diff(expected, actual, f"{source} ({name}, normalised)",
                                           f"real output ({name}, normalised)", lineterm="")
         if lines:
-            lines = [f"$ {self.command}   (README line {self.step.first + 1})"] + lines
+            lines = [f"$ {self.command}   ({source} line {self.step.first + 1})"] + lines
         return lines
 
 
 def run(section: Section, workspace: Workspace, update: bool,
         log=lambda text: print(text, flush=True)) -> list[Outcome]:
     """Every file and command of the section, in order."""
-    ids: dict[str, str] = {}  # the README's snapshot ids -> the ones the run made
+    ids: dict[str, str] = {}  # the page's snapshot ids -> the ones the run made
     jobs: list[Background] = []
     outcomes = []
     try:
@@ -357,25 +365,25 @@ def run(section: Section, workspace: Workspace, update: bool,
 
 
 def _learn_ids(ids: dict[str, str], expected, actual) -> None:
-    """Pair the README's snapshot ids with the run's, in order of appearance."""
+    """Pair the page's snapshot ids with the run's, in order of appearance."""
     def found(lines):
         return list(dict.fromkeys(m.group(0) for line in lines for m in SNAPSHOT_ID.finditer(line)))
 
     made = found(actual)
     for old, new in zip(found(expected), made):
         ids.setdefault(old, new)
-    for new in made:  # for an id the README's output never showed (a placeholder)
+    for new in made:  # for an id the page's output never showed (a placeholder)
         ids[SNAPSHOT_ID.sub(r"\1", new)] = new
 
 
 def _real_id(ids: dict[str, str], match: re.Match) -> str:
-    """The id the run made for the README's ``match``: the same one paired, else the
-    latest snapshot of that rank and iteration, else the README's own."""
+    """The id the run made for the page's ``match``: the same one paired, else the
+    latest snapshot of that rank and iteration, else the page's own."""
     return ids.get(match.group(0)) or ids.get(match.group(1)) or match.group(0)
 
 
 def updated(section: Section, outcomes: list[Outcome]) -> str:
-    """The README with each terminal's command and output replaced by what really ran."""
+    """The page with each terminal's command and output replaced by what really ran."""
     lines = list(section.lines)
     for outcome in sorted(outcomes, key=lambda o: -o.step.first):
         step = outcome.step
@@ -397,14 +405,15 @@ def _replacer(old: str, new: str):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--readme", type=Path, default=ROOT / "README.md",
-                        help="the README holding the section (default: the checkout's)")
+    parser.add_argument("--page", type=Path, default=PAGE,
+                        help="the Markdown page holding the section (default: the checkout's "
+                             "docs/getting-started/walkthrough.md)")
     parser.add_argument("--update", action="store_true",
                         help="rewrite the section's terminals with the real output")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     args = parser.parse_args(argv)
     try:
-        section = read_section(args.readme.read_text())
+        section = read_section(args.page.read_text(), args.page.name)
     except (OSError, WalkthroughError) as exc:
         print(f"walkthrough: error: {exc}", file=sys.stderr)
         return 2
@@ -423,17 +432,17 @@ def main(argv: list[str] | None = None) -> int:
     for outcome in outcomes:
         print(f"{outcome.seconds:6.1f} s  $ {outcome.command}")
     if args.update:
-        args.readme.write_text(updated(section, outcomes))
-        print(f"walkthrough: rewrote {len(outcomes)} commands' output in {args.readme} "
+        args.page.write_text(updated(section, outcomes))
+        print(f"walkthrough: rewrote {len(outcomes)} commands' output in {args.page} "
               f"({total:.1f} s); review it with git diff")
         return 0
-    diffs = [outcome.diff() for outcome in outcomes]
+    diffs = [outcome.diff(section.source) for outcome in outcomes]
     failed = [diff for diff in diffs if diff]
     for diff in failed:
         print("\n".join(diff))
     differ = f"; {len(failed)} differ (tools/walkthrough.py --update rewrites them)"
     print(f"walkthrough: {len(outcomes) - len(failed)} of {len(outcomes)} commands printed what "
-          f"{args.readme.name} shows ({total:.1f} s){differ if failed else ''}")
+          f"{section.source} shows ({total:.1f} s){differ if failed else ''}")
     return 1 if failed else 0
 
 

@@ -10,7 +10,7 @@ Events — from the agents, and those the controller sees itself (iterations,
 output, snapshots, exit) — go out on the PUB socket under their rank's topic,
 each rank's with one sequence of numbers, so a client can tell it missed some.
 
-Who may talk to it (see README, "Security model"): the sockets are ``ipc://`` files
+Who may talk to it (see the docs, "Security model"): the sockets are ``ipc://`` files
 in a directory only the user can enter (:mod:`prism_debug.bus.socket_dir`); bound to an
 address beyond loopback, a TCP endpoint is added and the whole bus requires CURVE
 with the user's client key.  A rank's agent is whoever proves it: an ``agent.hello``

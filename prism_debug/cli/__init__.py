@@ -445,7 +445,7 @@ def profile(world_size, gpus_per_node, iterations, slice_ranks, out, run_dir, co
 
 @main.group()
 def scenario() -> None:
-    """Check and run fault-injection scenarios (YAML files; see the README)."""
+    """Check and run fault-injection scenarios (YAML files; see the Scenarios guide)."""
     _private()
 
 

@@ -42,7 +42,7 @@ _BY_KEY = {_squeeze(name): name for name in COLLECTIVES}
 _BY_KEY.update({_squeeze(alias): name for name, extra in _EXTRA.items() for alias in extra})
 
 #: every accepted spelling (up to case, ``_`` and ``-``) -> its canonical name,
-#: as the README's table lists them
+#: as the docs' op-name table (docs/reference/op-names.md) lists them
 ALIASES = {alias: name for name in COLLECTIVES
            for alias in dict.fromkeys((name, name.replace("_", ""), name.replace("_", "-"),
                                        *_EXTRA.get(name, ())))}

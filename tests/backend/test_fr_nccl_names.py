@@ -176,7 +176,8 @@ def _prism_dump(tmp_path: Path) -> tuple[Path, list[dict], str]:
 # where gloo records what NCCL records: ours must equal torch's own, field by field
 SAME_AS_GLOO = ("all_gather list", "all_gather list 2x3", "all_to_all list",
                 "all_to_all_single", "all_reduce", "broadcast", "reduce")
-# where they differ: NCCL's, from ProcessGroupNCCL.cpp (gloo's is in the README's table)
+# where they differ: NCCL's, from ProcessGroupNCCL.cpp (gloo's is in the docs' table,
+# docs/how-to/fault-injection.md)
 NCCL_ONLY = {
     "all_gather_into_tensor": ("nccl:_all_gather_base", [[2]], [[8]]),
     "reduce_scatter list": ("nccl:reduce_scatter", [[4, 2]], [[2]]),

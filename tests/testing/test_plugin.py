@@ -179,7 +179,7 @@ def test_the_plugin_loads_by_entry_point_and_by_p_at_once(pytester, monkeypatch)
 
 @pytest.mark.slow
 def test_the_readme_example_file_passes_and_its_golden_holds_bit_for_bit(pytester, session):
-    """``examples/test_regression.py`` as the README shows it: its three
+    """``examples/test_regression.py`` as the documentation shows it: its three
     restore tests pass here, and refreshing its golden changes no digest and
     no collective (only times may move: the committed ones are a quiet
     machine's, held to ±50 %, which a busy test machine need not meet)."""
