@@ -29,7 +29,7 @@ lint: $(LINT_STAMP)
 
 # the documentation site (docs/, mkdocs.yml), built strictly: a broken link fails it
 docs: $(DOCS_STAMP)
-	$(BIN)/mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench_overhead.py
