@@ -5,11 +5,15 @@ when a picture is drawn (Agg, no display), never by the pure core."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from prism_debug.predict.montecarlo import Prediction
 
-def plot_prediction(prediction, path: Path) -> None:
+
+def plot_prediction(prediction: Prediction, path: Path) -> None:
     """Write the picture to ``path`` (its suffix picks the format: png, svg, pdf …)."""
     import matplotlib
 

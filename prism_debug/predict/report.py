@@ -4,11 +4,15 @@ core: it reads a :class:`~prism_debug.predict.montecarlo.Prediction`'s fields.""
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from prism_debug.predict.stats import PERCENTILE_METHOD, Summary
 
+if TYPE_CHECKING:  # (montecarlo imports this module: its report)
+    from prism_debug.predict.montecarlo import Prediction
 
-def prediction_lines(prediction, graph_name: str = "the graph") -> list[str]:
+
+def prediction_lines(prediction: Prediction, graph_name: str = "the graph") -> list[str]:
     """The report: what was sampled, a table of the iteration time and the
     time to K iterations, P(slowdown > x), then the tail attribution."""
     p = prediction
@@ -28,7 +32,8 @@ def prediction_lines(prediction, graph_name: str = "the graph") -> list[str]:
         lines.append(f"{name:<16} {_ms(s.deterministic_s, 13)} {_ms(s.mean_s, 10)} "
                      f"{_ms(s.stderr_s, 8)} {_ms(s.p50_s, 10)} {_ms(s.p95_s, 10)} "
                      f"{_ms(s.p99_s, 10)}")
-    for (x, chance), (_, chance_k) in zip(p.iteration.exceed, p.total.exceed):
+    # (both summaries give one chance per stated slowdown)
+    for (x, chance), (_, chance_k) in zip(p.iteration.exceed, p.total.exceed, strict=True):
         lines.append(f"P(slowdown > {x:g}×) = {chance:.1%} per iteration, {chance_k:.1%} over "
                      f"{k} (against the deterministic replay)")
     lines.append(f"percentiles: numpy's {PERCENTILE_METHOD!r} (Hyndman–Fan 7) over "
@@ -55,12 +60,12 @@ def _ms(seconds: float, width: int) -> str:
     return f"{seconds * 1e3:>{width}.3f}"
 
 
-def prediction_dict(prediction) -> dict:
+def prediction_dict(prediction: Prediction) -> dict[str, Any]:
     """The prediction as ``--json`` prints it: times in seconds, the raw
     iteration times per sample included."""
     p = prediction
 
-    def summary(s: Summary) -> dict:
+    def summary(s: Summary) -> dict[str, Any]:
         out = dataclasses.asdict(s)
         out["exceed"] = [{"slowdown": x, "probability": chance} for x, chance in s.exceed]
         return out
