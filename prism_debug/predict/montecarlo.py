@@ -22,7 +22,7 @@ import multiprocessing
 import os
 import time
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -34,7 +34,7 @@ from prism_debug.engine.replay import ReplayEngine
 from prism_debug.errors import ConfigError
 from prism_debug.faults import MISSING_ACTIONS, Action, Injection
 from prism_debug.graph.execution import ExecutionGraph
-from prism_debug.predict.attribution import Attribution, attribute
+from prism_debug.predict.attribution import attribute
 from prism_debug.predict.draws import (
     GapMoments,
     Removal,
@@ -42,8 +42,8 @@ from prism_debug.predict.draws import (
     StochasticModel,
     probe_moments,
 )
-from prism_debug.predict.report import prediction_dict
-from prism_debug.predict.stats import Summary, summarize
+from prism_debug.predict.report import Prediction
+from prism_debug.predict.stats import summarize
 from prism_debug.variability import StochasticCompute, Variability
 
 DEFAULT_SAMPLES = 1000
@@ -52,30 +52,6 @@ DEFAULT_SLOWDOWNS = (1.05, 1.1, 1.2)
 # attribution replays this many samples (at most) once per class and top op kind
 ATTRIBUTION_SAMPLES = 100
 CHUNKS_PER_JOB = 4  # work units per process: an uneven chunk costs less at the end
-
-
-@dataclasses.dataclass(frozen=True)
-class Prediction:
-    graph_world: int
-    rank: int
-    class_id: int
-    samples: int
-    iterations: int  # K, the steady iterations each sample replays (after the warm-up)
-    warmup: int
-    seed: int
-    variability: str  # as Variability.describe() says it
-    faults: tuple[tuple[str, int], ...]  # (the fault as written, how many ranks/nodes it hits)
-    iteration: Summary  # the rank's steady iteration time
-    total: Summary  # its time to K steady iterations
-    deterministic_times_s: tuple[float, ...]  # the deterministic replay's K iterations
-    attribution: Attribution | None
-    jobs: int
-    seconds: float  # the samples' wall time (attribution's is its own)
-    cpu_seconds: float  # their CPU time, summed over the processes (what a quiet machine needs)
-    times_s: NDArray[np.float64] = dataclasses.field(compare=False, repr=False)  # (samples, K)
-
-    def to_dict(self) -> dict[str, Any]:
-        return prediction_dict(self)
 
 
 def predict(graph: ExecutionGraph, cost: CostFn, variability: Variability, *,

@@ -5,12 +5,10 @@ when a picture is drawn (Agg, no display), never by the pure core."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from prism_debug.predict.montecarlo import Prediction
+from prism_debug.predict.report import Prediction
 
 
 def plot_prediction(prediction: Prediction, path: Path) -> None:

@@ -1,15 +1,42 @@
-"""What ``prism-debug predict`` prints: the text report and its JSON.  Pure
-core: it reads a :class:`~prism_debug.predict.montecarlo.Prediction`'s fields."""
+"""What ``prism-debug predict`` gives and prints: the :class:`Prediction`, its
+text report and its JSON.  Pure core.  (The prediction is defined beside what
+reads it, so that montecarlo, which makes one, imports this module and not the
+other way round.)"""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
+from prism_debug.predict.attribution import Attribution
 from prism_debug.predict.stats import PERCENTILE_METHOD, Summary
 
-if TYPE_CHECKING:  # (montecarlo imports this module: its report)
-    from prism_debug.predict.montecarlo import Prediction
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    graph_world: int
+    rank: int
+    class_id: int
+    samples: int
+    iterations: int  # K, the steady iterations each sample replays (after the warm-up)
+    warmup: int
+    seed: int
+    variability: str  # as Variability.describe() says it
+    faults: tuple[tuple[str, int], ...]  # (the fault as written, how many ranks/nodes it hits)
+    iteration: Summary  # the rank's steady iteration time
+    total: Summary  # its time to K steady iterations
+    deterministic_times_s: tuple[float, ...]  # the deterministic replay's K iterations
+    attribution: Attribution | None
+    jobs: int
+    seconds: float  # the samples' wall time (attribution's is its own)
+    cpu_seconds: float  # their CPU time, summed over the processes (what a quiet machine needs)
+    times_s: NDArray[np.float64] = dataclasses.field(compare=False, repr=False)  # (samples, K)
+
+    def to_dict(self) -> dict[str, Any]:
+        return prediction_dict(self)
 
 
 def prediction_lines(prediction: Prediction, graph_name: str = "the graph") -> list[str]:
