@@ -11,22 +11,29 @@ and the ``MAX_*`` limits bound every number that comes in.  Pure Python.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import enum
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sized
 from dataclasses import MISSING, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn, TypeVar
 
-from prism_debug.errors import ConfigError, InvalidFields
+from prism_debug.errors import ConfigError, InvalidFields, KeyPath
 from prism_debug.errors import key_path as dotted
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+# a check takes whatever its field holds (a number, text, a tuple): None when fine
 Check = Callable[[Any], "str | None"]
-__all__ = ["SAFE_NAME", "Checked", "InvalidFields", "Untrusted", "at_least", "at_most",
-           "both", "declare", "declared_fields", "dotted", "field_errors", "from_mapping",
-           "member_of", "non_negative", "not_empty", "one_of", "positive", "safe_name",
-           "to_mapping", "unit_interval"]
+#: what the checks of an object find wrong: (key path, message), the path relative to it
+FieldErrors = Iterator[tuple[KeyPath, str]]
+__all__ = ["SAFE_NAME", "Checked", "FieldErrors", "InvalidFields", "Untrusted", "at_least",
+           "at_most", "both", "declare", "declared_fields", "dotted", "field_errors",
+           "from_mapping", "member_of", "non_negative", "not_empty", "one_of", "positive",
+           "safe_name", "to_mapping", "unit_interval"]
 
 
 # -- limits: what prism-debug accepts anywhere a number comes in ---------------------
@@ -62,7 +69,7 @@ def at_most(high: float) -> Check:
     return lambda v: None if v <= high else f"must be <= {shown}, got {v}"
 
 
-def member_of(choices) -> Check:
+def member_of(choices: Collection[str]) -> Check:
     """A value that must be one of ``choices``."""
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}, got {v!r}"
 
@@ -95,23 +102,26 @@ def unit_interval(v: float) -> str | None:
     return None if 0 < v <= 1 else f"must be in (0, 1], got {v}"
 
 
-def not_empty(v) -> str | None:
+def not_empty(v: Sized) -> str | None:
     return None if len(v) else "must not be empty"
 
 
 class Checked:
     """Runs the fields' checks, then the class's own ``_rules``, on construction."""
 
+    # every subclass is a dataclass (declared with @dataclass): what field_errors reads
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
     def __post_init__(self) -> None:
         errors = list(field_errors(type(self), vars(self))) or list(self._rules())
         if errors:
             raise InvalidFields(type(self).__name__, errors)
 
-    def _rules(self) -> Iterator[tuple[tuple, str]]:
+    def _rules(self) -> FieldErrors:
         return iter(())
 
 
-def field_errors(cls, values: dict) -> Iterator[tuple[tuple, str]]:
+def field_errors(cls: type[DataclassInstance], values: Mapping[str, object]) -> FieldErrors:
     """What the declared checks find wrong in ``values`` (field name -> value)."""
     for f in dataclasses.fields(cls):
         check = f.metadata.get("check")
@@ -120,7 +130,7 @@ def field_errors(cls, values: dict) -> Iterator[tuple[tuple, str]]:
             yield (f.metadata["key"] or f.name,), message
 
 
-def one_of(obj, keys: dict[str, str], what: str) -> Iterator[tuple[tuple, str]]:
+def one_of(obj: object, keys: Mapping[str, str], what: str) -> FieldErrors:
     """Exactly one of ``keys`` (YAML key -> attribute) is set."""
     given = [key for key, attr in keys.items() if getattr(obj, attr) is not None]
     if not given:
@@ -132,16 +142,17 @@ def one_of(obj, keys: dict[str, str], what: str) -> Iterator[tuple[tuple, str]]:
 # -- the dict form: YAML keys, nested objects as mappings (what a file holds) ---------
 
 
-def declared_fields(cls) -> Iterator[tuple[str, dataclasses.Field]]:
+def declared_fields(cls: type[DataclassInstance]
+                    ) -> Iterator[tuple[str, dataclasses.Field[Any]]]:
     """``cls``'s declared fields, each with its YAML key, in order."""
     for f in dataclasses.fields(cls):
         if f.metadata:
             yield f.metadata["key"] or f.name, f
 
 
-def to_mapping(obj) -> dict:
+def to_mapping(obj: DataclassInstance) -> dict[str, Any]:
     """``obj`` as a file writes it: its declared fields by YAML key, unset ones left out."""
-    out = {}
+    out: dict[str, Any] = {}
     for key, f in declared_fields(type(obj)):
         value = getattr(obj, f.name)
         if value is None:
@@ -154,10 +165,12 @@ def to_mapping(obj) -> dict:
     return out
 
 
-_PLAIN = {"int": int, "float": (int, float), "text": str}
+_PLAIN: dict[str, type[int | float | str] | tuple[type[int | float], ...]] = {
+    "int": int, "float": (int, float), "text": str}
+_Read = TypeVar("_Read", bound="DataclassInstance")
 
 
-def from_mapping(cls, data: dict, where: str):
+def from_mapping(cls: type[_Read], data: Mapping[str, Any], where: str) -> _Read:
     """A ``cls`` from :func:`to_mapping`'s form; :class:`ConfigError` naming the key
     (``where`` leads the path) that is unknown, missing or of the wrong kind."""
     fields = dict(declared_fields(cls))
@@ -168,7 +181,7 @@ def from_mapping(cls, data: dict, where: str):
                if key not in data and f.default is dataclasses.MISSING]
     if missing:
         raise ConfigError(f"{where}: missing required key {missing[0]!r}")
-    values = {}
+    values: dict[str, Any] = {}
     for key, value in data.items():
         f = fields[key]
         kind, of = f.metadata["kind"], f.metadata["of"]
@@ -217,20 +230,21 @@ class Untrusted:
     cannot make the caller loop or allocate without bound."""
 
     def __init__(self, error: type[Exception], what: str, advice: str = "",
-                 place: Callable[[tuple], str] = dotted) -> None:
+                 place: Callable[[KeyPath], str] = dotted) -> None:
         self.error, self.what, self.advice, self.place = error, what, advice, place
 
-    def fail(self, path: tuple, problem: str) -> NoReturn:
+    def fail(self, path: KeyPath, problem: str) -> NoReturn:
         """``problem`` says what is wrong with the value at ``path``: "must be …"."""
         where = self.place(path) if path else "the top level"
         raise self.error(f"{self.what}: {where} {problem}{self.advice}")
 
-    def mapping(self, value: Any, path: tuple) -> dict:
+    def mapping(self, value: Any, path: KeyPath) -> dict[str, Any]:
         if not isinstance(value, dict):
             self.fail(path, f"must be a mapping, got {_found(value)}")
         return value
 
-    def get(self, data: dict, key: str, path: tuple, default: Any = MISSING) -> Any:
+    def get(self, data: Mapping[str, Any], key: str, path: KeyPath,
+            default: Any = MISSING) -> Any:
         """``data[key]`` (``data`` is at ``path``), ``default`` when absent
         (required when no default)."""
         if key in data:
@@ -239,7 +253,8 @@ class Untrusted:
             raise self.error(f"{self.what}: missing {self.place(path + (key,))}{self.advice}")
         return default
 
-    def known(self, data: dict, path: tuple, keys) -> dict:
+    def known(self, data: dict[str, Any], path: KeyPath, keys: Collection[str]
+              ) -> dict[str, Any]:
         """``data`` (at ``path``), refused when it holds a key not in ``keys`` (a typo)."""
         for key in data:
             if key not in keys:
@@ -247,7 +262,8 @@ class Untrusted:
                                  f"{', '.join(keys)}{self.advice}")
         return data
 
-    def items(self, value: Any, path: tuple, *, most: int, length: int | None = None) -> list:
+    def items(self, value: Any, path: KeyPath, *, most: int, length: int | None = None
+              ) -> list[Any]:
         if not isinstance(value, list):
             self.fail(path, f"must be a list, got {_found(value)}")
         if length is not None and len(value) != length:
@@ -256,30 +272,33 @@ class Untrusted:
             self.fail(path, f"must hold at most {most} items, got {len(value)}")
         return value
 
-    def int(self, value: Any, path: tuple, low: int = 0, high: int = 2**63 - 1) -> int:
+    def int(self, value: Any, path: KeyPath, low: int = 0, high: int = 2**63 - 1) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             self.fail(path, f"must be an integer, got {_found(value)}")
         if not low <= value <= high:
             self.fail(path, f"must be in [{low}, {high}], got {_short(value)}")
         return value
 
-    def number(self, value: Any, path: tuple, check: Check = non_negative, *,
+    # (annotations below here spell the builtin builtins.int: in the class body
+    # the method ``int`` hides it)
+
+    def number(self, value: Any, path: KeyPath, check: Check = non_negative, *,
                infinite: bool = False) -> float:
         """A float; ``check`` (of finite values) says what else it must be."""
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             self.fail(path, f"must be a number, got {_found(value)}")
-        value = float(value)
-        if infinite and value == math.inf:
-            return value
-        if not math.isfinite(value):
+        number = float(value)
+        if infinite and number == math.inf:
+            return number
+        if not math.isfinite(number):
             self.fail(path, f"must be a finite number{' or inf' if infinite else ''}, "
-                            f"got {value}")
-        if (problem := check(value)) is not None:
+                            f"got {number}")
+        if (problem := check(number)) is not None:
             self.fail(path, problem)
-        return value
+        return number
 
-    def text(self, value: Any, path: tuple, *, most: int = 4096, check: Check | None = None
-             ) -> str:
+    def text(self, value: Any, path: KeyPath, *, most: builtins.int = 4096,
+             check: Check | None = None) -> str:
         if not isinstance(value, str):
             self.fail(path, f"must be a string, got {_found(value)}")
         if len(value) > most:

@@ -35,6 +35,10 @@ import enum
 from collections.abc import Sequence
 from pathlib import Path
 
+#: where a value sits in a file: its keys and list indices, outermost first
+#: (``("faults", 0, "select", "ranks")``)
+KeyPath = tuple[str | int, ...]
+
 
 class ExitCode(enum.IntEnum):
     """What the ``prism-debug`` command exits with (a run exits with its rank's code)."""
@@ -69,7 +73,7 @@ class InvalidFields(ConfigError):
     values; ``errors`` pairs each key path (YAML keys, relative to the object)
     with what is wrong there."""
 
-    def __init__(self, name: str, errors: list[tuple[tuple, str]]) -> None:
+    def __init__(self, name: str, errors: list[tuple[KeyPath, str]]) -> None:
         self.errors = errors
         super().__init__(f"{name}: " + "; ".join(
             f"{key_path(path)}: {message}" if path else message for path, message in errors))
@@ -80,7 +84,7 @@ class ScenarioError(ConfigError):
     holds every error found in it (each with its line), one line each in the
     message."""
 
-    def __init__(self, problems: Sequence, message: str | None = None) -> None:
+    def __init__(self, problems: Sequence[object], message: str | None = None) -> None:
         self.problems = list(problems)
         super().__init__(message or "\n".join(map(str, self.problems)))
 
@@ -97,7 +101,7 @@ class IncidentError(ConfigError):
     reads (each damaged file is named with why)."""
 
 
-def key_path(path: tuple) -> str:
+def key_path(path: KeyPath) -> str:
     """A key path as people read it: ``faults[0].select.ranks``."""
     out = ""
     for part in path:

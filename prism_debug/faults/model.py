@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from prism_debug.checked import (
     Checked,
+    FieldErrors,
     at_least,
     declare,
     from_mapping,
@@ -129,7 +130,7 @@ class Selector(Checked):
             return str(exc)
         return None
 
-    def _rules(self):
+    def _rules(self) -> FieldErrors:
         if all(getattr(self, attr) is None for attr in self.KINDS.values()):
             # (a selector does not know its fault: say which kinds a link takes)
             yield (), f"give one of {', '.join(self.KINDS)} (a link fault: node or nodes)"
@@ -152,7 +153,7 @@ class Trigger(Checked):
     collective: int | None = declare("int", default=None, check=at_least(1))
     time_s: float | None = declare("float", default=None, check=non_negative)
 
-    def _rules(self):
+    def _rules(self) -> FieldErrors:
         # time_s is read so that writing it gets the fault's reason for
         # refusing it (Fault._rules), but it is never what to give
         if self.iteration is None and self.time_s is None:
@@ -166,7 +167,7 @@ class Duration(Checked):
     iterations: int | None = declare("int", default=None, check=at_least(1))
     time_s: float | None = declare("float", default=None, check=positive)
 
-    def _rules(self):
+    def _rules(self) -> FieldErrors:
         if self.iterations is None and self.time_s is None:
             # which one a fault takes depends on its action (a hang's is time_s)
             yield (), ("give iterations (how many it lasts) or, for a hang, time_s (the "
@@ -190,14 +191,18 @@ class Fault(Checked):
     ``duration`` (YAML ``for``) how long (None: to the end)."""
 
     action: ClassVar[Action]
-    # Faults that can keep to one family declare a ``family`` field; for the
-    # others it reads None.  (Not annotated: a ClassVar here would fix the
-    # field's place in every subclass, and a file's keys are listed in order.)
-    family = None
     select: Selector = declare("object", of=Selector)
     at: Trigger = declare("object", of=Trigger, default=Trigger(iteration=1))
     duration: Duration | None = declare("object", of=Duration, key="for", default=None)
     line: int = field(default=0, compare=False)  # where a file defines it, for reports
+
+    @property
+    def family(self) -> str | None:
+        """The one family whose collectives it acts on; None: every family.
+        Faults that can keep to one declare a ``family`` field, which stands in
+        for this property (a field here would fix the key's place in every
+        subclass, and a file's keys are listed in order)."""
+        return None
 
     # -- the window -------------------------------------------------------------------
 
@@ -237,11 +242,11 @@ class Fault(Checked):
 
     # -- forms ------------------------------------------------------------------------
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The fault as a scenario file writes it (``action`` first)."""
         return {"action": str(self.action), **to_mapping(self)}
 
-    def _rules(self):
+    def _rules(self) -> FieldErrors:
         # The replay engine counts iterations and collectives, not seconds:
         # only a hang's stall is a time.
         if self.at.time_s is not None:
@@ -279,7 +284,7 @@ class LinkFault(Fault):
     latency_us: float | None = declare("float", default=None, check=non_negative)
     intermittent: Intermittent | None = declare("object", of=Intermittent, default=None)
 
-    def _rules(self):
+    def _rules(self) -> FieldErrors:
         yield from super()._rules()
         if self.bandwidth_factor is None and self.latency_us is None:
             yield (), "a link fault needs bandwidth_factor, latency_us or both"
@@ -291,7 +296,7 @@ class LinkFault(Fault):
 class FailFault(Fault):
     action = Action.FAIL
 
-    def _rules(self):
+    def _rules(self) -> FieldErrors:
         if self.at.time_s is not None:
             yield from super()._rules()
         if self.duration is not None:
@@ -341,7 +346,7 @@ def fault_from_dict(data: Any) -> Fault:
     if not isinstance(data, dict):
         raise ConfigError(f"a fault is a mapping with an action, got {type(data).__name__}")
     action = data.get("action")
-    if action not in Action._value2member_map_:
+    if action is None or action not in Action._value2member_map_:
         raise ConfigError(f"unknown fault action {action!r}: use one of {', '.join(Action)}")
     cls = FAULT_TYPES[Action(action)]
     return from_mapping(cls, {k: v for k, v in data.items() if k != "action"}, str(action))

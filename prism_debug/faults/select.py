@@ -44,11 +44,14 @@ def select(selector: Selector, world_size: int, gpus_per_node: int,
     if topology is None:
         what = "a family's group" if selector.family is not None else "a class"
         raise ConfigError(f"{selector.word()}: selecting {what} needs the job's execution "
-                          "graph: run without --lockstep, or with --graph (run.graph in a scenario)")
+                          "graph: run without --lockstep, or with --graph (run.graph in a "
+                          "scenario)")
     try:
         if selector.family is not None:
+            assert selector.group is not None  # the selector's rules: family comes with group
             found = topology.family_group(selector.family, selector.group)
         else:
+            assert selector.class_ is not None  # the one kind left (one_of in its rules)
             found = topology.class_ranks(selector.class_)
     except PrismError as exc:  # the graph's GraphError: no such family, group or class
         raise ConfigError(f"{selector.word()}: {exc}") from exc

@@ -6,8 +6,9 @@
     delay RANKS SECONDS [family F] [from I] [op K] [for N]
                                               arrive SECONDS late at every (F) collective
     link NODES BANDWIDTH [LATENCY_US] [from I] [for N] [flap PERIOD_S DUTY]
-                                              groups spanning NODES: bandwidth x BANDWIDTH, +LATENCY;
-                                              flapping: degraded DUTY of every PERIOD_S
+                                              groups spanning NODES: bandwidth x BANDWIDTH,
+                                              +LATENCY; flapping: degraded DUTY of every
+                                              PERIOD_S
     fail RANKS [at I] [op K]                  fail-stop: never arrive again (and leave no
                                               flight record)
     hang RANKS [at I] [op K] [for SECONDS]    stop at collective K of iteration I: for good,
@@ -33,16 +34,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from prism_debug.checked import InvalidFields
 from prism_debug.errors import ConfigError
 from prism_debug.faults.model import (
     FAULT_TYPES,
     Action,
+    DesyncFault,
     DesyncKind,
     Duration,
     Fault,
     Intermittent,
+    LinkFault,
     Selector,
     Trigger,
 )
@@ -94,6 +98,19 @@ def parse_fault(text: str, world_size: int | None = None,
     select = _nodes(where) if action == "link" else _selector(where)
     if world_size is not None and (problem := select.problem(world_size, gpus_per_node)):
         raise ConfigError(problem)
+    options, positional = _words(action, rest, usage)
+    # the keyword arguments of the class the action picks, each field of its own type
+    fields: dict[str, Any] = {"select": select, **_values(action, positional, usage),
+                              **_window(action, options, usage)}
+    try:
+        return FAULT_TYPES[Action(action)](**fields)
+    except InvalidFields as exc:
+        raise ConfigError(f"{exc}: {usage}") from exc
+
+
+def _words(action: str, rest: list[str], usage: str) -> tuple[dict[str, list[str]], list[str]]:
+    """The words after the ranks: the options and the values, refused where
+    ``action`` does not take them."""
     kind = None
     if action == "desync" and rest and rest[0] in DesyncKind._value2member_map_:
         kind, rest = rest[0], rest[1:]  # read first: "op" is a kind and a keyword
@@ -107,47 +124,62 @@ def parse_fault(text: str, world_size: int | None = None,
     if not low <= len(positional) <= high:
         what = "a value" if high else "no value"
         raise ConfigError(f"{action} takes {what} after the ranks: {usage}")
-    fields: dict = {"select": select}
+    return options, positional
+
+
+def _values(action: str, positional: list[str], usage: str) -> dict[str, DesyncKind | float]:
+    """The fields the values after the ranks fill: a desync's kind, or the
+    action's number (and a link's added latency)."""
     if action == "desync":
         if positional[0] not in DesyncKind._value2member_map_:
             raise ConfigError(f"desync {positional[0]!r}: the kind is one of "
                               f"{', '.join(DesyncKind)}: {usage}")
-        fields["kind"] = DesyncKind(positional[0])
-    elif positional:
+        return {"kind": DesyncKind(positional[0])}
+    fields: dict[str, DesyncKind | float] = {}
+    if positional:
         fields[_VALUE_FIELD[action]] = _value(action, positional[0], usage)
         if len(positional) > 1:
             latency = _number(positional[1], usage)
             if not math.isfinite(latency) or latency < 0:
                 raise ConfigError(f"link: the added latency must be >= 0 us: {usage}")
             fields["latency_us"] = latency
-    iteration = _count(options["from"], "from", usage) if "from" in options else 1
-    collective = _count(options["op"], "op", usage) if "op" in options else None
-    fields["at"] = Trigger(iteration=iteration, collective=collective)
+    return fields
+
+
+def _window(action: str, options: dict[str, list[str]], usage: str
+            ) -> dict[str, Trigger | str | Duration | Intermittent]:
+    """The fields the options fill: where it starts, its family, how long it
+    lasts and how a link flaps."""
+    iteration = _count(options["from"][0], "from", usage) if "from" in options else 1
+    collective = _count(options["op"][0], "op", usage) if "op" in options else None
+    fields: dict[str, Trigger | str | Duration | Intermittent] = {
+        "at": Trigger(iteration=iteration, collective=collective)}
     if "family" in options:
-        fields["family"] = options["family"]
+        fields["family"] = options["family"][0]
     if "for" in options:
-        if action == "hang":
-            stall = _number(options["for"], usage)
-            if not math.isfinite(stall) or stall <= 0:
-                raise ConfigError(f"hang: for takes seconds > 0: {usage}")
-            fields["duration"] = Duration(time_s=stall)
-        else:
-            fields["duration"] = Duration(iterations=_count(options["for"], "for", usage))
+        fields["duration"] = _duration(action, options["for"][0], usage)
     if "flap" in options:
         period, duty = (_number(v, usage) for v in options["flap"])
         if not (period > 0 and 0 < duty <= 1):
             raise ConfigError(f"link: flap takes a period > 0 s and a duty in (0, 1]: {usage}")
         fields["intermittent"] = Intermittent(period_s=period, duty=duty)
-    try:
-        return FAULT_TYPES[Action(action)](**fields)
-    except InvalidFields as exc:
-        raise ConfigError(f"{exc}: {usage}") from exc
+    return fields
+
+
+def _duration(action: str, word: str, usage: str) -> Duration:
+    """``for``'s word: a hang's stall in seconds, any other fault's iterations."""
+    if action == "hang":
+        stall = _number(word, usage)
+        if not math.isfinite(stall) or stall <= 0:
+            raise ConfigError(f"hang: for takes seconds > 0: {usage}")
+        return Duration(time_s=stall)
+    return Duration(iterations=_count(word, "for", usage))
 
 
 def fault_text(fault: Fault) -> str:
     """``fault`` as the line :func:`parse_fault` reads back into it."""
     action = fault.action
-    if action == Action.LINK:
+    if isinstance(fault, LinkFault):
         words = ["link", fault.select.node_text,
                  _num(1.0 if fault.bandwidth_factor is None else fault.bandwidth_factor)]
         if fault.latency_us is not None:
@@ -156,7 +188,7 @@ def fault_text(fault: Fault) -> str:
         words = [str(action), fault.select.word()]
         if action in _VALUE_FIELD:
             words.append(_num(getattr(fault, _VALUE_FIELD[action])))
-        elif action == Action.DESYNC:
+        elif isinstance(fault, DesyncFault):
             words.append(str(fault.kind))
     if fault.family is not None:
         words += ["family", fault.family]
@@ -223,9 +255,10 @@ def _nodes(text: str) -> Selector:
     return Selector(node=int(text)) if text.isdecimal() else Selector(nodes=text)
 
 
-def _split(words: list[str], usage: str) -> tuple[dict, list[str]]:
-    """Keyword options (``at`` read as ``from``) and the positional words."""
-    options: dict = {}
+def _split(words: list[str], usage: str) -> tuple[dict[str, list[str]], list[str]]:
+    """Keyword options (``at`` read as ``from``), each with its values, and the
+    positional words."""
+    options: dict[str, list[str]] = {}
     positional: list[str] = []
     i = 0
     while i < len(words):
@@ -244,7 +277,7 @@ def _split(words: list[str], usage: str) -> tuple[dict, list[str]]:
         key = "from" if word == "at" else word
         if key in options:
             raise ConfigError(f"{word} is given twice: {usage}")
-        options[key] = values[0] if arity == 1 else tuple(values)
+        options[key] = values
         i += 1 + arity
     return options, positional
 

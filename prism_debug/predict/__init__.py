@@ -10,11 +10,10 @@ from prism_debug.predict.montecarlo import (
     DEFAULT_ITERATIONS,
     DEFAULT_SAMPLES,
     DEFAULT_SLOWDOWNS,
-    Prediction,
     predict,
     sample,
 )
-from prism_debug.predict.report import prediction_dict, prediction_lines
+from prism_debug.predict.report import Prediction, prediction_dict, prediction_lines
 from prism_debug.predict.stats import PERCENTILE_METHOD, Summary
 
 __all__ = [

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from prism_debug.graph.execution import ExecutionGraph
 from prism_debug.predict.draws import GapMoments, Removal, event_kinds
@@ -48,7 +49,8 @@ def variance_shares(graph: ExecutionGraph, moments: GapMoments
     for program in graph.programs:
         variances = moments.variances[moments.key(program.class_id, iteration)]
         by_class[program.class_id] = float(variances.sum())
-        for kind, variance in zip(event_kinds(graph, program.class_id, iteration), variances):
+        kinds = event_kinds(graph, program.class_id, iteration)
+        for kind, variance in zip(kinds, variances, strict=True):  # one of each per event
             by_kind[kind] = by_kind.get(kind, 0.0) + float(variance)
     total = sum(by_class.values())
     if total <= 0:
@@ -57,8 +59,8 @@ def variance_shares(graph: ExecutionGraph, moments: GapMoments
             {k: v / total for k, v in by_kind.items()})
 
 
-def attribute(graph: ExecutionGraph, base_times: np.ndarray, moments: GapMoments,
-              replay: Callable[[Sequence[Removal]], tuple[list[np.ndarray], float]]
+def attribute(graph: ExecutionGraph, base_times: NDArray[np.float64], moments: GapMoments,
+              replay: Callable[[Sequence[Removal]], tuple[list[NDArray[np.float64]], float]]
               ) -> Attribution:
     """The contributions of every class with variance and of the
     :data:`TOP_OP_KINDS` op kinds with the most; ``base_times`` are the
@@ -74,7 +76,8 @@ def attribute(graph: ExecutionGraph, base_times: np.ndarray, moments: GapMoments
     p99, mean = percentile(base_times, 99), float(np.mean(base_times))
     replayed, cpu = replay(removals) if removals else ([], 0.0)
     contributions = []
-    for removal, share, times in zip(removals, shares, replayed):
+    # replay answers one array of times per removal
+    for removal, share, times in zip(removals, shares, replayed, strict=True):
         contributions.append(Contribution(removal.describe(), share,
                                           percentile(times, 99) - p99,
                                           float(np.mean(times)) - mean))

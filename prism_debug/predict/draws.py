@@ -13,17 +13,32 @@ removed — common random numbers, not two independent estimates.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from prism_debug.engine.replay import generator
 from prism_debug.graph.execution import ExecutionGraph
+from prism_debug.variability.model import Gaps
 
 # how many draws per event the variance probe takes: its means (what a gap
 # with its variance removed computes) carry a relative error of cv/√PROBE_DRAWS
 PROBE_DRAWS = 1 << 12
 _RANK_FACTORS = 0  # the key of a class's persistent factors (iterations count from 1)
+# a model's rank_factors(class_id, shape, rng), where it has one
+RankFactors = Callable[[int, tuple[int, ...], np.random.Generator], NDArray[np.float64] | None]
+
+
+class StochasticModel(Protocol):
+    """A stochastic :class:`~prism_debug.engine.compute.ComputeModel` (a
+    :class:`~prism_debug.variability.StochasticCompute`) as samples draw from
+    it: its gaps, and its ranks' persistent factors where it has a
+    ``rank_factors`` (looked up, not required)."""
+
+    def gaps_s(self, class_id: int, iteration: int, base_gaps_s: tuple[float, ...],
+               shape: tuple[int, ...], rng: np.random.Generator) -> Gaps: ...
 
 
 def event_kinds(graph: ExecutionGraph, class_id: int, iteration: int) -> tuple[str, ...]:
@@ -53,20 +68,21 @@ class GapMoments:
     """Mean and variance of every event's gap, per class and distinct
     iteration program (warm-up iterations, then the steady one)."""
 
-    means: dict[tuple[int, int], np.ndarray]  # (class, iteration) -> per event, seconds
-    variances: dict[tuple[int, int], np.ndarray]  # seconds²
+    means: dict[tuple[int, int], NDArray[np.float64]]  # (class, iteration) -> per event, seconds
+    variances: dict[tuple[int, int], NDArray[np.float64]]  # seconds²
     steady_iteration: int  # the iteration whose program every later one repeats
 
     def key(self, class_id: int, iteration: int) -> tuple[int, int]:
         return class_id, min(iteration, self.steady_iteration)
 
 
-def probe_moments(graph: ExecutionGraph, compute, seed: int = 0) -> GapMoments:
+def probe_moments(graph: ExecutionGraph, compute: StochasticModel, seed: int = 0) -> GapMoments:
     """Each event's mean and variance, from :data:`PROBE_DRAWS` draws of
     ``compute`` (one call over that many ranks, so draws shared by a class's
     ranks are drawn afresh by repeating the call instead)."""
     steady = 1 + max(len(p.warmup) for p in graph.programs)
-    means, variances = {}, {}
+    means: dict[tuple[int, int], NDArray[np.float64]] = {}
+    variances: dict[tuple[int, int], NDArray[np.float64]] = {}
     rng = generator([seed, 0x9E37])
     for program in graph.programs:
         for iteration in range(1, steady + 1):
@@ -81,7 +97,7 @@ def probe_moments(graph: ExecutionGraph, compute, seed: int = 0) -> GapMoments:
     return GapMoments(means, variances, steady)
 
 
-def _per_event(gaps, events: int, width: int) -> np.ndarray:
+def _per_event(gaps: Gaps, events: int, width: int) -> NDArray[np.float64]:
     rows = [np.broadcast_to(np.asarray(g, dtype=float), (width,)) for g in list(gaps)]
     if len(rows) != events:
         raise AssertionError(f"a compute model answered {len(rows)} gaps for {events} events")
@@ -98,7 +114,7 @@ class SampleCompute:
 
     per_rank = True
 
-    def __init__(self, graph: ExecutionGraph, inner, entropy: tuple[int, ...],
+    def __init__(self, graph: ExecutionGraph, inner: StochasticModel, entropy: tuple[int, ...],
                  removal: Removal | None = None, moments: GapMoments | None = None) -> None:
         if removal is not None and moments is None:
             raise AssertionError("removing variance needs the gaps' moments")
@@ -110,23 +126,25 @@ class SampleCompute:
         self._removed_events: dict[tuple[int, int], tuple[int, ...]] = {}
 
     def gaps_s(self, class_id: int, iteration: int, base_gaps_s: tuple[float, ...],
-               shape: tuple[int, ...], rng: np.random.Generator) -> Sequence:
+               shape: tuple[int, ...], rng: np.random.Generator) -> Gaps:
         own = generator([*self.entropy, class_id, iteration])
         gaps = self.inner.gaps_s(class_id, iteration, base_gaps_s, shape, own)
-        if self.removal is None:
+        removal, moments = self.removal, self.moments
+        if removal is None:
             return gaps
-        removed = self._removed(class_id, iteration)
+        assert moments is not None  # __init__ refuses a removal without them
+        removed = self._removed(class_id, iteration, removal, moments)
         if not removed:
             return gaps
-        means = self.moments.means[self.moments.key(class_id, iteration)]
+        means = moments.means[moments.key(class_id, iteration)]
         entries = list(gaps)
         for index in removed:
             entries[index] = float(means[index])
         return entries
 
     def rank_factors(self, class_id: int, shape: tuple[int, ...],
-                     rng: np.random.Generator) -> np.ndarray | None:
-        found = getattr(self.inner, "rank_factors", None)
+                     rng: np.random.Generator) -> NDArray[np.float64] | None:
+        found: RankFactors | None = getattr(self.inner, "rank_factors", None)
         if found is None:
             return None
         factors = found(class_id, shape, generator([*self.entropy, class_id, _RANK_FACTORS]))
@@ -134,12 +152,13 @@ class SampleCompute:
             return None
         return factors
 
-    def _removed(self, class_id: int, iteration: int) -> tuple[int, ...]:
-        key = self.moments.key(class_id, iteration)
+    def _removed(self, class_id: int, iteration: int, removal: Removal,
+                 moments: GapMoments) -> tuple[int, ...]:
+        key = moments.key(class_id, iteration)
         found = self._removed_events.get(key)
         if found is None:
             kinds = event_kinds(self.graph, class_id, iteration)
-            whole = class_id in self.removal.classes
+            whole = class_id in removal.classes
             found = self._removed_events[key] = tuple(
-                i for i, kind in enumerate(kinds) if whole or kind in self.removal.op_kinds)
+                i for i, kind in enumerate(kinds) if whole or kind in removal.op_kinds)
         return found

@@ -22,19 +22,28 @@ import multiprocessing
 import os
 import time
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
+from numpy.typing import NDArray
 
+from prism_debug.engine.compute import ComputeModel
 from prism_debug.engine.injection import apply_fault
 from prism_debug.engine.loop import CostFn
 from prism_debug.engine.replay import ReplayEngine
 from prism_debug.errors import ConfigError
 from prism_debug.faults import MISSING_ACTIONS, Action, Injection
 from prism_debug.graph.execution import ExecutionGraph
-from prism_debug.predict.attribution import Attribution, attribute
-from prism_debug.predict.draws import Removal, SampleCompute, probe_moments
-from prism_debug.predict.report import prediction_dict
-from prism_debug.predict.stats import Summary, summarize
+from prism_debug.predict.attribution import attribute
+from prism_debug.predict.draws import (
+    GapMoments,
+    Removal,
+    SampleCompute,
+    StochasticModel,
+    probe_moments,
+)
+from prism_debug.predict.report import Prediction
+from prism_debug.predict.stats import summarize
 from prism_debug.variability import StochasticCompute, Variability
 
 DEFAULT_SAMPLES = 1000
@@ -43,30 +52,6 @@ DEFAULT_SLOWDOWNS = (1.05, 1.1, 1.2)
 # attribution replays this many samples (at most) once per class and top op kind
 ATTRIBUTION_SAMPLES = 100
 CHUNKS_PER_JOB = 4  # work units per process: an uneven chunk costs less at the end
-
-
-@dataclasses.dataclass(frozen=True)
-class Prediction:
-    graph_world: int
-    rank: int
-    class_id: int
-    samples: int
-    iterations: int  # K, the steady iterations each sample replays (after the warm-up)
-    warmup: int
-    seed: int
-    variability: str  # as Variability.describe() says it
-    faults: tuple[tuple[str, int], ...]  # (the fault as written, how many ranks/nodes it hits)
-    iteration: Summary  # the rank's steady iteration time
-    total: Summary  # its time to K steady iterations
-    deterministic_times_s: tuple[float, ...]  # the deterministic replay's K iterations
-    attribution: Attribution | None
-    jobs: int
-    seconds: float  # the samples' wall time (attribution's is its own)
-    cpu_seconds: float  # their CPU time, summed over the processes (what a quiet machine needs)
-    times_s: np.ndarray = dataclasses.field(compare=False, repr=False)  # (samples, K)
-
-    def to_dict(self) -> dict:
-        return prediction_dict(self)
 
 
 def predict(graph: ExecutionGraph, cost: CostFn, variability: Variability, *,
@@ -85,7 +70,7 @@ def predict(graph: ExecutionGraph, cost: CostFn, variability: Variability, *,
                   jobs=jobs)
 
 
-def sample(graph: ExecutionGraph, cost: CostFn, compute, description: str, *,
+def sample(graph: ExecutionGraph, cost: CostFn, compute: StochasticModel, description: str, *,
            samples: int = DEFAULT_SAMPLES, iterations: int = DEFAULT_ITERATIONS, rank: int = 0,
            seed: int = 0, injections: Sequence[tuple[str, Injection]] = (),
            slowdowns: Sequence[float] = DEFAULT_SLOWDOWNS, attribution: bool = True,
@@ -122,7 +107,8 @@ def sample(graph: ExecutionGraph, cost: CostFn, compute, description: str, *,
         jobs=jobs, seconds=seconds, cpu_seconds=sum(cpu for _, cpu in chunks), times_s=times)
 
 
-def _check(graph, samples, iterations, rank, slowdowns, injections) -> None:
+def _check(graph: ExecutionGraph, samples: int, iterations: int, rank: int,
+           slowdowns: Sequence[float], injections: Sequence[tuple[str, Injection]]) -> None:
     if samples < 1:
         raise ConfigError(f"--samples must be at least 1, got {samples}")
     if iterations < 1:
@@ -148,7 +134,7 @@ def _chunks(samples: int, jobs: int) -> list[tuple[int, int]]:
 
 
 def _replay_removals(job: _Job, removals: Sequence[Removal], count: int,
-                     jobs: int) -> tuple[list[np.ndarray], float]:
+                     jobs: int) -> tuple[list[NDArray[np.float64]], float]:
     """Each removal's times over samples 0..count-1, every replay in one
     pool, and the CPU they took."""
     tasks = [(r, a, b) for r in removals for a, b in _chunks(count, jobs)]
@@ -165,25 +151,28 @@ class _Job:
 
     graph: ExecutionGraph
     cost: CostFn
-    compute: object  # the stochastic ComputeModel
+    compute: StochasticModel
     injections: tuple[Injection, ...]
     rank: int
     warmup: int
     iterations: int
     seed: int
-    moments: object = None  # GapMoments, once attribution needs them
+    moments: GapMoments | None = None  # once attribution needs them
 
-    def replay(self, compute, engine_seed: int) -> np.ndarray:
-        engine = ReplayEngine(self.graph, self.cost, compute=compute, seed=engine_seed)
+    def replay(self, compute: SampleCompute | None, engine_seed: int) -> NDArray[np.float64]:
+        # (a per-rank model may answer one array (events, *shape), which the
+        # engine takes: ComputeModel's docstring says so, its annotation not)
+        model = cast(ComputeModel | None, compute)
+        engine = ReplayEngine(self.graph, self.cost, compute=model, seed=engine_seed)
         for injection in self.injections:
             apply_fault(engine, injection)
         engine.run(self.warmup + self.iterations)
         return np.asarray(engine.iteration_times(self.rank)[self.warmup:], dtype=float)
 
-    def deterministic(self) -> np.ndarray:
+    def deterministic(self) -> NDArray[np.float64]:
         return self.replay(None, self.seed)
 
-    def sample(self, index: int, removal: Removal | None) -> np.ndarray:
+    def sample(self, index: int, removal: Removal | None) -> NDArray[np.float64]:
         entropy = (self.seed, index, 2)
         engine_seed = int(np.random.SeedSequence([self.seed, index, 1]).generate_state(1)[0])
         compute = SampleCompute(self.graph, self.compute, entropy, removal, self.moments)
@@ -193,16 +182,18 @@ class _Job:
 _JOB: _Job | None = None  # the job a worker replays (set before the pool forks)
 
 
-def _run_chunk(task: tuple[Removal | None, int, int]) -> tuple[np.ndarray, float]:
+def _run_chunk(task: tuple[Removal | None, int, int]) -> tuple[NDArray[np.float64], float]:
     """Samples first..stop-1 without ``removal``'s variance, and the CPU they took."""
     removal, first, stop = task
+    job = _JOB
+    assert job is not None  # _run sets it before any chunk runs
     start = time.process_time()
-    times = np.stack([_JOB.sample(i, removal) for i in range(first, stop)])
+    times = np.stack([job.sample(i, removal) for i in range(first, stop)])
     return times, time.process_time() - start
 
 
-def _run(job: _Job, tasks: list[tuple[Removal | None, int, int]],
-         jobs: int) -> list[tuple[np.ndarray, float]]:
+def _run(job: _Job, tasks: Sequence[tuple[Removal | None, int, int]],
+         jobs: int) -> list[tuple[NDArray[np.float64], float]]:
     global _JOB
     _JOB = job
     try:

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from prism_debug.predict.report import Prediction
 
-def plot_prediction(prediction, path: Path) -> None:
+
+def plot_prediction(prediction: Prediction, path: Path) -> None:
     """Write the picture to ``path`` (its suffix picks the format: png, svg, pdf …)."""
     import matplotlib
 

@@ -1,14 +1,45 @@
-"""What ``prism-debug predict`` prints: the text report and its JSON.  Pure
-core: it reads a :class:`~prism_debug.predict.montecarlo.Prediction`'s fields."""
+"""What ``prism-debug predict`` gives and prints: the :class:`Prediction`, its
+text report and its JSON.  Pure core.  (The prediction is defined beside what
+reads it, so that montecarlo, which makes one, imports this module and not the
+other way round.)"""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+import numpy as np
+from numpy.typing import NDArray
+
+from prism_debug.predict.attribution import Attribution
 from prism_debug.predict.stats import PERCENTILE_METHOD, Summary
 
 
-def prediction_lines(prediction, graph_name: str = "the graph") -> list[str]:
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    graph_world: int
+    rank: int
+    class_id: int
+    samples: int
+    iterations: int  # K, the steady iterations each sample replays (after the warm-up)
+    warmup: int
+    seed: int
+    variability: str  # as Variability.describe() says it
+    faults: tuple[tuple[str, int], ...]  # (the fault as written, how many ranks/nodes it hits)
+    iteration: Summary  # the rank's steady iteration time
+    total: Summary  # its time to K steady iterations
+    deterministic_times_s: tuple[float, ...]  # the deterministic replay's K iterations
+    attribution: Attribution | None
+    jobs: int
+    seconds: float  # the samples' wall time (attribution's is its own)
+    cpu_seconds: float  # their CPU time, summed over the processes (what a quiet machine needs)
+    times_s: NDArray[np.float64] = dataclasses.field(compare=False, repr=False)  # (samples, K)
+
+    def to_dict(self) -> dict[str, Any]:
+        return prediction_dict(self)
+
+
+def prediction_lines(prediction: Prediction, graph_name: str = "the graph") -> list[str]:
     """The report: what was sampled, a table of the iteration time and the
     time to K iterations, P(slowdown > x), then the tail attribution."""
     p = prediction
@@ -28,7 +59,8 @@ def prediction_lines(prediction, graph_name: str = "the graph") -> list[str]:
         lines.append(f"{name:<16} {_ms(s.deterministic_s, 13)} {_ms(s.mean_s, 10)} "
                      f"{_ms(s.stderr_s, 8)} {_ms(s.p50_s, 10)} {_ms(s.p95_s, 10)} "
                      f"{_ms(s.p99_s, 10)}")
-    for (x, chance), (_, chance_k) in zip(p.iteration.exceed, p.total.exceed):
+    # (both summaries give one chance per stated slowdown)
+    for (x, chance), (_, chance_k) in zip(p.iteration.exceed, p.total.exceed, strict=True):
         lines.append(f"P(slowdown > {x:g}×) = {chance:.1%} per iteration, {chance_k:.1%} over "
                      f"{k} (against the deterministic replay)")
     lines.append(f"percentiles: numpy's {PERCENTILE_METHOD!r} (Hyndman–Fan 7) over "
@@ -55,12 +87,12 @@ def _ms(seconds: float, width: int) -> str:
     return f"{seconds * 1e3:>{width}.3f}"
 
 
-def prediction_dict(prediction) -> dict:
+def prediction_dict(prediction: Prediction) -> dict[str, Any]:
     """The prediction as ``--json`` prints it: times in seconds, the raw
     iteration times per sample included."""
     p = prediction
 
-    def summary(s: Summary) -> dict:
+    def summary(s: Summary) -> dict[str, Any]:
         out = dataclasses.asdict(s)
         out["exceed"] = [{"slowdown": x, "probability": chance} for x, chance in s.exceed]
         return out

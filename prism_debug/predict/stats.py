@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Final
 
 import numpy as np
+from numpy.typing import NDArray
 
 # numpy's default: linear interpolation between order statistics, Hyndman
 # and Fan's definition 7 (as R's quantile() and Excel's PERCENTILE.INC)
-PERCENTILE_METHOD = "linear"
+PERCENTILE_METHOD: Final = "linear"
 PERCENTILES = (50, 95, 99)
 
 
@@ -34,11 +36,11 @@ class Summary:
         return {50: self.p50_s, 95: self.p95_s, 99: self.p99_s}[q]
 
 
-def percentile(values: np.ndarray, q: float) -> float:
+def percentile(values: NDArray[np.float64], q: float) -> float:
     return float(np.percentile(values, q, method=PERCENTILE_METHOD))
 
 
-def summarize(per_sample: np.ndarray, deterministic_s: float,
+def summarize(per_sample: NDArray[np.float64], deterministic_s: float,
               slowdowns: tuple[float, ...]) -> Summary:
     """The figures of ``per_sample`` (one row per sample; every value of
     every row is one observation of the time).  The standard error is that

@@ -205,11 +205,13 @@ class _Reader:
     # -- structure --
 
     def _mapping(self, node, path, allowed: Sequence[str] | None,
-                 accepted: Sequence[str] | None = None) -> dict | None:
+                 accepted: Sequence[str] | None = None
+                 ) -> dict[str, tuple[yaml.Node, yaml.Node]] | None:
         """``{key: (key node, value node)}``; keys not in ``allowed`` reported
         (unless it is None), with suggestions only from ``accepted`` (the keys
         taken here; default ``allowed``: see ``keys.py``)."""
-        accepted = allowed if accepted is None else accepted
+        # (no suggestion is made where allowed is None: nothing is unknown there)
+        accepted = (allowed or ()) if accepted is None else accepted
         if not isinstance(node, yaml.MappingNode):
             self._report(path, f"expected a mapping, got {_describe(node)}", node)
             return None
@@ -444,7 +446,7 @@ class _Reader:
             if _INVALID in words:
                 return _INVALID
             term = " ".join(f"{VARIABILITY_KEYS[key]}={word}"
-                            for key, word in zip(pairs, words))
+                            for key, word in zip(pairs, words, strict=True))  # a word a key
         if term is _INVALID:
             return _INVALID
         try:

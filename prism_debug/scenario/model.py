@@ -80,7 +80,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -92,6 +92,7 @@ from prism_debug.checked import (
     MAX_TIMEOUT_S,
     MAX_WORLD_SIZE,
     Checked,
+    FieldErrors,
     at_least,
     at_most,
     both,
@@ -102,7 +103,7 @@ from prism_debug.checked import (
     positive,
     safe_name,
 )
-from prism_debug.errors import ConfigError
+from prism_debug.errors import ConfigError, KeyPath
 from prism_debug.example import Example
 from prism_debug.faults import (
     DesyncKind,
@@ -178,6 +179,7 @@ class World(Checked):
         """The real ranks, lowest first (``rank``, or what ``ranks`` names)."""
         if self.rank is not None:
             return (self.rank,)
+        assert self.ranks_text is not None  # its rules: rank or ranks, one of the two
         return tuple(sorted(select_ranks(self.ranks_text, self.size, self.gpus_per_node)))
 
     @property
@@ -185,7 +187,7 @@ class World(Checked):
         """Whether the run is of several real ranks (``ranks: "5"`` is one, as ``rank: 5``)."""
         return len(self.real_ranks) > 1
 
-    def _rules(self):
+    def _rules(self) -> FieldErrors:
         yield from one_of(self, {"rank": "rank", "ranks": "ranks_text"}, "rank, ranks")
         if self.rank is not None and self.rank >= self.size:
             yield ("rank",), f"rank {self.rank} is outside the world of {self.size} ranks"
@@ -240,7 +242,7 @@ class Run(Checked):
             return self.iterations
         return self.example.iterations if self.example is not None else None
 
-    def _rules(self):
+    def _rules(self) -> FieldErrors:
         yield from one_of(self, {k: k for k in ("command", "example", "snapshot")},
                            "command, example, snapshot")
         for name, _ in self.env:
@@ -268,7 +270,7 @@ class Expectation(Checked):
     value_field: ClassVar[str | None] = None
     line: int = field(default=0, compare=False)
 
-    def iterations_named(self) -> list[tuple[tuple, int]]:
+    def iterations_named(self) -> list[tuple[KeyPath, int]]:
         """The iterations it looks at by number, each with its key path (none:
         it looks at the run as a whole, or at every iteration)."""
         iteration = getattr(self, "iteration", None)
@@ -331,7 +333,7 @@ class ExpectIterationTime(Expectation):
         tolerance = DEFAULT_TOLERANCE if self.tolerance is None else self.tolerance
         return ((self.relative - tolerance) * baseline_s, (self.relative + tolerance) * baseline_s)
 
-    def _rules(self):
+    def _rules(self) -> FieldErrors:
         if self.percentile is not None:
             if self.iteration is not None:
                 yield ("percentile",), ("a percentile is over the run's iterations: give "
@@ -368,7 +370,7 @@ class ExpectFlightRecord(Expectation):
     mismatch: DesyncKind | None = declare("enum", of=DesyncKind, default=None)
     culprits: tuple[int, ...] = declare("ints", default=())
 
-    def _rules(self):
+    def _rules(self) -> FieldErrors:
         if not self.missing_ranks and self.mismatch is None and not self.culprits:
             yield (), "give missing_ranks, mismatch, culprits or several"
         for key in ("missing_ranks", "culprits"):
@@ -393,11 +395,11 @@ class ExpectDigests(Expectation):
     digests: tuple[tuple[int, str], ...] = declare("digests", check=not_empty)
     rank: int | None = declare("int", default=None, check=at_least(0))
 
-    def iterations_named(self) -> list[tuple[tuple, int]]:
+    def iterations_named(self) -> list[tuple[KeyPath, int]]:
         return [(("digests", iteration), iteration) for iteration, _ in self.digests]
 
-    def _rules(self):
-        seen = set()
+    def _rules(self) -> FieldErrors:
+        seen: set[int] = set()
         for iteration, digest in self.digests:
             if iteration in seen:
                 yield ("digests", iteration), f"iteration {iteration} is given twice"
@@ -444,49 +446,67 @@ class Scenario(Checked):
         return list(resolve(self.seeded_faults()[index], world.size, world.gpus_per_node,
                             topology).targets)
 
-    def _rules(self):
+    def _rules(self) -> FieldErrors:
         yield from cross_rules(self.world, self.run, [f.select for f in self.faults],
                                [f.at for f in self.faults], self.expect)
 
 
 def cross_rules(world: World | None, run: Run | None, selects: Sequence[Selector | None],
                 triggers: Sequence[Trigger | None], expect: Sequence[Expectation | None],
-                ) -> Iterator[tuple[tuple, str]]:
+                ) -> FieldErrors:
     """Rules across sections, as (key path, message).  The loader runs them on
     what it could read of a broken file (``None`` for what it could not), so an
     error in one place hides none elsewhere; ``selects`` and ``triggers`` are
     the faults'."""
     if world is not None:
-        example = run.example if run is not None else None
-        if example is not None and world.size % (example.tp * example.pp):
-            product = example.tp * example.pp
-            yield ("run", "example", "tp"), (f"world size {world.size} is not divisible by "
-                                             f"tp*pp = {example.tp}*{example.pp} = {product}")
-        for i, select in enumerate(selects):
-            if select is not None and (problem := select.problem(world.size, world.gpus_per_node)):
-                yield ("faults", i, "select", select.kind), problem
-        for i, expectation in enumerate(expect):
-            if isinstance(expectation, ExpectFlightRecord):
-                for key in ("missing_ranks", "culprits"):
-                    for j, rank in enumerate(getattr(expectation, key)):
-                        if rank >= world.size:
-                            yield (("expect", i, "flight_record", key, j),
-                                   f"rank {rank} is outside the world of {world.size} ranks")
-            if isinstance(expectation, ExpectDigests) and expectation.rank is not None \
-                    and expectation.rank not in world.real_ranks:
-                yield (("expect", i, "digests", "rank"),
-                       f"rank {expectation.rank} is not a real rank: the report has digests "
-                       f"of {_real_ranks_named(world)} only")
-        if world.several_real_ranks:
-            yield from several_real_ranks_rules(world, run, selects, expect)
+        yield from _world_rules(world, run, selects, expect)
     for i, trigger in enumerate(triggers):
         # (a fault that reads cleanly refuses it too; here it is found beside
         # other errors in the same fault)
         if trigger is not None and trigger.time_s is not None:
             yield ("faults", i, "at", "time_s"), TIME_TRIGGER_REFUSED
     last = run.last_iteration if run is not None else None
-    if last is None:
-        return
+    if last is not None:
+        yield from _after_the_run(last, triggers, expect)
+
+
+def _world_rules(world: World, run: Run | None, selects: Sequence[Selector | None],
+                 expect: Sequence[Expectation | None]) -> FieldErrors:
+    """What the world rules out: an example that does not divide it, faults
+    and expectations of ranks outside it, and what several real ranks refuse."""
+    example = run.example if run is not None else None
+    if example is not None and world.size % (example.tp * example.pp):
+        product = example.tp * example.pp
+        yield ("run", "example", "tp"), (f"world size {world.size} is not divisible by "
+                                         f"tp*pp = {example.tp}*{example.pp} = {product}")
+    for i, selector in enumerate(selects):
+        if selector is not None and (problem := selector.problem(world.size, world.gpus_per_node)):
+            yield ("faults", i, "select", selector.kind), problem
+    yield from _expected_ranks(world, expect)
+    if world.several_real_ranks:
+        yield from several_real_ranks_rules(world, run, selects, expect)
+
+
+def _expected_ranks(world: World, expect: Sequence[Expectation | None]) -> FieldErrors:
+    """The ranks expectations name that ``world`` lacks: a flight record's
+    outside it, digests' not among its real ranks."""
+    for i, expectation in enumerate(expect):
+        if isinstance(expectation, ExpectFlightRecord):
+            for key in ("missing_ranks", "culprits"):
+                for j, rank in enumerate(getattr(expectation, key)):
+                    if rank >= world.size:
+                        yield (("expect", i, "flight_record", key, j),
+                               f"rank {rank} is outside the world of {world.size} ranks")
+        if isinstance(expectation, ExpectDigests) and expectation.rank is not None \
+                and expectation.rank not in world.real_ranks:
+            yield (("expect", i, "digests", "rank"),
+                   f"rank {expectation.rank} is not a real rank: the report has digests "
+                   f"of {_real_ranks_named(world)} only")
+
+
+def _after_the_run(last: int, triggers: Sequence[Trigger | None],
+                   expect: Sequence[Expectation | None]) -> FieldErrors:
+    """Faults and expectations of iterations after ``last``, where the run stops."""
     late = f"the run stops after iteration {last}"
     for i, trigger in enumerate(triggers):
         if trigger is not None and trigger.iteration is not None and trigger.iteration > last:
@@ -501,7 +521,7 @@ def cross_rules(world: World | None, run: Run | None, selects: Sequence[Selector
 
 def several_real_ranks_rules(world: World, run: Run | None, selects: Sequence[Selector | None],
                              expect: Sequence[Expectation | None],
-                             ) -> Iterator[tuple[tuple, str]]:
+                             ) -> FieldErrors:
     """What a scenario of several real ranks refuses: a fault that would hit
     only real ranks (faults act on virtual peers: it would hit nobody), and
     the expectations that judge one rank's view only (a flight record,

@@ -9,12 +9,15 @@ PASS or FAIL is here, so it is tested without running anything.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 import statistics
 from collections.abc import Callable, Iterable, Sequence
+from typing import cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from prism_debug.engine.compute import ComputeModel
 from prism_debug.engine.injection import apply_fault
@@ -144,7 +147,7 @@ def group_findings(findings: FlightFindings, group: str,
     text = findings.text
     starts = [m.start() for m in _BLOCK_START.finditer(text)] + [len(text)]
     kept, members = [], set(members)
-    for begin, end in zip(starts, starts[1:]):
+    for begin, end in itertools.pairwise(starts):
         block = text[begin:end]
         named = _GROUP_INFO.search(block)
         if named is not None and named.group(1) == group:
@@ -153,8 +156,8 @@ def group_findings(findings: FlightFindings, group: str,
             for match in _NO_DUMP.finditer(block):
                 ranks = {int(r) for r in match.group(1).split(",") if r.strip()} & members
                 if ranks:
-                    kept.append("we missed FR dumps from ranks ({%s})\n"
-                                % ", ".join(map(str, sorted(ranks))))
+                    shown = ", ".join(map(str, sorted(ranks)))
+                    kept.append("we missed FR dumps from ranks ({" + shown + "})\n")
     if not kept:
         return dataclasses.replace(findings, missing_ranks=frozenset(), mismatches=frozenset(),
                                    culprits=frozenset())
@@ -183,7 +186,7 @@ class Verdict:
 
 def evaluate(scenario: Scenario, observed: Observed, baseline: Observed | None = None,
              predicted_ratio: float | dict[int, float] | None = None,
-             predicted_times: np.ndarray | None = None) -> list[Verdict]:
+             predicted_times: NDArray[np.float64] | None = None) -> list[Verdict]:
     """One verdict per expectation, in file order; ``predicted_times``: the
     iteration times prism-debug predict gave (percentiles of a prediction).
     A run of several real ranks (``observed.ranks``) is judged by
@@ -199,7 +202,9 @@ def evaluate(scenario: Scenario, observed: Observed, baseline: Observed | None =
         ExpectIterationTime: iteration_time, ExpectFlightRecord: _flight_record,
         ExpectNanAt: _nan_at, ExpectDigests: _digests}
     if observed.ranks:
-        return [Verdict(e, *_several(e, checks[type(e)], observed, baseline, predicted_ratio))
+        # several real ranks: the caller gives a predicted ratio per rank
+        per_rank = cast("dict[int, float] | None", predicted_ratio)
+        return [Verdict(e, *_several(e, checks[type(e)], observed, baseline, per_rank))
                 for e in scenario.expect]
     return [Verdict(e, *checks[type(e)](e, observed, baseline, predicted_ratio))
             for e in scenario.expect]
@@ -341,6 +346,7 @@ def _iteration_percentile(e: ExpectIterationTime, seen: Observed) -> tuple[bool,
     """The percentile of the iteration times after iteration 1 (the warm-up:
     a restored run's iterations all count), numpy's linear interpolation
     between the closest ranks, within [min_s, max_s]."""
+    assert e.percentile is not None  # (what _iteration_time calls this for)
     low, high = e.bounds()
     times = [t for k, t in sorted(seen.iteration_times.items()) if k > 1]
     label = f"p{e.percentile:g} of iteration times"
@@ -355,9 +361,10 @@ def _iteration_percentile(e: ExpectIterationTime, seen: Observed) -> tuple[bool,
 
 
 def _predicted_percentile(e: ExpectIterationTime,
-                          times: np.ndarray | None) -> tuple[bool, str]:
+                          times: NDArray[np.float64] | None) -> tuple[bool, str]:
     """The percentile of the predicted iteration times (every sample's), by
     the linear interpolation the run's percentile uses, within [min_s, max_s]."""
+    assert e.percentile is not None  # (a predicted percentile's)
     low, high = e.bounds()
     label = f"p{e.percentile:g} of predicted iteration times"
     bound = " and ".join(part for part in (

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from prism_debug.cost import load_profile
-from prism_debug.errors import ConfigError, GraphError, PrismError, VariabilityError
+from prism_debug.errors import ConfigError, GraphError, KeyPath, PrismError, VariabilityError
 from prism_debug.faults import Action, Selector, Trigger, select
 from prism_debug.graph import ExecutionGraph
 from prism_debug.scenario.model import Run, World, only_real_ranks_message
@@ -60,7 +60,7 @@ def graph_file(graph: str, source: str) -> Path:
     return path if path.is_absolute() else Path(source).parent / path
 
 
-def problems(read: Read, source: str, machine: Machine) -> Iterator[tuple[tuple, str]]:
+def problems(read: Read, source: str, machine: Machine) -> Iterator[tuple[KeyPath, str]]:
     """Every problem the scenario's surroundings show, as (key path, message)."""
     world, run = read.world, read.run
     if run is None:
@@ -73,38 +73,10 @@ def problems(read: Read, source: str, machine: Machine) -> Iterator[tuple[tuple,
             load_profile(run.hardware)  # read as the run reads it
         except PrismError as exc:
             yield ("run", "hardware"), str(exc)
-    graph, name = None, None
-    if run.graph is not None and not run.profile_graph:
-        path, name = graph_file(run.graph, source), f"the graph {run.graph}"
-        if not path.is_file():
-            yield ("run", "graph"), (f"no such file {path}: make one with prism-debug profile, "
-                                     "or write graph: profile")
-            return
-        try:
-            graph = ExecutionGraph.load(path)
-        except (GraphError, OSError) as exc:
-            yield ("run", "graph"), _reason(exc, path)
-            return
-    elif run.profile_graph and world is not None and run.snapshot is None:
-        path = machine.cached_graph(run, world, source)
-        if path is None:
-            return  # not profiled yet: what it will hold is not known
-        name = "the cached graph of this job"
-        try:
-            graph = ExecutionGraph.load(path)
-        except (GraphError, OSError) as exc:
-            yield ("run", "graph"), (f"the graph cache's graph of this job, {path}, cannot be "
-                                     f"read: {_reason(exc, path)}; remove it to profile again")
-            return
-    elif run.graph is None and any(a is not None for a in read.actions):
-        yield ("run",), ("faults act on virtual peers replayed from an execution graph: add "
-                         "graph: profile (or a graph file prism-debug profile wrote)")
-    elif run.graph is None and read.variability is not None:
-        yield ("run",), ("variability draws the compute of virtual peers replayed from an "
-                         "execution graph: add graph: profile (or a graph file prism-debug "
-                         "profile wrote)")
-    if graph is None or world is None:
+    named = yield from _graph(read, run, source, machine)
+    if named is None or world is None:
         return
+    graph, name = named
     if graph.world_size != world.size:
         yield ("run", "graph"), (f"{name} is of a world of {graph.world_size} ranks; the "
                                  f"scenario's world.size is {world.size}")
@@ -116,8 +88,45 @@ def problems(read: Read, source: str, machine: Machine) -> Iterator[tuple[tuple,
     yield from _against_graph(read, world, graph, name)
 
 
+def _graph(read: Read, run: Run, source: str, machine: Machine
+           ) -> Generator[tuple[KeyPath, str], None, tuple[ExecutionGraph, str] | None]:
+    """The graph the run replays, with what messages call it; None where there
+    is none to read (not profiled yet, or no graph where faults need one) or it
+    cannot be read, each problem yielded on the way."""
+    world = read.world
+    if run.graph is not None and not run.profile_graph:
+        path, name = graph_file(run.graph, source), f"the graph {run.graph}"
+        if not path.is_file():
+            yield ("run", "graph"), (f"no such file {path}: make one with prism-debug profile, "
+                                     "or write graph: profile")
+            return None
+        try:
+            return ExecutionGraph.load(path), name
+        except (GraphError, OSError) as exc:
+            yield ("run", "graph"), _reason(exc, path)
+            return None
+    if run.profile_graph and world is not None and run.snapshot is None:
+        cached = machine.cached_graph(run, world, source)
+        if cached is None:
+            return None  # not profiled yet: what it will hold is not known
+        try:
+            return ExecutionGraph.load(cached), "the cached graph of this job"
+        except (GraphError, OSError) as exc:
+            yield ("run", "graph"), (f"the graph cache's graph of this job, {cached}, cannot be "
+                                     f"read: {_reason(exc, cached)}; remove it to profile again")
+            return None
+    if run.graph is None and any(a is not None for a in read.actions):
+        yield ("run",), ("faults act on virtual peers replayed from an execution graph: add "
+                         "graph: profile (or a graph file prism-debug profile wrote)")
+    elif run.graph is None and read.variability is not None:
+        yield ("run",), ("variability draws the compute of virtual peers replayed from an "
+                         "execution graph: add graph: profile (or a graph file prism-debug "
+                         "profile wrote)")
+    return None
+
+
 def _against_graph(read: Read, world: World, graph: ExecutionGraph,
-                   name: str) -> Iterator[tuple[tuple, str]]:
+                   name: str) -> Iterator[tuple[KeyPath, str]]:
     """Each fault's families, group, class and collective, and the classes
     and op kinds the variability names, against ``graph``."""
     if read.variability is not None:
@@ -166,7 +175,7 @@ def _against_graph(read: Read, world: World, graph: ExecutionGraph,
 
 
 def _selector_problems(selector: Selector, graph: ExecutionGraph,
-                       name: str) -> Iterator[tuple[tuple, str]]:
+                       name: str) -> Iterator[tuple[KeyPath, str]]:
     if selector.family is not None:
         if selector.family not in graph.families:
             yield ("family",), _no_family(selector.family, graph, name)

@@ -23,8 +23,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
+from typing import Protocol, cast
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from prism_debug.errors import VariabilityError
 from prism_debug.graph.fits import (
@@ -41,6 +43,19 @@ MAX_CV = 2.0  # beyond it a factor is mostly noise: 31 % of a clipped normal's d
 MIN_CV = 1e-6  # below it a factor moves a 1 s gap by under 1 µs: with_cv gives the constant 1
 
 __all__ = ["FAMILIES", "MAX_CV", "MIN_SAMPLES", "Distribution", "Fit", "fit"]
+
+
+class _Frozen(Protocol):
+    """What this module asks of a frozen scipy.stats distribution (scipy ships
+    no types)."""
+
+    def cdf(self, x: NDArray[np.float64]) -> NDArray[np.float64]: ...
+
+    def ppf(self, q: NDArray[np.float64]) -> NDArray[np.float64]: ...
+
+    def mean(self) -> float: ...
+
+    def std(self) -> float: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +79,8 @@ class Distribution:
         """Mean 1 and coefficient of variation ``cv`` (0 to :data:`MAX_CV`).
 
         ``cv`` below :data:`MIN_CV` (0 too) gives the constant 1 (a normal of
-        scale 0, whatever the family; a gamma's shape 1/cv² would overflow): it draws exactly 1, and :attr:`constant` tells callers they
-        may skip it."""
+        scale 0, whatever the family; a gamma's shape 1/cv² would overflow): it
+        draws exactly 1, and :attr:`constant` tells callers they may skip it."""
         if family not in FAMILIES:
             raise VariabilityError(f"distribution family {family!r}: use one of "
                                    f"{', '.join(FAMILIES)}")
@@ -87,7 +102,8 @@ class Distribution:
 
     # -- drawing (the engine's path) ----------------------------------------------
 
-    def draw(self, rng: np.random.Generator, size) -> np.ndarray:
+    def draw(self, rng: np.random.Generator, size: int | tuple[int, ...]
+             ) -> NDArray[np.float64]:
         """``size`` factors (float64, >= 0), drawn from ``rng`` alone."""
         if self.family == "normal":
             loc, scale = self.params
@@ -111,19 +127,20 @@ class Distribution:
 
     # -- the slower questions (scipy.stats) ---------------------------------------
 
-    def _scipy(self):
+    def _scipy(self) -> _Frozen:
         import scipy.stats
 
         name = {"normal": "norm", "gamma": "gamma", "lognormal": "lognorm"}[self.family]
-        return getattr(scipy.stats, name)(*self.params)
+        frozen: _Frozen = getattr(scipy.stats, name)(*self.params)
+        return frozen
 
-    def cdf(self, x) -> np.ndarray:
+    def cdf(self, x: ArrayLike) -> NDArray[np.float64]:
         x = np.asarray(x, dtype=np.float64)
         if self.constant:
             return np.where(x >= max(self.params[0], 0.0), 1.0, 0.0)
         return np.where(x >= 0, self._scipy().cdf(x), 0.0)
 
-    def ppf(self, q) -> np.ndarray:
+    def ppf(self, q: ArrayLike) -> NDArray[np.float64]:
         q = np.asarray(q, dtype=np.float64)
         if self.constant:
             return np.full(q.shape, max(self.params[0], 0.0))
@@ -155,15 +172,15 @@ class Distribution:
     def describe(self) -> str:
         names = PARAMETERS[self.family]
         return f"{self.family}(" + ", ".join(f"{n}={p:.4g}" for n, p in
-                                             zip(names, self.params)) + ")"
+                                             zip(names, self.params, strict=True)) + ")"
 
     # -- JSON ----------------------------------------------------------------------
 
-    def to_json(self) -> list:
+    def to_json(self) -> list[str | float]:
         return [self.family, *self.params]
 
     @classmethod
-    def from_json(cls, data) -> Distribution:
+    def from_json(cls, data: object) -> Distribution:
         """The distribution ``[family, params…]`` (as :meth:`to_json` writes) describes;
         :class:`VariabilityError` saying what to give otherwise."""
         if not (isinstance(data, list) and data and isinstance(data[0], str)):
@@ -213,4 +230,5 @@ def fit(samples: Sequence[float], pooled: str = "op") -> Fit:
     if not np.all(np.isfinite(x)) or float(x.min()) < 0:
         raise VariabilityError("fitting a distribution needs finite samples >= 0 (relative "
                                "compute times)")
-    return Fit.from_gap_fit(fit_samples(x, pooled))
+    # (fit_samples reads any array: np.asarray; graph/fits.py annotates a Sequence)
+    return Fit.from_gap_fit(fit_samples(cast(Sequence[float], x), pooled))

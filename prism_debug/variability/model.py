@@ -30,15 +30,21 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import NDArray
 
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph
-from prism_debug.graph.fits import MIN_GAP_S
+from prism_debug.graph.fits import MIN_GAP_S, GapFit
 from prism_debug.variability.distributions import FAMILIES, Distribution
 from prism_debug.variability.spec import END, Rule, Variability
 
 # Shorter gaps are the host issuing ops, not device work: they do not vary
 # (the graph builder fits none below it either).
 MIN_VARYING_GAP_S = MIN_GAP_S
+
+#: one class's gaps in an iteration, as the engine's ComputeModel answers: an
+#: entry per event (a float, or an array over the class's ranks), or one array
+#: (events, *shape)
+Gaps = Sequence[float | NDArray[np.float64]] | NDArray[np.float64]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,8 +53,8 @@ class _Block:
     vectors that broadcast over a class's shape."""
 
     family: str
-    rows: np.ndarray  # event indices, ascending
-    params: tuple[np.ndarray, ...]  # one (len(rows), 1) array per parameter
+    rows: NDArray[np.intp]  # event indices, ascending
+    params: tuple[NDArray[np.float64], ...]  # one (len(rows), 1) array per parameter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,8 +90,7 @@ class StochasticCompute:
             plan.blocks for plan in (self._steady[class_id], *self._warmup[class_id]))
 
     def gaps_s(self, class_id: int, iteration: int, base_gaps_s: tuple[float, ...],
-               shape: tuple[int, ...], rng: np.random.Generator
-               ) -> Sequence[float] | np.ndarray:
+               shape: tuple[int, ...], rng: np.random.Generator) -> Gaps:
         """``base_gaps_s`` itself where nothing of this iteration varies (the
         engine's scalar fast path), one array (events, *shape) where every gap
         varies alike, else the gaps that do not vary as floats beside arrays
@@ -101,7 +106,7 @@ class StochasticCompute:
         if len(plan.blocks) == 1 and len(plan.blocks[0].rows) == plan.events:
             # every gap drawn from one family (the usual case): the block is the answer
             return _gaps(plan.blocks[0], base, (plan.events, *shape), rng)
-        out: list = list(base_gaps_s)
+        out: list[float | NDArray[np.float64]] = list(base_gaps_s)
         for block in plan.blocks:
             drawn = _gaps(block, base[block.rows], (len(block.rows), *shape), rng)
             for row, event in enumerate(block.rows.tolist()):
@@ -109,7 +114,7 @@ class StochasticCompute:
         return out
 
     def rank_factors(self, class_id: int, shape: tuple[int, ...], rng: np.random.Generator
-                     ) -> np.ndarray | None:
+                     ) -> NDArray[np.float64] | None:
         """The class's ranks' persistent factors (``rank-cv``), of ``shape``;
         None where its ranks have none.  The engine calls this once per class
         and multiplies every gap of the class by it."""
@@ -119,14 +124,14 @@ class StochasticCompute:
 
 def _rank_distribution(class_id: int, rules: Sequence[Rule]) -> Distribution | None:
     for rule in reversed(rules):  # the last rule stating rank-cv for the class
-        if rule.rank_cv is not None and rule.covers_class(class_id):
-            distribution = rule.rank_distribution()
+        # (rank_distribution is None where the rule states no rank-cv)
+        if rule.covers_class(class_id) and (distribution := rule.rank_distribution()) is not None:
             return None if distribution.constant else distribution
     return None
 
 
 def _plan(program: ClassProgram, events: Sequence[Event], rules: Sequence[Rule],
-          fits: Sequence) -> _Plan:
+          fits: Sequence[GapFit | None]) -> _Plan:
     chosen: dict[int, Distribution] = {}
     for index, event in enumerate(events):
         if event.gap_s < MIN_VARYING_GAP_S:
@@ -146,7 +151,7 @@ def _plan(program: ClassProgram, events: Sequence[Event], rules: Sequence[Rule],
 
 
 def _distribution(class_id: int, kind: str, index: int, rules: Sequence[Rule],
-                  fits: Sequence) -> Distribution | None:
+                  fits: Sequence[GapFit | None]) -> Distribution | None:
     """The last rule's word on this gap: its cv, the graph's fit, or nothing."""
     for rule in reversed(rules):
         if rule.cv is None and not rule.fitted or not rule.covers(class_id, kind):
@@ -158,8 +163,8 @@ def _distribution(class_id: int, kind: str, index: int, rules: Sequence[Rule],
     return None
 
 
-def _gaps(block: _Block, base: np.ndarray, size: tuple[int, ...], rng: np.random.Generator
-          ) -> np.ndarray:
+def _gaps(block: _Block, base: NDArray[np.float64], size: tuple[int, ...],
+          rng: np.random.Generator) -> NDArray[np.float64]:
     """One block's gaps: its rows' ``base`` gaps (a column) times factors drawn
     as Distribution.draw draws them, a parameter per row; the base gap is folded
     into the scale (and a lognormal's into its exponent) to spare a pass."""

@@ -16,7 +16,9 @@ step 1 - Φ^n makes at large n (1e-10 relative at n = 10⁶).
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Callable
 
 
 def expected_max_normal(n: int, mean: float, std: float) -> float:
@@ -66,8 +68,8 @@ def _standard_moments(n: int) -> tuple[float, float]:
     points = sorted({0.0, max(mode - 1, 0.0), max(mode, 0.0), mode + 1, top})
     options = dict(epsabs=1e-13, epsrel=1e-12, limit=200)
 
-    def positive(f) -> float:  # ∫₀^top, piece by piece
-        return sum(quad(f, a, b, **options)[0] for a, b in zip(points, points[1:]))
+    def positive(f: Callable[[float], float]) -> float:  # ∫₀^top, piece by piece
+        return float(sum(quad(f, a, b, **options)[0] for a, b in itertools.pairwise(points)))
 
     first = positive(above) - quad(below, -math.inf, 0.0, **options)[0]
     second = positive(lambda x: 2 * x * (above(x) + below(-x)))

@@ -22,12 +22,13 @@ Every problem is one :class:`VariabilityError` naming the term and what to give.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from prism_debug.cost.ops import COLLECTIVES, known_op
-from prism_debug.errors import VariabilityError
+from prism_debug.errors import KeyPath, VariabilityError
 from prism_debug.graph.execution import ExecutionGraph
 from prism_debug.variability.distributions import FAMILIES, MAX_CV, Distribution
 
@@ -37,6 +38,11 @@ KEYS = ("cv", "dist", "class", "op", "rank-cv")
 FITTED = "fitted"
 _USE = "use cv, dist, class, op, rank-cv or fitted"
 MAX_RULES = 1024  # a file may hold at most this many
+
+# a rule's item as a file holds it (YAML keys)
+Item = dict[str, bool | float | str]
+# says what is wrong with a rule's key (None: the rule as a whole), never returns
+_Fail = Callable[[str | None, str], NoReturn]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +101,9 @@ class Rule:
             parts.append(f"rank-cv={self.rank_cv:g}{family}{on}")
         return "; ".join(parts)
 
-    def to_item(self) -> dict:
+    def to_item(self) -> Item:
         """The rule as a file's item (YAML keys)."""
-        item: dict = {FITTED: True} if self.fitted else {}
+        item: Item = {FITTED: True} if self.fitted else {}
         if self.cv is not None:
             item["cv"] = self.cv
         if self.cv is not None or self.rank_cv is not None:
@@ -122,7 +128,7 @@ class Variability:
         """One line, as reports print it: ``cv=0.05 lognormal on every class; rank-cv=0.02``."""
         return "; ".join(rule.describe() for rule in self.rules) or "none"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, list[Item]]:
         return {"variability": [rule.to_item() for rule in self.rules]}
 
     @classmethod
@@ -203,9 +209,10 @@ def _term(term: str) -> Rule:
     def fail(key: str | None, problem: str) -> NoReturn:
         raise VariabilityError(say + problem)
 
-    fields: dict = {}
+    fields: dict[str, str | bool] = {}
     if not term.split():
         fail(None, "is empty: give cv=0.05, rank-cv=0.02 or fitted")
+    value: str | bool  # as typed, or True for the word fitted
     for word in term.split():
         key, eq, value = word.partition("=")
         if word == FITTED:
@@ -219,8 +226,9 @@ def _term(term: str) -> Rule:
     return _rule(fields, fail, text=True)
 
 
-def _rule(fields: dict, fail: Callable[[str | None, str], NoReturn], text: bool) -> Rule:
-    """The rule ``fields`` (key -> value; ``text``: values as typed) state."""
+def _rule(fields: Mapping[str, Any], fail: _Fail, text: bool) -> Rule:
+    """The rule ``fields`` (key -> value; ``text``: values as typed, else as a
+    file's YAML holds them, of any type) state."""
     for key in fields:
         if key not in KEYS and key != FITTED:
             fail(key, f"unknown key {key!r}: {_USE}")
@@ -257,7 +265,7 @@ def _rule(fields: dict, fail: Callable[[str | None, str], NoReturn], text: bool)
     return Rule(cv=cv, dist=dist, classes=classes, op=op, rank_cv=rank_cv, fitted=fitted)
 
 
-def _cv(fields: dict, key: str, fail, text: bool) -> float | None:
+def _cv(fields: Mapping[str, Any], key: str, fail: _Fail, text: bool) -> float | None:
     if key not in fields:
         return None
     value = fields[key]
@@ -286,7 +294,7 @@ def _classes_of(value: object) -> tuple[int, int] | None:
 # -- files ------------------------------------------------------------------------------
 
 
-def load_variability(path) -> Variability:
+def load_variability(path: str | os.PathLike[str]) -> Variability:
     """The rules of a YAML file ``{variability: [items]}``; an item is a mapping
     of the term's keys (``rank_cv`` or ``rank-cv``; ``fitted: true``) or a term's
     text.  Errors name the file and line."""
@@ -312,7 +320,7 @@ def load_variability(path) -> Variability:
     except yaml.YAMLError as exc:
         raise VariabilityError(f"{path}: not YAML: {exc}") from None
 
-    def line_of(key_path: tuple) -> int | None:
+    def line_of(key_path: KeyPath) -> int | None:
         node = root
         for key in key_path:
             if isinstance(node, yaml.SequenceNode) and isinstance(key, int) \
@@ -330,9 +338,9 @@ def load_variability(path) -> Variability:
     return _from_data(data, str(path), line_of)
 
 
-def _from_data(data: object, source: str, line_of: Callable[[tuple], int | None]
+def _from_data(data: object, source: str, line_of: Callable[[KeyPath], int | None]
                ) -> Variability:
-    def where(key_path: tuple) -> str:
+    def where(key_path: KeyPath) -> str:
         line = line_of(key_path)
         place = "".join(f"[{k}]" if isinstance(k, int) else f".{k}" for k in key_path)
         return f"{source}{'' if line is None else f':{line}'}: {place.lstrip('.') or 'the file'}"
@@ -346,7 +354,7 @@ def _from_data(data: object, source: str, line_of: Callable[[tuple], int | None]
                                f"{MAX_RULES} rules, got {type(items).__name__}")
     rules = []
     for i, item in enumerate(items):
-        at = ("variability", i)
+        at: KeyPath = ("variability", i)
         if isinstance(item, str):
             try:
                 rules.append(_term(item))
@@ -357,7 +365,7 @@ def _from_data(data: object, source: str, line_of: Callable[[tuple], int | None]
             raise VariabilityError(f"{where(at)} must be a mapping of cv, dist, class, op, "
                                    f"rank_cv, fitted, or a term's text, got {item!r:.60}")
 
-        def fail(key: str | None, problem: str, at=at) -> NoReturn:
+        def fail(key: str | None, problem: str, at: KeyPath = at) -> NoReturn:
             raise VariabilityError(f"{where(at if key is None else at + (key,))}: {problem}")
 
         fields = {("rank-cv" if k == "rank_cv" else k): v for k, v in item.items()}
