@@ -72,9 +72,8 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.clock = EmulatedClock()
-        # open for the rank's life: closed at its exit (_on_exit)
-        self._events = open(config.events_path, "a", buffering=1,  # noqa: SIM115
-                            encoding="utf-8")
+        # (open for the rank's life: _on_exit closes it)
+        self._events = open(config.events_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
         self.handshake = Handshake(config.control_path)  # a snapshot's wait
         self._backend: str | None = None
         profile = HardwareProfile.from_dict(config.hardware)
@@ -87,8 +86,7 @@ class Agent:
             graph = ExecutionGraph.load(Path(config.graph_path))
             model = CostModel(profile)
             # --variability: every virtual peer's compute drawn from the engine's generator
-            # (a ComputeModel: its gaps_s may answer one array, as ComputeModel's
-            # docstring allows and its annotation does not say yet)
+            # (cast: its gaps_s may answer one array, which ComputeModel allows in words only)
             compute = None if config.variability is None else cast(ComputeModel, StochasticCompute(
                 graph, Variability.from_dict(config.variability)))
             replay = ReplayEngine(graph, model.op_time_s, real_rank=config.rank,
@@ -107,8 +105,7 @@ class Agent:
                               dump_flight_record=self._dump_flight_record),
             flight=FlightLog.from_env(config.rank, self.clock),
             on_nonfinite=self._first_nonfinite if config.watch_nonfinite else None,
-            side_store=None if config.side_store is None
-            else SideStore.from_dict(config.side_store),
+            side_store=SideStore.from_dict(config.side_store) if config.side_store else None,
             real_ranks=config.real_ranks,
         )
         # several real ranks: one timeline, cuts (agent/real.py)
@@ -299,27 +296,23 @@ class Agent:
 
     # -- faults ------------------------------------------------------------------------
 
-    def _faults_engine(self) -> GraphEngine:
-        """The graph engine, which faults act on (:class:`ConfigError` without one)."""
+    def resolve(self, fault: Fault) -> Injection:
+        """Whom ``fault`` hits in this rank's world and graph (:class:`ConfigError` if
+        nobody can be: a rank outside the world, a family the graph lacks)."""
         if self.graph_engine is None:
             raise ConfigError("faults act on virtual peers replayed from a graph: run without "
                               "--lockstep (the job's graph is profiled and cached) or with "
                               "--graph")
-        return self.graph_engine
-
-    def resolve(self, fault: Fault) -> Injection:
-        """Whom ``fault`` hits in this rank's world and graph (:class:`ConfigError` if
-        nobody can be: a rank outside the world, a family the graph lacks)."""
-        graph = self._faults_engine().graph
         config = self.config
-        return resolve(fault, config.world_size, config.gpus_per_node, graph)
+        return resolve(fault, config.world_size, config.gpus_per_node, self.graph_engine.graph)
 
     def inject(self, fault: Fault, text: str | None = None,
                injection: Injection | None = None) -> None:
         """Put ``fault`` in force (on the main thread, or while it is paused);
         ``text`` is how it was written, for ``perturb list``."""
         injection = injection or self.resolve(fault)
-        handle = apply_fault(self._faults_engine().replay, injection)
+        assert self.graph_engine is not None  # (resolve refuses faults without one)
+        handle = apply_fault(self.graph_engine.replay, injection)
         self.faults.append(InForce(text or fault_text(fault), injection, handle))
         self.runtime.peer_faults.set(self.faults_in_force())
 
@@ -331,7 +324,8 @@ class Agent:
                   if any(e is f for f in self.faults)]
         for entry in chosen:
             if entry.handle is not None:
-                self._faults_engine().replay.remove(entry.handle)
+                assert self.graph_engine is not None  # (a handle is the graph engine's)
+                self.graph_engine.replay.remove(entry.handle)
         self.faults = [e for e in self.faults if not any(e is taken for taken in chosen)]
         self.runtime.peer_faults.set(self.faults_in_force())
         return [entry.text for entry in chosen]

@@ -339,8 +339,7 @@ class _ObjectCollectives:
         iteration = state.runtime.tracker.iteration
         delta = peer - state.runtime.rank
         order = state.sent.next(iteration, delta, kind)
-        messages.on_sent(PeerMessage(iteration, delta, kind, order, payload, dtype,
-                                           shape))
+        messages.on_sent(PeerMessage(iteration, delta, kind, order, payload, dtype, shape))
 
     def _message(self, peer: int, kind: str, group) -> PeerMessage | None:
         """What ``peer``'s class sends here next (None: not known, mirror)."""
