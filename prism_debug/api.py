@@ -1,6 +1,6 @@
 """prism-debug from Python: run a command as one rank of a huge job, restore a
-snapshot, run a scenario, import an incident's flight-recorder dumps — the calls the CLI, the scenario runner and test
-plugins make too.  ::
+snapshot, run a scenario, import an incident's flight-recorder dumps — the
+calls the CLI, the scenario runner and test plugins make too.  ::
 
     from prism_debug import api
 

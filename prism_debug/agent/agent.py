@@ -20,8 +20,9 @@ import resource
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch.optim.optimizer import (
@@ -45,7 +46,7 @@ from prism_debug.backend.tracker import IterationTracker
 from prism_debug.backend.values import Values
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog
 from prism_debug.cost import CostModel, HardwareProfile
-from prism_debug.engine import EmulatedClock, LockstepEngine, ReplayEngine
+from prism_debug.engine import ComputeModel, EmulatedClock, Engine, LockstepEngine, ReplayEngine
 from prism_debug.engine.graph_engine import GraphEngine
 from prism_debug.engine.injection import apply_fault
 from prism_debug.errors import ConfigError, PrismError
@@ -54,6 +55,9 @@ from prism_debug.graph import ExecutionGraph, FamilyRecorder
 from prism_debug.graph.messages import NEEDS_MESSAGES_EXIT, MessageBook, MissingMessage, PeerMessage
 from prism_debug.variability import Variability
 from prism_debug.variability.model import StochasticCompute
+
+if TYPE_CHECKING:
+    from prism_debug.agent.link import BusLink
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +72,8 @@ class Agent:
     def __init__(self, config: AgentConfig) -> None:
         self.config = config
         self.clock = EmulatedClock()
-        self._events = open(config.events_path, "a", buffering=1, encoding="utf-8")
+        # (open for the rank's life: _on_exit closes it)
+        self._events = open(config.events_path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115
         self.handshake = Handshake(config.control_path)  # a snapshot's wait
         self._backend: str | None = None
         profile = HardwareProfile.from_dict(config.hardware)
@@ -76,12 +81,14 @@ class Agent:
         self.tracker = IterationTracker(self.clock.now(), self._emit, config.record_ops)
         self.graph_engine: GraphEngine | None = None
         graph = None
+        engine: Engine
         if config.graph_path:
             graph = ExecutionGraph.load(Path(config.graph_path))
             model = CostModel(profile)
             # --variability: every virtual peer's compute drawn from the engine's generator
-            compute = None if config.variability is None else StochasticCompute(
-                graph, Variability.from_dict(config.variability))
+            # (cast: its gaps_s may answer one array, which ComputeModel allows in words only)
+            compute = None if config.variability is None else cast(ComputeModel, StochasticCompute(
+                graph, Variability.from_dict(config.variability)))
             replay = ReplayEngine(graph, model.op_time_s, real_rank=config.rank,
                                   record=bool(config.trace_ranks), compute=compute,
                                   seed=config.seed, real_ranks=config.real_ranks or None)
@@ -98,7 +105,7 @@ class Agent:
                               dump_flight_record=self._dump_flight_record),
             flight=FlightLog.from_env(config.rank, self.clock),
             on_nonfinite=self._first_nonfinite if config.watch_nonfinite else None,
-            side_store=config.side_store and SideStore.from_dict(config.side_store),
+            side_store=SideStore.from_dict(config.side_store) if config.side_store else None,
             real_ranks=config.real_ranks,
         )
         # several real ranks: one timeline, cuts (agent/real.py)
@@ -122,18 +129,18 @@ class Agent:
         self.sources = Sources()  # the user's files, hashed when first seen (a reload's diff)
         # the debugger bus: commands answered on the link's thread, the
         # debugger blocking the main thread while paused
-        self.link = None
+        self.link: BusLink | None = None
         self.debugger: Debugger | None = None
         if config.bus:
-            self._open_bus()
+            self._open_bus(config.bus)
 
-    def _open_bus(self) -> None:
+    def _open_bus(self, endpoint: str) -> None:
         from prism_debug.agent.commands import Commands
         from prism_debug.agent.link import BusLink
 
         config = self.config
         self.debugger = Debugger(self.clock, self._publish, self._watch)
-        self.link = BusLink(config.bus, config.rank, os.getpid(), Commands(self).handle,
+        self.link = BusLink(endpoint, config.rank, os.getpid(), Commands(self).handle,
                             self._controller_lost, config.bus_curve, config.bus_secret)
         self.tracker.keep_last_ops = True
         self._tokens, self._tokens_at, self._skipped, self._sampled = 0.0, 0.0, 0, False
@@ -177,7 +184,9 @@ class Agent:
         self.runtime.watch = self if on else None
 
     def enter(self, op: str, ref, seq: int, nbytes: int) -> float:
-        if self.debugger.events_on:
+        debugger = self.debugger
+        assert debugger is not None  # (only the debugger turns the watch on)
+        if debugger.events_on:
             self._sampled = self._sample()
             if self._sampled:
                 self._publish("coll.enter", {
@@ -185,10 +194,12 @@ class Agent:
                     "index": ref.index, "seq": seq, "bytes": nbytes,
                     "time_s": self.clock.now(), "skipped": self._skipped})
                 self._skipped = 0
-        return self.debugger.at_collective(op, ref.family, ref.index, seq, nbytes)
+        return debugger.at_collective(op, ref.family, ref.index, seq, nbytes)
 
     def exit(self, op: str, ref, seq: int, done) -> None:
-        if self.debugger.events_on and self._sampled:
+        debugger = self.debugger
+        assert debugger is not None  # (only the debugger turns the watch on)
+        if debugger.events_on and self._sampled:
             self._publish("coll.exit", {"iteration": self.tracker.iteration, "op": op,
                                         "family": ref.family, "index": ref.index, "seq": seq,
                                         "done_s": done if isinstance(done, float) else None})
@@ -216,6 +227,7 @@ class Agent:
         """The controller stopped answering: run on, never wait for it."""
         print("prism-debug: the controller stopped answering the rank's bus; the rank runs on "
               "(breakpoints cleared)", file=sys.stderr, flush=True)
+        assert self.debugger is not None  # (made with the link that calls this)
         self.debugger.release()
 
     def _on_init(self, requested_backend: str) -> None:
@@ -253,8 +265,10 @@ class Agent:
 
     def _peer_messages(self, graph: ExecutionGraph | None) -> Messages | None:
         if graph is not None:
+            # (a dict of its own: the book takes a dict of any iterables, and dicts are invariant)
+            messages: dict[int, Iterable[PeerMessage]] = dict(graph.messages)
             return Messages(MessageBook(graph.class_of, graph.message_iterations,
-                                        graph.messages, range(len(graph.programs)))) \
+                                        messages, range(len(graph.programs)))) \
                 if graph.messages else None
         if not self.config.record_program:
             return None  # lockstep: peers mirror the real rank
@@ -271,6 +285,7 @@ class Agent:
     def _message_missing(self, missing: MissingMessage, family: str):
         """A profiled slice needs what a class not yet profiled sends: it ends
         here, and profiling runs it again once that class has run."""
+        assert self.runtime.recorder is not None  # (only a profiled slice misses one)
         self._emit({"kind": "message_missing", "missing": missing.to_dict(),
                     "family": family, "families": self._families(),
                     "program": self.runtime.recorder.end(self.clock.now())})
@@ -296,6 +311,7 @@ class Agent:
         """Put ``fault`` in force (on the main thread, or while it is paused);
         ``text`` is how it was written, for ``perturb list``."""
         injection = injection or self.resolve(fault)
+        assert self.graph_engine is not None  # (resolve refuses faults without one)
         handle = apply_fault(self.graph_engine.replay, injection)
         self.faults.append(InForce(text or fault_text(fault), injection, handle))
         self.runtime.peer_faults.set(self.faults_in_force())
@@ -308,6 +324,7 @@ class Agent:
                   if any(e is f for f in self.faults)]
         for entry in chosen:
             if entry.handle is not None:
+                assert self.graph_engine is not None  # (a handle is the graph engine's)
                 self.graph_engine.replay.remove(entry.handle)
         self.faults = [e for e in self.faults if not any(e is taken for taken in chosen)]
         self.runtime.peer_faults.set(self.faults_in_force())
@@ -396,14 +413,14 @@ class Agent:
         # the clock holds still for the bookkeeping (and any pause or snapshot
         # here): no thread sees it run ahead
         hold, t0 = self.clock.enter()
-        extra = {"peak_rss_bytes": _peak_rss()}
+        extra: dict[str, object] = {"peak_rss_bytes": _peak_rss()}
         if self.runtime.recorder is not None:
             extra["program"] = self.runtime.recorder.end(t0)
         if self.families.version != self._families_version:
             self._families_version = self.families.version
             extra["families"] = self._families()
         if self.graph_engine is not None:
-            extra.update(self._graph_extras())
+            extra.update(self._graph_extras(self.graph_engine))
         record = self.tracker.boundary(t0, extra)
         if self.graph_engine is not None:
             self.graph_engine.iteration_end()
@@ -508,35 +525,38 @@ class Agent:
             self.link = None
             return
         if self.link is None:
-            self._open_bus()
+            self._open_bus(self.config.bus)
+        link, debugger = self.link, self.debugger
+        assert link is not None and debugger is not None  # (_open_bus makes both)
         self._snapshots_asked = set()
         # the debugger's state first: the controller answers the restore (and
         # the next command arrives) as soon as the link says hello
         if control.get("pause"):
-            self.debugger.pause_again("restore")
+            debugger.pause_again("restore")
         else:
-            self.debugger.release()
-        self.link.endpoint = self.config.bus
-        self.link.curve = self.config.bus_curve
-        self.link.secret = self.config.bus_secret  # the restoring controller's session
-        self.link.start()
+            debugger.release()
+        link.endpoint = self.config.bus
+        link.curve = self.config.bus_curve
+        link.secret = self.config.bus_secret  # the restoring controller's session
+        link.start()
 
-    def _graph_extras(self) -> dict:
+    def _graph_extras(self, engine: GraphEngine) -> dict:
         """Who the rank waited for longest this iteration, and the traced
         virtual ranks' ops."""
         extras: dict = {}
         longest, self.runtime.longest_wait = self.runtime.longest_wait, None
         if longest is not None:
             waited, deferred = longest
-            last = self.graph_engine.last_arrival(deferred)
+            last = engine.last_arrival(deferred)
             if last is not None:
-                spec = self.graph_engine.op_of(deferred)
+                spec = engine.op_of(deferred)
                 extras["last_arrival"] = {"rank": last[0], "op": spec.kind,
                                           "family": spec.family, "wait_s": waited}
-        if self.several is not None and self.tracker.iteration > 1:
-            extras["real_ops"] = self.several.timeline.real_ops(self.tracker.iteration - 1)
+        timeline = self.several.timeline if self.several is not None else None
+        if timeline is not None and self.tracker.iteration > 1:
+            extras["real_ops"] = timeline.real_ops(self.tracker.iteration - 1)
         if self.config.trace_ranks:
-            replay = self.graph_engine.replay
+            replay = engine.replay
             iteration = self.tracker.iteration
             extras["virtual_ops"] = [
                 [rank, spec.kind, spec.family, arrival, done]

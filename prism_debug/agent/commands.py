@@ -48,14 +48,17 @@ class Commands:
         paused = debugger.paused_at
         return {"state": "paused" if paused else "running", "rank": agent.config.rank,
                 "world_size": agent.config.world_size, "iteration": agent.tracker.iteration,
-                "emulated_s": agent.emulated_s(), "paused_at": paused, "breakpoints": len(debugger.breakpoints())}
+                "emulated_s": agent.emulated_s(), "paused_at": paused,
+                "breakpoints": len(debugger.breakpoints())}
 
     def do_where(self) -> dict:
         """The main thread's stack, outermost first, down to where it entered
         prism-debug (the frames of a paused rank's debugger are not the script's),
         and whether the rank is paused: a running rank's stack is one instant of it."""
         paused = self._debugger.paused_at
-        frame = sys._current_frames().get(threading.main_thread().ident)
+        main = threading.main_thread().ident
+        assert main is not None  # (the main thread has started: it runs the script)
+        frame = sys._current_frames().get(main)
         stack = []
         while frame is not None:
             stack.append(frame)

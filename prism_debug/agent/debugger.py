@@ -41,7 +41,7 @@ class Breakpoint:
         return where + (f" seq {self.seq}" if self.seq is not None else "")
 
     def matches_collective(self, op: str, family: str, seq: int) -> bool:
-        return (self.kind == "coll" and _op_matches(self.op, op)
+        return (self.kind == "coll" and self.op is not None and _op_matches(self.op, op)
                 and (self.family is None or self.family == family)
                 and (self.seq is None or self.seq == seq))
 
@@ -272,6 +272,7 @@ class Debugger:
                    ) -> float:
         """On a replay to run_to's stop: pause if this is it, else pass on
         (breakpoints included).  Called with the lock held."""
+        assert self._target is not None  # (its callers check)
         target_iteration, target_seq, reason = self._target
         if (iteration, seq) != (target_iteration, target_seq):
             return 0.0

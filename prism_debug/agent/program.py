@@ -106,5 +106,7 @@ def slice_book(path: str | None) -> MessageBook:
         return MessageBook(lambda rank: -1, 0, {}, known=())
     data = json.loads(Path(path).read_text())
     stride, count = data["class_stride"], data["num_classes"]
-    return MessageBook(lambda rank: (rank // stride) % count, data["iterations"],
-                       messages_from_json(data["messages"]), known=data["known"])
+    # (a dict of its own: the book takes a dict of any iterables, and dicts are invariant)
+    messages: dict[int, Iterable[PeerMessage]] = dict(messages_from_json(data["messages"]))
+    return MessageBook(lambda rank: (rank // stride) % count, data["iterations"], messages,
+                       known=data["known"])

@@ -34,11 +34,13 @@ from __future__ import annotations
 
 import datetime
 import threading
+from typing import cast
 
 from prism_debug.backend.exchange import ISSUE, ArrivalExchange
 from prism_debug.backend.real_comms import SideStore
 from prism_debug.backend.work import off_clock
 from prism_debug.engine.graph_engine import GraphEngine
+from prism_debug.engine.replay import ReplayEngine
 from prism_debug.errors import PrismError
 
 
@@ -81,7 +83,8 @@ class OneTimeline:
         self._engine = engine
         self._runtime = runtime
         self._on_error = on_error
-        engine.replay = LockedReplay(engine.replay, self._lock)
+        # (a proxy with every attribute of the engine it wraps, through __getattr__)
+        engine.replay = cast(ReplayEngine, LockedReplay(engine.replay, self._lock))
         # the last iteration each other real rank ended, as fed (a cut waits on it)
         self._ended = {rank: 0 for rank in runtime.real_ranks if rank != runtime.rank}
         self._fed = threading.Condition(self._lock)
@@ -91,7 +94,9 @@ class OneTimeline:
         runtime = self._runtime
         exchange = ArrivalExchange(side, runtime.rank, runtime.real_ranks, self._feed,
                                    on_error=self._on_error)
-        self._engine.exchange = exchange
+        # (engine/graph_engine.py declares the seam as None, untyped: it takes any
+        # object with issued() and iteration_ended())
+        self._engine.exchange = exchange  # type: ignore[assignment]
         return exchange
 
     def start(self) -> None:

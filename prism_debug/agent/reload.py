@@ -21,6 +21,7 @@ or nothing: every swap is checked before the first is made.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import gc
 import hashlib
 import linecache
@@ -78,11 +79,13 @@ def _edited(module: object, path: str) -> bool:
     since its last scan; the script itself has no cache, and is hashed as it
     imports torch)."""
     cached = getattr(module, "__cached__", None)
+    if not isinstance(cached, str):
+        return False  # no cache (None)
     try:
         with open(cached, "rb") as f:
             header = f.read(16)
         info = os.stat(path)
-    except (OSError, TypeError):
+    except OSError:
         return False
     if len(header) < 16 or int.from_bytes(header[4:8], "little") != 0:
         return False  # a hash-based cache (PEP 552) says nothing of times
@@ -104,35 +107,69 @@ def apply(entries: list[dict], sources: Sources) -> dict:
     """Patch the live functions ``entries`` name (the control file's
     ``reload``: path, source, patch, add); the ``reloaded`` event, with
     ``refused`` and nothing changed where any swap cannot be made."""
-    swaps: list[tuple[types.FunctionType, types.CodeType]] = []
-    added: list[tuple[dict, ast.Module, str]] = []
-    refused: list[str] = []
-    by_file: dict[str, dict[str, types.CodeType]] = {}
-    wanted: set[tuple[str, str]] = set()
-    texts: dict[str, str] = {}
+    plan = _compile(entries)
+    swaps = _swaps(plan)
+    if plan.refused:
+        return {"kind": "reloaded", "patched": [], "running": [], "relined": 0,
+                "refused": sorted(set(plan.refused))}
+    on_stack = _on_stack()
+    for fn, new in swaps:
+        fn.__code__ = new
+    for namespace, module_ast, path in plan.added:
+        exec(compile(module_ast, path, "exec", dont_inherit=True), namespace)
+    return _reloaded(entries, plan, sources, on_stack)
+
+
+@dataclasses.dataclass
+class _Plan:
+    """A reload's entries, compiled: what it swaps in and what it adds, or
+    why not (``refused``)."""
+
+    # path -> qualname -> the new code of every function its new text defines
+    by_file: dict[str, dict[str, types.CodeType]] = dataclasses.field(default_factory=dict)
+    wanted: set[tuple[str, str]] = dataclasses.field(default_factory=set)  # (path, qualname)
+    texts: dict[str, str] = dataclasses.field(default_factory=dict)  # path -> its new text
+    # (the module's namespace, the new definitions, their path)
+    added: list[tuple[dict, ast.Module, str]] = dataclasses.field(default_factory=list)
+    refused: list[str] = dataclasses.field(default_factory=list)
+
+
+def _compile(entries: list[dict]) -> _Plan:
+    """Each entry's new text, read back and compiled (refused where the rank
+    never imported the file, the staged text changed or it does not parse)."""
+    plan = _Plan()
     for entry in entries:
         path = os.path.realpath(entry["path"])
         module = _module_of(path)
         if module is None:
-            refused.append(f"{os.path.basename(path)}: the rank has not imported it")
+            plan.refused.append(f"{os.path.basename(path)}: the rank has not imported it")
             continue
         source = _staged_text(entry)
         if source is None:
-            refused.append(f"{os.path.basename(path)}: the new text the controller staged "
-                           f"({entry['text']}) is gone or changed")
+            plan.refused.append(f"{os.path.basename(path)}: the new text the controller staged "
+                                f"({entry['text']}) is gone or changed")
             continue
         entry = {**entry, "source": source}
-        texts[path] = source
+        plan.texts[path] = source
         try:
             tree = ast.parse(source, path)
-            by_file[path] = _codes(compile(tree, path, "exec", dont_inherit=True))
+            plan.by_file[path] = _codes(compile(tree, path, "exec", dont_inherit=True))
         except SyntaxError as exc:
-            refused.append(f"{os.path.basename(path)}:{exc.lineno}: syntax error: {exc.msg}")
+            plan.refused.append(f"{os.path.basename(path)}:{exc.lineno}: syntax error: "
+                                f"{exc.msg}")
             continue
-        wanted |= {(path, q) for q in entry["patch"]}
+        plan.wanted |= {(path, q) for q in entry["patch"]}
         defs = [node for node in tree.body if getattr(node, "name", None) in entry["add"]]
         if defs:
-            added.append((module.__dict__, ast.Module(body=defs, type_ignores=[]), path))
+            plan.added.append((module.__dict__, ast.Module(body=defs, type_ignores=[]), path))
+    return plan
+
+
+def _swaps(plan: _Plan) -> list[tuple[types.FunctionType, types.CodeType]]:
+    """Every live function the plan patches, with its new code (refusing, in
+    ``plan``, those whose closure's variables changed)."""
+    swaps: list[tuple[types.FunctionType, types.CodeType]] = []
+    wanted = plan.wanted
     files = {path for path, _ in wanted}
     real: dict[str, str] = {}  # co_filename -> its real path, once each (torch has 10⁵ functions)
     for obj in gc.get_objects():
@@ -146,27 +183,26 @@ def apply(entries: list[dict], sources: Sources) -> dict:
         if path not in files or (path, code.co_qualname) not in wanted:
             continue
         key = (path, code.co_qualname)
-        new = by_file[key[0]][key[1]]
+        new = plan.by_file[key[0]][key[1]]
         if new.co_freevars != code.co_freevars:
-            refused.append(f"{os.path.basename(key[0])}: {key[1]}: the variables its closure "
-                           "takes changed")
+            plan.refused.append(f"{os.path.basename(key[0])}: {key[1]}: the variables its "
+                                "closure takes changed")
         swaps.append((obj, new))
-    if refused:
-        return {"kind": "reloaded", "patched": [], "running": [], "relined": 0,
-                "refused": sorted(set(refused))}
-    on_stack = _on_stack()
-    for fn, new in swaps:
-        fn.__code__ = new
-    for namespace, module_ast, path in added:
-        exec(compile(module_ast, path, "exec", dont_inherit=True), namespace)
+    return swaps
+
+
+def _reloaded(entries: list[dict], plan: _Plan, sources: Sources,
+              on_stack: set[tuple[str, str]]) -> dict:
+    """The swaps made: the rank's sources and tracebacks follow, and the
+    ``reloaded`` event says what changed (and what runs its old code still)."""
     patched, running = [], []
     for entry in entries:
         path = os.path.realpath(entry["path"])
         linecache.checkcache(path)  # tracebacks show the new text
-        sources.replaced(path, texts[path])
+        sources.replaced(path, plan.texts[path])
         for qualname in [*entry["changed"], *entry["add"]]:
             patched.append({"qualname": qualname, "path": path,
-                            "line": by_file[path][qualname].co_firstlineno})
+                            "line": plan.by_file[path][qualname].co_firstlineno})
             if (path, qualname) in on_stack:
                 running.append(qualname)
     return {"kind": "reloaded", "patched": patched, "running": running,
@@ -201,7 +237,8 @@ def _codes(code: types.CodeType) -> dict[str, types.CodeType]:
 def _on_stack() -> set[tuple[str, str]]:
     """(file, qualname) of every function the main thread is in now: a
     patched one keeps running its old code until it returns."""
-    frames, frame = set(), sys._getframe()
+    frames: set[tuple[str, str]] = set()
+    frame: types.FrameType | None = sys._getframe()
     while frame is not None:
         code = frame.f_code
         frames.add((os.path.realpath(code.co_filename), code.co_qualname))

@@ -89,7 +89,9 @@ class ArrivalExchange:
                         if not thread.is_alive():
                             break
                         # written only where nobody has: an event there is read first
-                        store.compare_set(f"{rank}/{self._next[rank]}", "", _STOP)
+                        # (c10d's stores take bytes too; torch's stubs say str only)
+                        store.compare_set(f"{rank}/{self._next[rank]}", "",
+                                          _STOP)  # type: ignore[arg-type]
                         thread.join(timeout=0.1)
             except Exception:  # noqa: BLE001 - the store is gone: so are the peers
                 pass
@@ -103,7 +105,8 @@ class ArrivalExchange:
             store = self._store()
             sent = 0
             while (event := self._outbox.get()) is not None:
-                store.set(f"{self.me}/{sent}", _EVENT.pack(*event))
+                # (bytes: see stop())
+                store.set(f"{self.me}/{sent}", _EVENT.pack(*event))  # type: ignore[arg-type]
                 sent += 1
         except Exception as exc:  # noqa: BLE001 - reported, the thread is gone
             self._failed(exc)

@@ -47,7 +47,7 @@ from prism_debug.backend.fr_dump_format import (
     write_group_dumps,
 )
 from prism_debug.backend.fr_nccl_names import nccl_call_of
-from prism_debug.faults import MISSING_ACTIONS, Action, Fault, Injection
+from prism_debug.faults import MISSING_ACTIONS, Action, DesyncFault, Fault, Injection
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def _mirrored(entries: list[dict], group_rank: int) -> list[dict]:
 def _as_peer(entries: list[dict], stuck_at: int, fault: Fault) -> list[dict]:
     """The real rank's record as a hung or desynchronised peer would hold it."""
     before = [dict(e) for e in entries if e["is_p2p"] or e["collective_seq_id"] < stuck_at]
-    if fault.action == Action.HANG:
+    if not isinstance(fault, DesyncFault):  # a hang: the peer issued nothing after it
         return before
     later = [e for e in entries if not e["is_p2p"] and e["collective_seq_id"] >= stuck_at]
     if not later:
@@ -214,7 +214,9 @@ def _as_peer(entries: list[dict], stuck_at: int, fault: Fault) -> list[dict]:
 
 def _main_thread_frames(limit: int = 32) -> list[dict]:
     """The script's stack where it waits (innermost first), without the harness's frames."""
-    frame = sys._current_frames().get(threading.main_thread().ident)
+    main = threading.main_thread().ident
+    assert main is not None  # (the main thread has started: it runs the script)
+    frame = sys._current_frames().get(main)
     harness = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     frames = python_frames(frame=frame, limit=None) if frame is not None else []
     return [f for f in frames if not f["filename"].startswith(harness)][:limit]

@@ -7,10 +7,11 @@ each docstring), tests may pass fakes.  Pure: imports no torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Iterable, Sized
 from pathlib import Path
 from typing import Any, Protocol
 
+from prism_debug.backend.tracker import Completion
 from prism_debug.backend.watchdog import TimedOutOp
 from prism_debug.faults import Injection
 from prism_debug.graph import GroupRef
@@ -18,9 +19,6 @@ from prism_debug.graph import GroupRef
 # The PrismProcessGroup that issued an op: not named here, as process_group.py
 # imports the runtime, which imports these protocols.
 Group = Any
-# When an op completes on the emulated clock: a float, or the graph engine's
-# DeferredCompletion (a zero-argument callable, inf while not known yet).
-Completion = float | Callable[[], float]
 
 
 class RecorderHook(Protocol):

@@ -334,11 +334,12 @@ class _ObjectCollectives:
     def _record(self, peer: int, kind: str, payload: bytes, dtype: str = "",
                 shape: tuple = ()) -> None:
         state = self._state
+        messages = state.messages
+        assert messages is not None and messages.on_sent is not None  # (its callers check)
         iteration = state.runtime.tracker.iteration
         delta = peer - state.runtime.rank
         order = state.sent.next(iteration, delta, kind)
-        state.messages.on_sent(PeerMessage(iteration, delta, kind, order, payload, dtype,
-                                           shape))
+        messages.on_sent(PeerMessage(iteration, delta, kind, order, payload, dtype, shape))
 
     def _message(self, peer: int, kind: str, group) -> PeerMessage | None:
         """What ``peer``'s class sends here next (None: not known, mirror)."""

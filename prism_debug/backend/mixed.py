@@ -52,8 +52,9 @@ from prism_debug.backend.values import Values
 from prism_debug.backend.values import spoiled as spoil  # (here ``spoiled`` names lists)
 
 _R = dist.ReduceOp.RedOpType
+_O = dist.ReduceOp  # its kinds, as torch's stubs name them (the same objects as _R's members)
 SUM, AVG, PREMUL_SUM, PRODUCT, MIN, MAX, BAND, BOR, BXOR = (
-    _R.SUM, _R.AVG, _R.PREMUL_SUM, _R.PRODUCT, _R.MIN, _R.MAX, _R.BAND, _R.BOR, _R.BXOR)
+    _O.SUM, _O.AVG, _O.PREMUL_SUM, _O.PRODUCT, _O.MIN, _O.MAX, _O.BAND, _O.BOR, _O.BXOR)
 _SUMS = frozenset({SUM, AVG, PREMUL_SUM})
 #: the reductions whose ``random`` peers are draws (floating tensors; the others mirror)
 _DRAWN = frozenset({SUM, AVG, PREMUL_SUM, MIN, MAX})

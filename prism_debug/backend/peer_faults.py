@@ -30,7 +30,7 @@ import math
 import torch
 
 from prism_debug.backend.work import flat_tensors
-from prism_debug.faults import VALUE_ACTIONS, Action, Fault, Injection
+from prism_debug.faults import VALUE_ACTIONS, Action, CorruptFault, Fault, Injection
 
 _REDUCTIONS = frozenset({"all_reduce", "reduce", "reduce_scatter"})
 
@@ -50,16 +50,17 @@ class PeerFaults:
     def _in_group(self, pg) -> list[tuple[Fault, list[int], _Spoil]]:
         """Each fault with members of ``pg``, their group ranks, and what it does
         to a contribution (kept on the group until the faults change)."""
-        version, found = getattr(pg, "_prism_faulty_members", (-1, None))
-        if version != self._version:
-            index = {rank: i for i, rank in enumerate(pg.global_ranks)}
-            found = []
-            for injection in self.active:
-                members = sorted(index[r] for r in injection.targets
-                                 if r in index and r not in self._real)
-                if members:
-                    found.append((injection.fault, members, _Spoil.of(injection.fault)))
-            pg._prism_faulty_members = (self._version, found)
+        version, kept = getattr(pg, "_prism_faulty_members", (-1, []))
+        if version == self._version:
+            return kept
+        index = {rank: i for i, rank in enumerate(pg.global_ranks)}
+        found: list[tuple[Fault, list[int], _Spoil]] = []
+        for injection in self.active:
+            members = sorted(index[r] for r in injection.targets
+                             if r in index and r not in self._real)
+            if members:
+                found.append((injection.fault, members, _Spoil.of(injection.fault)))
+        pg._prism_faulty_members = (self._version, found)
         return found
 
     def _acting(self, pg, iteration: int, collective: int):
@@ -106,7 +107,7 @@ class _Spoil:
 
     @classmethod
     def of(cls, fault: Fault) -> _Spoil:
-        return cls(fault.action, fault.scale if fault.action == Action.CORRUPT else 1.0)
+        return cls(fault.action, fault.scale if isinstance(fault, CorruptFault) else 1.0)
 
 
 def _corrupt(op: str, result: list, members: list[int], n: int, p: _Spoil,

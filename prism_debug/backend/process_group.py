@@ -25,7 +25,9 @@ class PrismProcessGroup(dist.ProcessGroup):
     def __init__(self, runtime: Runtime, global_ranks: list[int], ref: GroupRef,
                  timeout: datetime.timedelta, backend_name: str) -> None:
         group_rank = global_ranks.index(runtime.rank)
-        super().__init__(group_rank, len(global_ranks))
+        # (torch binds ProcessGroup(rank, size) too, for groups written in
+        # Python; its stub names only the (store, rank, size) form)
+        super().__init__(group_rank, len(global_ranks))  # type: ignore[call-arg]
         self._rt = runtime
         self.global_ranks = global_ranks
         self.ref = ref
@@ -87,7 +89,7 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     # -- the common path --------------------------------------------------------
 
-    def _arrive(self) -> tuple[float, float]:
+    def _arrive(self) -> tuple[float | None, float]:
         """The real rank enters an op: the clock stops for the harness's
         bookkeeping (the token that releases it) at the rank's arrival."""
         return self._rt.clock.arrive()
@@ -142,7 +144,10 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     # -- reductions -------------------------------------------------------------
 
-    def allreduce(self, tensors, opts=None, call: str = "all_reduce"):
+    # (torch's stub overloads allreduce with its Python API's forms too; the
+    # dispatcher calls a group written in Python with tensors and options)
+    def allreduce(self, tensors, opts=None,  # type: ignore[override]
+                  call: str = "all_reduce"):
         if self._real is not None:
             return self._real.allreduce(tensors, opts, call)
         rt = self._rt
@@ -175,12 +180,13 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self._complete("reduce", _nbytes(tensors), t0, arrival, tensors)
 
     def reduce_scatter(self, output_tensors, input_lists, opts):
+        _check_lengths("reduce_scatter", output_tensors, input_lists)
         if self._real is not None:
             return self._real.reduce_scatter(output_tensors, input_lists, opts)
         t0, arrival = self._arrive()
         rt = self._rt
         key, faulty = self._key(), self._faulty()
-        for i, (out, inputs) in enumerate(zip(output_tensors, input_lists)):
+        for i, (out, inputs) in enumerate(zip(output_tensors, input_lists, strict=True)):
             rt.inputs(inputs)
             out.copy_(inputs[self._me])
             rt.values.reduce_peers(out, opts.reduceOp, self._n, (*key, i), faulty)
@@ -197,31 +203,34 @@ class PrismProcessGroup(dist.ProcessGroup):
                                             "reduce_scatter_tensor_coalesced")
 
     def _reduce_scatter_tensors(self, outputs, inputs, opts, call: str):
+        _check_lengths(call, outputs, inputs)
         if self._real is not None:
             return self._real.reduce_scatter_tensors(outputs, inputs, opts, call)
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(inputs)
         key, faulty = self._key(), self._faulty()
-        for i, (out, inp) in enumerate(zip(outputs, inputs)):
+        for i, (out, inp) in enumerate(zip(outputs, inputs, strict=True)):
             out.copy_(_chunk(inp, self._n, self._me).view_as(out))
             rt.values.reduce_peers(out, opts.reduceOp, self._n, (*key, i), faulty)
         rt.digest(outputs)
         return self._complete("reduce_scatter", _nbytes(inputs), t0, arrival, outputs,
                               inputs=inputs, call=call)
 
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
+        return self.reduce_scatter_single_coalesced(outputs, inputs, opts)
 
     # -- gathers ----------------------------------------------------------------
 
     def allgather(self, output_lists, input_tensors, opts=None):
+        _check_lengths("all_gather", output_lists, input_tensors)
         if self._real is not None:
             return self._real.allgather(output_lists, input_tensors)
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(input_tensors)
         key = self._key()
-        for i, (outs, inp) in enumerate(zip(output_lists, input_tensors)):
+        for i, (outs, inp) in enumerate(zip(output_lists, input_tensors, strict=True)):
             self._gather_into(outs, inp, (*key, i))
         nbytes = _nbytes(input_tensors) * self._n
         return self._complete("all_gather", nbytes, t0, arrival, output_lists,
@@ -240,13 +249,14 @@ class PrismProcessGroup(dist.ProcessGroup):
         return self._all_gather_tensors(outputs, inputs, "all_gather_into_tensor_coalesced")
 
     def _all_gather_tensors(self, outputs, inputs, call: str):
+        _check_lengths(call, outputs, inputs)
         if self._real is not None:
             return self._real.all_gather_tensors(outputs, inputs, call)
         t0, arrival = self._arrive()
         rt = self._rt
         rt.inputs(inputs)
         key = self._key()
-        for i, (out, inp) in enumerate(zip(outputs, inputs)):
+        for i, (out, inp) in enumerate(zip(outputs, inputs, strict=True)):
             chunks = out.view(self._n, -1)
             mine = inp.reshape(1, -1)
             if rt.values.policy == "mirror":
@@ -270,6 +280,8 @@ class PrismProcessGroup(dist.ProcessGroup):
         self._rt.digest(outs)
 
     def gather(self, output_lists, input_tensors, opts):
+        if opts.rootRank == self._me:  # (a non-root has no outputs)
+            _check_lengths("gather", output_lists, input_tensors)
         if self._real is not None:
             return self._real.gather(output_lists, input_tensors, opts)
         t0, arrival = self._arrive()
@@ -277,7 +289,7 @@ class PrismProcessGroup(dist.ProcessGroup):
         rt.inputs(input_tensors)
         if opts.rootRank == self._me:
             key = self._key()
-            for i, (outs, inp) in enumerate(zip(output_lists, input_tensors)):
+            for i, (outs, inp) in enumerate(zip(output_lists, input_tensors, strict=True)):
                 self._gather_into(outs, inp, (*key, i))
         nbytes = _nbytes(input_tensors) * self._n
         return self._complete("gather", nbytes, t0, arrival, output_lists,
@@ -386,7 +398,7 @@ class PrismProcessGroup(dist.ProcessGroup):
             rt.values.fill_seeded(tensor, (*key, i))
         rt.digest(tensors)
         work = self._complete("recv", _nbytes(tensors), t0, arrival, tensors, self._peer(src), src)
-        work.source_rank = src
+        work.source = src
         return work
 
     def recv_anysource(self, tensors, tag=0):
@@ -418,6 +430,14 @@ class PrismProcessGroup(dist.ProcessGroup):
 
     def shutdown(self):
         pass
+
+
+def _check_lengths(call: str, outputs: list, inputs: list) -> None:
+    """One output (or list of outputs) per input, as torch's backends check:
+    a list of another length is the script's error, never cut short."""
+    if len(outputs) != len(inputs):
+        raise RuntimeError(f"{call}: requires input/output tensor lists to have the same "
+                           f"length ({len(outputs)} outputs, {len(inputs)} inputs)")
 
 
 def _dtype(result: list) -> str:

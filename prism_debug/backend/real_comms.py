@@ -31,8 +31,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 from collections.abc import Sequence
+from typing import Protocol, cast
 
 import torch.distributed as dist
+from torch import Tensor
 
 from prism_debug.graph import GroupRef
 
@@ -60,6 +62,33 @@ class SideStore:
         return cls(host=str(data["host"]), port=int(data["port"]), prefix=str(data["prefix"]))
 
 
+class Communicator(Protocol):
+    """What the real ops (backend/real_ops.py) use of a group's gloo
+    communicator, a ``ProcessGroupGloo`` (torch's stubs leave a backend's ops out)."""
+
+    def allreduce(self, tensors: list[Tensor], opts: dist.AllreduceOptions, /) -> dist.Work: ...
+
+    def reduce(self, tensors: list[Tensor], opts: dist.ReduceOptions, /) -> dist.Work: ...
+
+    def allgather(self, outputs: list[list[Tensor]], inputs: list[Tensor], /) -> dist.Work: ...
+
+    def broadcast(self, tensors: list[Tensor], opts: dist.BroadcastOptions, /) -> dist.Work: ...
+
+    def gather(self, outputs: list[list[Tensor]], inputs: list[Tensor],
+               opts: dist.GatherOptions, /) -> dist.Work: ...
+
+    def scatter(self, outputs: list[Tensor], inputs: list[list[Tensor]],
+                opts: dist.ScatterOptions, /) -> dist.Work: ...
+
+    def send(self, tensors: list[Tensor], dst: int, tag: int, /) -> dist.Work: ...
+
+    def recv(self, tensors: list[Tensor], src: int, tag: int, /) -> dist.Work: ...
+
+    def barrier(self) -> dist.Work: ...
+
+    def shutdown(self) -> None: ...
+
+
 @dataclasses.dataclass(eq=False)
 class RealGroup:
     """One group's real members and their gloo communicator.
@@ -69,7 +98,7 @@ class RealGroup:
     ``pg`` is None once closed: the communicator is destroyed then, not
     whenever the interpreter's teardown reaches it."""
 
-    pg: dist.ProcessGroup | None
+    pg: Communicator | None
     members: tuple[int, ...]
     positions: tuple[int, ...]
     index: int
@@ -108,11 +137,18 @@ class RealComms:
         return dist.PrefixStore(side.prefix, dist.TCPStore(
             side.host, side.port, is_master=False, timeout=self._timeout))
 
+    @property
+    def _connected(self) -> dist.Store:
+        # (disconnected only at a cut, where the script makes no group, until it reconnects)
+        assert self._store is not None, "the real ranks' store is disconnected"
+        return self._store
+
     def meet(self) -> None:
         """Wait until every real rank is here (a barrier on the store): where
         their clocks start counting job time together."""
-        self._store.set(f"meet/{self.me}", b"1")
-        self._store.wait([f"meet/{rank}" for rank in self.real_ranks])
+        store = self._connected
+        store.set(f"meet/{self.me}", "1")
+        store.wait([f"meet/{rank}" for rank in self.real_ranks])
 
     def group(self, global_ranks: Sequence[int], ref: GroupRef,
               timeout: datetime.timedelta | None = None) -> RealGroup | None:
@@ -134,8 +170,9 @@ class RealComms:
         return group
 
     def _make(self, group: RealGroup) -> None:
-        store = dist.PrefixStore(group.namespace, self._store)
-        group.pg = dist.ProcessGroupGloo(store, group.index, len(group.members), group.timeout)
+        store = dist.PrefixStore(group.namespace, self._connected)
+        gloo = dist.ProcessGroupGloo(store, group.index, len(group.members), group.timeout)
+        group.pg = cast(Communicator, gloo)  # (it has the ops; its stub does not say so)
 
     def disconnect(self) -> None:
         """Destroy every communicator and the store client, with their

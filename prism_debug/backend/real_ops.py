@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from prism_debug.backend import mixed
-from prism_debug.backend.real_comms import RealGroup
+from prism_debug.backend.real_comms import Communicator, RealGroup
 from prism_debug.backend.work import nbytes as _nbytes
 from prism_debug.backend.work import split_chunks
 
@@ -49,6 +49,19 @@ class RealOps:
         # (its point-to-point ops are each rank's own, so they are not counted)
         self._collectives = 0
 
+    @property
+    def _pg(self) -> Communicator:
+        pg = self.real.pg
+        # (closed at a cut and at the rank's exit, where no op runs, until it reconnects)
+        assert pg is not None, "the real communicator is closed"
+        return pg
+
+    def _real_rank(self, group_peer: int) -> int:
+        """The gloo rank of the group's real member ``group_peer``."""
+        real_rank = self.real.real_rank_of(group_peer)
+        assert real_rank is not None, "point-to-point ops go real to real peers only"
+        return real_rank
+
     def _key(self, i: int = 0) -> tuple:
         group = self._group
         return ("real", group.ref.family, group.ref.index, self._collectives, i)
@@ -61,32 +74,32 @@ class RealOps:
     def _reduce_real(self, tensor: torch.Tensor, op) -> None:
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp(op)
-        self.real.pg.allreduce([tensor], opts).wait()
+        self._pg.allreduce([tensor], opts).wait()
 
     def _reduce_real_to(self, tensor: torch.Tensor, op, member: int) -> None:
         opts = dist.ReduceOptions()
         opts.reduceOp = dist.ReduceOp(op)
         opts.rootRank = member
-        self.real.pg.reduce([tensor], opts).wait()
+        self._pg.reduce([tensor], opts).wait()
 
     def _gather_real(self, outputs: list, input: torch.Tensor) -> None:
-        self.real.pg.allgather([outputs], [input]).wait()
+        self._pg.allgather([outputs], [input]).wait()
 
     def _broadcast_real(self, tensor: torch.Tensor, member: int) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = member
-        self.real.pg.broadcast([tensor], opts).wait()
+        self._pg.broadcast([tensor], opts).wait()
 
     def _alltoall_real(self, outputs: list, inputs: list) -> None:
         # gloo has no list all-to-all: a send and a receive per other member,
         # all issued before any is waited (the order a ring of them needs)
         me, works = self.real.index, []
-        for j, (out, inp) in enumerate(zip(outputs, inputs)):
+        for j, (out, inp) in enumerate(zip(outputs, inputs, strict=True)):
             if j == me:
                 out.copy_(inp)
             else:
-                works.append(self.real.pg.send([inp.contiguous()], j, _ALLTOALL_TAG))
-                works.append(self.real.pg.recv([out], j, _ALLTOALL_TAG))
+                works.append(self._pg.send([inp.contiguous()], j, _ALLTOALL_TAG))
+                works.append(self._pg.recv([out], j, _ALLTOALL_TAG))
         for work in works:
             work.wait()
 
@@ -123,7 +136,7 @@ class RealOps:
         t0, arrival = group._arrive()
         self._collectives += 1
         faulty = self._faulty()
-        for i, (out, inputs) in enumerate(zip(outputs, input_lists)):
+        for i, (out, inputs) in enumerate(zip(outputs, input_lists, strict=True)):
             rt.inputs(inputs)
             whole = torch.stack([t.reshape(-1) for t in inputs])
             mixed.reduce_scatter_mixed(self.mixed, out, whole, opts.reduceOp, rt.values,
@@ -139,7 +152,7 @@ class RealOps:
         self._collectives += 1
         rt.inputs(inputs)
         faulty = self._faulty()
-        for i, (out, inp) in enumerate(zip(outputs, inputs)):
+        for i, (out, inp) in enumerate(zip(outputs, inputs, strict=True)):
             mixed.reduce_scatter_mixed(self.mixed, out, inp, opts.reduceOp, rt.values,
                                        self._key(i), self._reduce_real, faulty)
         rt.digest(outputs)
@@ -153,7 +166,7 @@ class RealOps:
         t0, arrival = group._arrive()
         self._collectives += 1
         rt.inputs(input_tensors)
-        for i, (outs, inp) in enumerate(zip(output_lists, input_tensors)):
+        for i, (outs, inp) in enumerate(zip(output_lists, input_tensors, strict=True)):
             mixed.allgather_mixed(self.mixed, outs, inp, rt.values, self._key(i),
                                   self._gather_real)
             rt.digest(outs)
@@ -166,7 +179,7 @@ class RealOps:
         t0, arrival = group._arrive()
         self._collectives += 1
         rt.inputs(inputs)
-        for i, (out, inp) in enumerate(zip(outputs, inputs)):
+        for i, (out, inp) in enumerate(zip(outputs, inputs, strict=True)):
             slots = list(out.view(self.real.size, -1).unbind(0))
             mixed.allgather_mixed(self.mixed, slots, inp.reshape(-1), rt.values, self._key(i),
                                   self._gather_real)
@@ -187,7 +200,7 @@ class RealOps:
                 gloo.rootRank = member
                 outs = output_lists[i] if mine else []
                 slots = [outs[p] for p in self.real.positions] if mine else []
-                self.real.pg.gather([slots] if mine else [], [inp], gloo).wait()
+                self._pg.gather([slots] if mine else [], [inp], gloo).wait()
                 if mine:
                     mixed.fill_virtual_slots(self.mixed, outs, rt.values, self._key(i))
                     rt.digest(outs)
@@ -208,7 +221,7 @@ class RealOps:
                 if mine:
                     rt.inputs(input_lists[i])
                 chunks = [[input_lists[i][p] for p in self.real.positions]] if mine else []
-                self.real.pg.scatter([out], chunks, gloo).wait()
+                self._pg.scatter([out], chunks, gloo).wait()
             else:  # a virtual root's data is its own: no model of a real rank knows it
                 rt.values.fill_seeded(out, self._key(i))
         rt.digest(output_tensors)
@@ -256,7 +269,7 @@ class RealOps:
     def barrier(self):
         group = self._group
         t0, arrival = group._arrive()
-        self.real.pg.barrier().wait()  # the real members meet; virtual peers arrive on time
+        self._pg.barrier().wait()  # the real members meet; virtual peers arrive on time
         return group._complete("barrier", 0, t0, arrival, [])
 
     # -- point to point -------------------------------------------------------------------
@@ -268,7 +281,7 @@ class RealOps:
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
         rt.inputs(tensors)
-        real_work = self.real.pg.send(tensors, self.real.real_rank_of(dst), tag)
+        real_work = self._pg.send(tensors, self._real_rank(dst), tag)
         work = group._complete("send", _nbytes(tensors), t0, arrival, tensors,
                                group._peer(dst), dst)
         work.real_work = real_work
@@ -277,10 +290,10 @@ class RealOps:
     def recv(self, tensors, src: int, tag: int):
         group, rt = self._group, self._rt
         t0, arrival = group._arrive()
-        real_work = self.real.pg.recv(tensors, self.real.real_rank_of(src), tag)
+        real_work = self._pg.recv(tensors, self._real_rank(src), tag)
         work = group._complete("recv", _nbytes(tensors), t0, arrival, tensors,
                                group._peer(src), src)
-        work.source_rank = src
+        work.source = src
         work.real_work = real_work
         work.on_real_done = lambda: rt.digest(tensors)
         return work

@@ -16,6 +16,7 @@ from prism_debug.backend.hooks import (
     WatchHook,
 )
 from prism_debug.backend.peer_faults import PeerFaults
+from prism_debug.backend.real_comms import RealComms, SideStore
 from prism_debug.backend.tracker import IterationTracker
 from prism_debug.backend.values import Values
 from prism_debug.backend.watchdog import ErrorHandling, Watchdog
@@ -60,9 +61,9 @@ class Runtime:
     on_nonfinite: Callable[[int], None] | None = None
     # several real ranks (--ranks): where they meet, and who they are; the
     # communicators among them, made at init_process_group (backend/real_comms.py)
-    side_store: object | None = None  # SideStore
+    side_store: SideStore | None = None
     real_ranks: tuple[int, ...] = ()
-    real_comms: object | None = dataclasses.field(default=None, init=False)  # RealComms
+    real_comms: RealComms | None = dataclasses.field(default=None, init=False)
     _num_groups: int = dataclasses.field(default=0, init=False)
     # the batch_isend_irecv call issuing ops now (its number), 0 outside one
     p2p_batch: int = dataclasses.field(default=0, init=False)
@@ -146,10 +147,10 @@ def _nonfinite(tensors) -> bool:
 
 # nbytes -> the ctypes array type that views a buffer of that size (a plain
 # dict on the hot path: an lru_cache call costs more than the lookup)
-_BUFFER_TYPES: dict[int, type] = {}
+_BUFFER_TYPES: dict[int, type[ctypes.Array[ctypes.c_ubyte]]] = {}
 
 
-def _buffer_type(nbytes: int):
+def _buffer_type(nbytes: int) -> type[ctypes.Array[ctypes.c_ubyte]]:
     if len(_BUFFER_TYPES) >= 1024:  # a script of ever-new sizes: start afresh
         _BUFFER_TYPES.clear()
     buffer_type = _BUFFER_TYPES[nbytes] = ctypes.c_ubyte * nbytes
@@ -169,4 +170,4 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
         flat = flat.contiguous()
     if flat.is_complex():
         flat = torch.view_as_real(flat).reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return flat.view(torch.uint8).numpy().data

@@ -11,6 +11,10 @@ import hashlib
 import threading
 from collections.abc import Callable
 
+# When an op completes on the emulated clock: a float, or the graph engine's
+# DeferredCompletion (a zero-argument callable, inf while not known yet).
+Completion = float | Callable[[], float]
+
 
 class OpRecord:
     """One collective of the iteration, as the trace and the debugger's
@@ -21,17 +25,18 @@ class OpRecord:
     __slots__ = ("op", "family", "index", "nbytes", "arrival", "done_s", "deferred", "waited_s")
 
     def __init__(self, op: str, family: str, index: int, nbytes: int, arrival: float,
-                 done) -> None:
+                 done: Completion) -> None:
         self.op, self.family, self.index, self.nbytes, self.arrival = (
             op, family, index, nbytes, arrival)
         # a float, or the graph engine's deferred answer (resolved by the Work)
-        self.deferred = done if callable(done) else None
+        self.deferred: Callable[[], float] | None = done if callable(done) else None
         self.done_s: float | None = None if callable(done) else done
         self.waited_s = 0.0
 
     def resolve(self) -> float:
         """When it completed (on the rank's main thread: may ask the engine)."""
         if self.done_s is None:
+            assert self.deferred is not None  # (one of the two is set from the start)
             return self.deferred()
         return self.done_s
 
@@ -61,11 +66,12 @@ class IterationTracker:
         self.waits: list[tuple[float, float]] = []  # (start, end) when recording
         # every op's kind, arrival and completion (a float, or the graph
         # engine's deferred answer): the report's distribution of waits
-        self.spans: list[tuple[str, float, object]] = []
+        self.spans: list[tuple[str, float, Completion]] = []
 
     # -- the collective path (hot) ---------------------------------------------
 
-    def collective(self, op: str, ref, nbytes: int, arrival: float, done) -> OpRecord | None:
+    def collective(self, op: str, ref, nbytes: int, arrival: float,
+                   done: Completion) -> OpRecord | None:
         """``done``: when the op completes, or the graph engine's deferred
         answer; the record (when recording) for the op's Work to complete."""
         self.num_collectives += 1

@@ -40,11 +40,12 @@ import torch.distributed as dist
 from prism_debug.errors import ConfigError
 
 _R = dist.ReduceOp.RedOpType
+_O = dist.ReduceOp  # its kinds, as torch's stubs name them (the same objects as _R's members)
 # pybind's enum comparisons cost ~0.75 µs each, several per op on the hot
 # path: the reductions compare plain ints instead (``kind.value``).
 _SUM, _AVG, _PREMUL_SUM, _PRODUCT, _MIN, _MAX, _BAND, _BOR, _BXOR = (
-    k.value for k in (_R.SUM, _R.AVG, _R.PREMUL_SUM, _R.PRODUCT, _R.MIN, _R.MAX,
-                      _R.BAND, _R.BOR, _R.BXOR))
+    k.value for k in (_O.SUM, _O.AVG, _O.PREMUL_SUM, _O.PRODUCT, _O.MIN, _O.MAX,
+                      _O.BAND, _O.BOR, _O.BXOR))
 POLICIES = ("mirror", "zeros", "random")
 #: the reductions whose ``random`` peers are seeded draws (the others mirror)
 _RANDOM_KINDS = frozenset({_SUM, _AVG, _PREMUL_SUM, _MIN, _MAX})
@@ -57,7 +58,8 @@ Faulty = tuple[int, str, float]
 class Values:
     def __init__(self, policy: str, seed: int) -> None:
         if policy not in POLICIES:
-            raise ConfigError(f"unknown value policy {policy!r}; expected one of {', '.join(POLICIES)}")
+            raise ConfigError(f"unknown value policy {policy!r}; "
+                              f"expected one of {', '.join(POLICIES)}")
         self.policy = policy
         self.seed = seed
 

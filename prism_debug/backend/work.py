@@ -7,12 +7,14 @@ import itertools
 import logging
 import math
 import threading
+from collections.abc import Callable
+from typing import Protocol
 
 import torch.distributed as dist
 from torch.futures import Future
 
 from prism_debug.backend.fr_nccl_names import nccl_call_of
-from prism_debug.backend.tracker import OpRecord
+from prism_debug.backend.tracker import Completion, OpRecord
 from prism_debug.backend.watchdog import TimedOutOp
 
 log = logging.getLogger(__name__)
@@ -21,6 +23,15 @@ log = logging.getLogger(__name__)
 # set on the harness's own threads that ask the engine for completions (the
 # exchange's receivers, agent/real.py): they must never hold the rank's clock
 off_clock = threading.local()
+
+
+class RealSide(Protocol):
+    """The real side of a point-to-point op between two real ranks
+    (backend/real_ops.py): gloo's Work, or a batch's (``_RealBatch``)."""
+
+    def wait(self) -> object: ...
+
+    def is_completed(self) -> bool: ...
 
 
 class PrismWork(dist._Work):
@@ -49,19 +60,23 @@ class PrismWork(dist._Work):
         self._done = None if callable(done) else done
         self._result = result
         self._future: Future | None = None
-        self.source_rank: int | None = None  # group rank a recv came from
+        # the group rank a recv came from (not ``source_rank``: that is Work's method)
+        self.source: int | None = None
         self.recorded: tuple[int, int] | None = None  # its issue in the program being profiled
         self.record: OpRecord | None = None  # while the iteration's ops are recorded
         # a point-to-point op between two real ranks (backend/real_ops.py): the
         # gloo Work carrying its data, and what to do once the data is there
-        self.real_work = None
-        self.on_real_done = None
+        self.real_work: RealSide | None = None
+        self.on_real_done: Callable[[], None] | None = None
 
     def _source_rank(self) -> int:
         # torch asks for it after a recv without ``src``.
-        if self.source_rank is None:
+        if self.source is None:
             raise RuntimeError("source rank is only known for receives")
-        return self.source_rank
+        return self.source
+
+    def source_rank(self) -> int:
+        return self._source_rank()
 
     def wait(self, timeout=None) -> bool:
         runtime = self._runtime
@@ -112,10 +127,12 @@ class PrismWork(dist._Work):
     def _wait_real(self) -> None:
         """The real peer's side of the op: the harness's time, off the clock
         (the engine says when the op completes on it)."""
+        real_work = self.real_work
+        assert real_work is not None  # (its callers check)
         clock = self._runtime.clock
         hold, _ = clock.enter()
         try:
-            self.real_work.wait()
+            real_work.wait()
             self.real_work = None
             if self.on_real_done is not None:
                 self.on_real_done()
@@ -128,13 +145,15 @@ class PrismWork(dist._Work):
         """When the op completes on the emulated clock (inf while the engine
         cannot say; called on a thread that drives the engine)."""
         if self._done is None:
+            deferred = self._deferred
+            assert deferred is not None  # (one of the two is set from the start)
             # the replay engine's own work is the harness's, not the job's time
             # (asked by a thread of the harness's own, it holds nothing: that
             # thread's work takes no time from the rank's)
             clock = self._runtime.clock
             hold = None if getattr(off_clock, "thread", False) else clock.enter()[0]
             try:
-                done = self._deferred()
+                done = deferred()
             finally:
                 clock.leave(hold)
             if done == math.inf:
@@ -218,9 +237,10 @@ def coalesced_work(runtime, group, works: list[PrismWork]) -> PrismWork:
     if not works:
         return PrismWork(runtime, runtime.clock.now(), [])
     first = works[0]
-    known = [work.known for work in works]
+    known = [t for t in (work.known for work in works) if t is not None]
     # a float when every op's completion is known, else asked at the first wait
-    done = max(known) if None not in known else (lambda: max(work.done for work in works))
+    done: Completion = max(known) if len(known) == len(works) \
+        else (lambda: max(work.done for work in works))
     # (NCCL's endCoalescing makes its Work with no tensors: NumelIn=0, NumelOut=0)
     batch = PrismWork(runtime, done, [], group=group, seq=works[-1].seq, op="coalesced",
                       arrival=first.arrival)

@@ -53,6 +53,7 @@ __all__ = ["AGENT_EVENT_KINDS", "EVENT_KINDS", "MAX_FRAME_BYTES", "MAX_WIRE_BYTE
            "PROTOCOL_VERSION", "VERBS", "BadArguments", "BadMessage", "BusClient", "BusError",
            "BusTimeout", "Busy", "ClientCurve",
            "InternalError", "InvalidState", "KeysError", "RankUnavailable", "Request",
-           "SessionInfo", "SessionNotFound", "SnapshotFailed", "Unauthorized", "UnknownVerb", "decode_event",
-           "decode_reply", "decode_request", "encode_error", "encode_event", "encode_reply",
-           "encode_request", "ensure_keys", "error_from_type", "find", "live_sessions"]
+           "SessionInfo", "SessionNotFound", "SnapshotFailed", "Unauthorized", "UnknownVerb",
+           "decode_event", "decode_reply", "decode_request", "encode_error", "encode_event",
+           "encode_reply", "encode_request", "ensure_keys", "error_from_type", "find",
+           "live_sessions"]

@@ -91,7 +91,7 @@ class BusClient:
         """With CURVE: wait for the handshake with the controller; :class:`KeysError`
         when it fails (the server holds another key than the one we expect, or does not
         know our client key).  Silence is left to the request that follows."""
-        if self._monitor is None:
+        if self._monitor is None or self._curve is None:  # (both or neither: CURVE is watched)
             return
         from zmq.utils.monitor import recv_monitor_message
 

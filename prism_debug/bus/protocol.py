@@ -162,7 +162,7 @@ def _check_break(args: dict[str, Any], request_id: str) -> None:
         if args["iteration"] < 1:
             raise BadArguments(f"argument 'iteration' of 'break' must be >= 1, got "
                                f"{args['iteration']}", request_id=request_id)
-        stray = [name for name in ("op", "family", "seq") if name in args]
+        stray: list[str] = [name for name in ("op", "family", "seq") if name in args]
         takes = "iteration and temporary"
     elif kind == "coll":
         if "op" not in args:
@@ -272,13 +272,13 @@ def encode_request(verb: str, args: Mapping[str, Any] | None = None,
     """One request frame.  Arguments are not checked here: the receiver checks them, and
     tests need to send bad ones."""
     args = dict(args or {})
-    message = {"v": _version_of(verb, args), "id": new_request_id() if id is None else id,
-               "verb": verb, "args": args}
+    request_id = new_request_id() if id is None else id
+    message = {"v": _version_of(verb, args), "id": request_id, "verb": verb, "args": args}
     try:
         return _dumps(message)
     except (TypeError, ValueError) as exc:
         raise BadArguments(f"arguments of {verb!r} cannot be sent as JSON: {exc}",
-                           request_id=message["id"]) from exc
+                           request_id=request_id) from exc
 
 
 def _parse(frame: bytes, what: str, versions: tuple[int, ...] = (BASE_VERSION,)

@@ -38,6 +38,7 @@ reply, a handler's exception becomes an ``Internal`` error reply.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -47,7 +48,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
@@ -75,6 +76,9 @@ from prism_debug.bus.protocol import (
 )
 from prism_debug.bus.sessions import ranks_text
 from prism_debug.errors import ConfigError
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +163,7 @@ class BusServer:
         # what the agent needs to connect when the bus is encrypted: a key pair made
         # for this session alone (the user's own client secret never leaves its file)
         self.agent_curve: dict | None = None
-        self._authenticator = None
+        self._authenticator: ThreadAuthenticator | None = None
         self._ipc_files: list[str] = []
         try:
             if server_keys is not None:
@@ -220,12 +224,12 @@ class BusServer:
         session's agent key) get in; on every endpoint, ipc too."""
         from zmq.auth.thread import ThreadAuthenticator
 
-        self._authenticator = ThreadAuthenticator(self._context)
-        self._authenticator.start()
-        self._authenticator.configure_curve(
+        authenticator = self._authenticator = ThreadAuthenticator(self._context)
+        authenticator.start()
+        authenticator.configure_curve(
             domain="*", location=str(curve_keys.key_paths().client_public.parent))
         agent_public, agent_secret = zmq.curve_keypair()
-        self._authenticator.certs["*"][agent_public] = True
+        authenticator.certs["*"][agent_public] = True
         public, _ = server_keys
         for socket in (self._router, self._pub):
             curve_keys.apply_server(socket, server_keys)
@@ -404,7 +408,8 @@ class BusServer:
             self._send(sender, encode_error(exc.request_id, exc))
             return
         if request.verb == "agent.hello":
-            self._agent_hello(sender, request, parts[1].get("Peer-Address"))
+            peer = parts[1].get("Peer-Address")  # (a str: the property's value)
+            self._agent_hello(sender, request, peer if isinstance(peer, str) else None)
             return
         if request.verb.startswith("agent."):
             self._from_agent(sender, request)
@@ -490,23 +495,24 @@ class BusServer:
             return
         self._send(sender, encode_reply(request.id, {}))
         if request.verb == "agent.hello":
+            assert pid is not None  # (AgentTable.admit refuses a hello without one)
             agent.connected = True
             agent.expected = True
             agent.pid = pid  # the kernel's word, as this controller sees it
-            self._resend(agent)
+            self._resend(agent, sender)
             queued = [q for q in self._queued if q.rank == agent.rank]
             self._queued = [q for q in self._queued if q.rank != agent.rank]
             for q in queued:
                 self.ask_agent(q.verb, q.args, q.on_reply, rank=q.rank)
             self.on_rank_agent_hello(agent.rank, pid)
 
-    def _resend(self, agent: AgentConnection) -> None:
+    def _resend(self, agent: AgentConnection, connection: bytes) -> None:
         """Send the requests an earlier connection of ``agent``'s rank left
-        unanswered again, first and in their order, on its new connection.  Only
-        the same process's: a rank replaced by a restore failed what it owed
-        (:meth:`agent_gone`).  The agent may have done one already and lost
-        only the reply as it closed: it answers a known id with that reply."""
-        connection = agent.identity
+        unanswered again, first and in their order, on its new connection
+        (``connection``, its identity now).  Only the same process's: a rank
+        replaced by a restore failed what it owed (:meth:`agent_gone`).  The
+        agent may have done one already and lost only the reply as it closed:
+        it answers a known id with that reply."""
         for agent_id, forwarded in self._forwarded.items():
             if forwarded.rank != agent.rank or forwarded.connection == connection:
                 continue
@@ -563,16 +569,15 @@ class BusServer:
                 self.publish("agent.lost", {"silent_s": round(now - agent.seen, 1)}, agent.rank)
 
     def close(self) -> None:
-        if getattr(self, "_authenticator", None) is not None:
-            self._authenticator.stop()
+        authenticator = getattr(self, "_authenticator", None)
+        if authenticator is not None:
+            authenticator.stop()
         self._router.close(0)
         self._pub.close(0)
         self._context.term()
         for path in self._ipc_files:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(path)
-            except OSError:
-                pass
 
 
 def _error_message(error: BusError) -> dict:

@@ -68,7 +68,8 @@ class SessionInfo:
                                   f"must hold its ranks {list(self.ranks)} and lie inside "
                                   f"the world of {self.world_size}")
         if (self.node_rank is None) != (self.nnodes is None) or (
-                self.nnodes is not None and not 0 <= self.node_rank < self.nnodes):
+                self.node_rank is not None and self.nnodes is not None
+                and not 0 <= self.node_rank < self.nnodes):
             raise ConfigError(f"session {self.session}: node_rank {self.node_rank} of nnodes "
                               f"{self.nnodes}: both or neither, 0 <= node_rank < nnodes")
 
@@ -78,7 +79,7 @@ class SessionInfo:
         for name in _MULTI_RANK_FIELDS:  # absent, not null: a single-rank file is unchanged
             if data[name] is None:
                 del data[name]
-        if "all_ranks" in data:
+        if self.all_ranks is not None:
             data["all_ranks"] = list(self.all_ranks)
         return json.dumps(data, indent=1) + "\n"
 
@@ -98,7 +99,7 @@ class SessionInfo:
         remote = data.get("remote_commands")
         if type(remote) not in (str, type(None)):
             raise ValueError("field 'remote_commands' is mistyped")
-        multi = {name: data.get(name) for name in _MULTI_RANK_FIELDS}
+        multi: dict[str, Any] = {name: data.get(name) for name in _MULTI_RANK_FIELDS}
         if multi["all_ranks"] is not None and (type(multi["all_ranks"]) is not list or any(
                 type(r) is not int for r in multi["all_ranks"])):
             raise ValueError("field 'all_ranks' must be a list of ints")

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import click
+from click.core import ParameterSource
 
 from prism_debug.cli import models
 from prism_debug.cli.incident import incident_command
@@ -96,7 +97,8 @@ _no_bus_option = click.option(
                    "snapshots can run beside it.")
 @_store_option
 @click.option("--run-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where the run's log and events go [default: ~/.local/state/prism-debug/runs/…].")
+              help="Where the run's log and events go "
+                   "[default: ~/.local/state/prism-debug/runs/…].")
 @_bind_option
 @_no_bus_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -151,7 +153,8 @@ def run(rank, ranks_text, world_size, gpus_per_node, hardware, iterations, repor
     ranks = tuple(sorted(rank_list(ranks_text, world_size, profile.gpus_per_node, "--ranks")))
     if ranks_text.strip() and not ranks:
         raise ConfigError("--ranks names no rank: give one or more, e.g. --ranks 4096-4103")
-    if ranks and click.get_current_context().get_parameter_source("rank").name != "DEFAULT":
+    if ranks and click.get_current_context().get_parameter_source("rank") \
+            is not ParameterSource.DEFAULT:
         raise ConfigError("--rank and --ranks exclude each other: --ranks runs all the "
                           "ranks it names for real (--ranks 4097 is --rank 4097)")
     host = host_of(os.environ, ranks) if under_torchrun(os.environ) else None
@@ -306,7 +309,8 @@ def reloaded_lines(event: dict) -> list[str]:
 
 @main.command()
 @click.option("--rank", type=int, default=None, help="Attach to the session running this rank.")
-@click.option("--session", "session_id", default=None, help="… or to this session (prism-debug ps).")
+@click.option("--session", "session_id", default=None,
+              help="… or to this session (prism-debug ps).")
 @click.option("--connect", default=None,
               help="… or to the controller at this command endpoint (tcp://HOST:PORT, with "
                    "CURVE and your keys).")

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 from pathlib import Path
+from typing import cast
 
 import click
 
@@ -88,7 +89,7 @@ def replay(path, iterations, hardware, ranks_text, perturbations, scenario_path,
     \b
     prism-debug replay gpt.prism --ranks 4097 --perturb "hang 4105 at 2 op 1 for 0.02"
     """
-    from prism_debug.engine import ReplayEngine
+    from prism_debug.engine import ComputeModel, ReplayEngine
     from prism_debug.engine.render import iteration_table
     from prism_debug.faults import fault_text, parse_fault, resolve
     from prism_debug.graph import ExecutionGraph
@@ -112,10 +113,12 @@ def replay(path, iterations, hardware, ranks_text, perturbations, scenario_path,
     seed = seed or 0
     variability = parse_variability(variability_terms) if variability_terms else (
         scenario.variability if scenario_path is not None else None)
-    compute = None
+    compute: ComputeModel | None = None
     if variability is not None:
         variability.check(g)
-        compute = StochasticCompute(g, variability)
+        # (a ComputeModel: its gaps_s may answer one array, as ComputeModel's
+        # docstring allows and its annotation does not say yet)
+        compute = cast(ComputeModel, StochasticCompute(g, variability))
     if faults:
         from prism_debug.engine.whatif import what_if, what_if_lines
 

@@ -148,7 +148,7 @@ class Console(Completion, Shell):
         perturbations.
         """
         if self._require_live():
-            args = {"selector": arg.strip()} if arg.strip() else {}
+            args: dict[str, Any] = {"selector": arg.strip()} if arg.strip() else {}
             result = self._request("peers", **args)
             if result is not None:
                 self._show(result, format_peers)
@@ -157,6 +157,7 @@ class Console(Completion, Shell):
         if not arg.strip():
             return self._usage("perturb")
         words = arg.split()
+        args: dict[str, Any]
         try:
             if words[0] == "list":
                 verb, args = "faults", {}
@@ -359,7 +360,8 @@ class Console(Completion, Shell):
                                       "(status shows it, pause stops it)", type="Timeout")
                 interrupted = True
                 if not self.json_mode:
-                    self.message("--KeyboardInterrupt-- pausing the rank (Ctrl-C again to stop waiting)")
+                    self.message("--KeyboardInterrupt-- pausing the rank "
+                                 "(Ctrl-C again to stop waiting)")
                 self._request("pause")
                 continue
             if event is None and timeout_s < STOP_TIMEOUT_S:
@@ -454,10 +456,10 @@ class Console(Completion, Shell):
         pause a pause command gave up waiting for: news even with events off
         (a scheduled snapshot is taken later, perhaps asked by a console that
         has left since)."""
-        if event["kind"] == "paused" and self._pause_after is not None:
-            if event["data"].get("number", self._pause_after + 1) > self._pause_after:
-                self._pause_after = None
-                return True
+        if (event["kind"] == "paused" and self._pause_after is not None
+                and event["data"].get("number", self._pause_after + 1) > self._pause_after):
+            self._pause_after = None
+            return True
         return event["kind"] == "snapshot" and event["data"].get("id") not in self._snapshots_shown
 
     def _show_event(self, event: dict) -> None:
@@ -531,7 +533,8 @@ class Console(Completion, Shell):
         To leave it as it is, paused or not, use quit.
         """
         if arg.strip():
-            return self._usage("detach")
+            self._usage("detach")
+            return False
         self._leave("detach", quiet=False)
         return True
 
@@ -543,7 +546,8 @@ class Console(Completion, Shell):
         the input (Ctrl-D, a pipe, --command) leaves the same way.
         """
         if arg.strip():
-            return self._usage("quit")
+            self._usage("quit")
+            return False
         self._leave("leave", quiet=False)
         return True
 

@@ -93,7 +93,8 @@ def format_where(result: dict) -> str:
         lines.append("no frames")
     for number, frame in enumerate(frames, start=1):
         marker = ">" if number == len(frames) else " "
-        lines.append(f'{marker} File "{frame["file"]}", line {frame["line"]}, in {frame["function"]}')
+        lines.append(f'{marker} File "{frame["file"]}", line {frame["line"]}, '
+                     f'in {frame["function"]}')
         if frame.get("code"):
             lines.append(f"    {frame['code'].strip()}")
     return "\n".join(lines)
@@ -149,12 +150,13 @@ def format_peers(peers: dict) -> str:
     coords = [" ".join(f"{axis}={value}" for axis, value in peer["coords"].items()) or "-"
               for peer in peers["peers"]]
     width = max(len("coords"), *(len(text) for text in coords))
-    row = "{:>6} {:>6} {:>6} {:>10}  {:<%d}  {}" % width
-    lines.append(row.format("rank", "node", "class", "time ms", "coords", "perturbations"))
-    for peer, coord in zip(peers["peers"], coords):
+    row = "{:>6} {:>6} {:>6} {:>10}  {}  {}"  # (the coords padded to the widest)
+    lines.append(row.format("rank", "node", "class", "time ms", "coords".ljust(width),
+                            "perturbations"))
+    for peer, coord in zip(peers["peers"], coords, strict=True):
         time_ms = "-" if peer.get("time_ms") is None else f"{peer['time_ms']:.3f}"
         klass = "-" if peer.get("class") is None else peer["class"]
-        lines.append(row.format(peer["rank"], peer["node"], klass, time_ms, coord,
+        lines.append(row.format(peer["rank"], peer["node"], klass, time_ms, coord.ljust(width),
                                 ", ".join(peer["perturbations"]) or "-"))
     return "\n".join(line.rstrip() for line in lines)
 
@@ -221,7 +223,7 @@ def format_left(result: dict, rank: int, released: bool) -> str:
 
 
 def _off_bus(status: dict) -> str:
-    state = status.get("state")
+    state = str(status.get("state"))  # (as the message prints it: None where none is said)
     if state == "exited":
         return f"gone (exited with code {status.get('exit_code')})"
     return {"starting": "still starting", "snapshotting": "being snapshotted"}.get(state, state)
@@ -231,11 +233,12 @@ def format_snapshots(snapshots: list[dict]) -> str:
     if not snapshots:
         return "no snapshots"
     width = max(len("id"), *(len(s["id"]) for s in snapshots))
-    row = "{:<%d}  {:>9}  {:>10}  {:<19}  {:<7}  {}" % width
-    lines = [row.format("id", "iteration", "size", "created", "kind", "parent")]
+    row = "{}  {:>9}  {:>10}  {:<19}  {:<7}  {}"  # (the ids padded to the longest)
+    lines = [row.format("id".ljust(width), "iteration", "size", "created", "kind", "parent")]
     for s in snapshots:
-        lines.append(row.format(s["id"], s["iteration"], format_bytes(s["image_bytes"]),
-                                format_time(s["created"]), "history" if s.get("history") else "user",
+        lines.append(row.format(s["id"].ljust(width), s["iteration"],
+                                format_bytes(s["image_bytes"]), format_time(s["created"]),
+                                "history" if s.get("history") else "user",
                                 s.get("parent") or "-"))
     return "\n".join(line.rstrip() for line in lines)
 

@@ -21,6 +21,7 @@ stride says they belong.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
 
 from prism_debug.incident.dumps import DEFAULT_GROUP, DumpSet, Entry
@@ -193,7 +194,7 @@ def _stride(ranks: list[int]) -> int | None:
     if len(ranks) < 2:
         return None
     step = ranks[1] - ranks[0]
-    return step if all(b - a == step for a, b in zip(ranks, ranks[1:])) else None
+    return step if all(b - a == step for a, b in itertools.pairwise(ranks)) else None
 
 
 def _group_order(name: str) -> tuple[int, str]:

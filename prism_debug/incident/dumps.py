@@ -277,8 +277,9 @@ class _FastEntries:
         # repr is a faithful key for plain data (all an unpickler that builds no
         # class can give) and C-fast; the first of each combination is checked
         key = repr(repeated)
-        shared = self._seen.get(key, self)
-        if shared is self:
+        try:
+            shared = self._seen[key]
+        except KeyError:
             shared = self._seen[key] = _shared_fields(repeated) if len(key) < 1 << 16 else None
         if shared is None:
             return None

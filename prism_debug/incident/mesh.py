@@ -12,6 +12,7 @@ note.  Pure: no torch.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 from prism_debug.errors import GraphError, IncidentError
@@ -91,7 +92,7 @@ def _world_size(dumps: DumpSet, members: dict[str, set[int]], given: int | None,
     for name, ranks in members.items():
         if name != DEFAULT_GROUP and len(ranks) > 1:
             ordered = sorted(ranks)
-            stride = math.gcd(*(b - a for a, b in zip(ordered, ordered[1:])))
+            stride = math.gcd(*(b - a for a, b in itertools.pairwise(ordered)))
             span = math.lcm(span, stride * len(range(ordered[0], ordered[-1] + 1, stride)))
     world = -(-seen // span) * span
     notes.append(f"world size {world} is a lower bound (the highest rank the dumps name, "
@@ -123,7 +124,8 @@ def _families(members: dict[str, set[int]], descs: dict[str, str], exact: set[st
     for label, names in by_desc.items():
         sized = [sorted(members[n]) for n in names]
         size = max(len(r) for r in sized)
-        strides = {math.gcd(*(b - a for a, b in zip(r, r[1:]))) for r in sized if len(r) > 1}
+        strides = {math.gcd(*(b - a for a, b in itertools.pairwise(r)))
+                   for r in sized if len(r) > 1}
         if len(strides) > 1:
             raise IncidentError(f"the {label} groups are spaced differently ({sorted(strides)} "
                                 "ranks apart): the skeleton needs a mesh-shaped layout")
@@ -142,7 +144,7 @@ def _families(members: dict[str, set[int]], descs: dict[str, str], exact: set[st
             notes.append(f"{label}: {size} ranks {stride} apart per group; groups "
                          f"{', '.join(partial[:5])} are filled out by that stride (their other "
                          "members left no entry)")
-        for name, ranks in zip(names, sized):
+        for name, ranks in zip(names, sized, strict=True):
             if not set(ranks) <= set(_filled(ranks[0], stride, size)):
                 raise IncidentError(f"group {name} ({label}) holds ranks {ranks}, which no "
                                     f"mesh axis of {size} ranks {stride} apart groups")

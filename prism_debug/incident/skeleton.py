@@ -206,7 +206,7 @@ def _ops(dump: Dump, group_family: dict[str, str], members: dict[str, tuple[int,
         dtype, itemsize = DTYPES.get((entry.input_dtypes or entry.output_dtypes or ("Float",))[0],
                                      ("float32", 4))
         numel = max(_numel(entry.input_sizes), _numel(entry.output_sizes))
-        steps = 0
+        steps: int | None = 0
         if entry.is_p2p:
             steps = _steps(dump.rank, entry, entry.p2p_ends, sorted(members[entry.group]),
                            family, mesh, family_axes, notes)
@@ -393,10 +393,11 @@ def _program(class_id: int, timelines: list[_Timeline]) -> ClassProgram:
     index: dict[tuple, int] = {}
 
     def events(cut: range, samples: list[list[float | None]]) -> tuple[Event, ...]:
-        known = [[x for x in column if x is not None] for column in zip(*samples)]
+        # (every sample holds the gaps of the same ops: ``same`` chose them)
+        known = [[x for x in column if x is not None] for column in zip(*samples, strict=True)]
         gaps = [statistics.median(column) if column else 0.0 for column in known]
         # medians of the gaps do not add up to the median iteration: scale them so they do
-        totals = [sum(row) for row in samples if None not in row]
+        totals = [sum(x for x in row if x is not None) for row in samples if None not in row]
         if totals and sum(gaps) > 0:
             gaps = [g * statistics.median(totals) / sum(gaps) for g in gaps]
         out: list[Event] = []

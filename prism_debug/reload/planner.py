@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import os
+import sys
 import types
 from collections.abc import Mapping
 
@@ -97,6 +98,19 @@ def plan_file(path: str, old: str | None, new: str | None) -> FilePlan:
         return FilePlan(path, refused=(f"{name}:{exc.lineno}: the snapshot's copy does not "
                                        f"parse: {exc.msg}",))
     before, after = _Scopes(old_tree), _Scopes(new_tree)
+    refused = _layout_changes(before, after)
+    patched, added, relined = _function_changes(path, before, after, old_code, new_code,
+                                                refused)
+    refused += _removals(before, after)
+    if refused:
+        return FilePlan(path, refused=tuple(f"{name}:{line}: {why}"
+                                            for line, why in sorted(set(refused))))
+    return FilePlan(path, tuple(patched), tuple(added), tuple(relined))
+
+
+def _layout_changes(before: _Scopes, after: _Scopes) -> list[tuple[int, str]]:
+    """(line, why) of each scope whose statements outside defs changed: the
+    module's, a class's header or body, a class added or removed."""
     refused: list[tuple[int, str]] = []
     for scope in sorted(before.statements.keys() | after.statements.keys()):
         header = scope.removesuffix(" body")
@@ -107,8 +121,18 @@ def plan_file(path: str, old: str | None, new: str | None) -> FilePlan:
             refused.append((_first_difference(old_s, new_s),
                             _layout_reason(scope, scope in before.statements,
                                            scope in after.statements)))
+    return refused
+
+
+def _function_changes(path: str, before: _Scopes, after: _Scopes, old_code: types.CodeType,
+                      new_code: types.CodeType, refused: list[tuple[int, str]]
+                      ) -> tuple[list[Patch], list[Patch], list[str]]:
+    """The new source's functions against the old: those patched, added and
+    relined; (line, why) of those that cannot be go to ``refused``."""
     old_freevars, new_freevars = _freevars(old_code), _freevars(new_code)
-    patched, added, relined = [], [], []
+    patched: list[Patch] = []
+    added: list[Patch] = []
+    relined: list[str] = []
     for qualname, node in sorted(after.functions.items(), key=lambda kv: kv[1].lineno):
         old_node = before.functions.get(qualname)
         if old_node is None:
@@ -131,15 +155,18 @@ def plan_file(path: str, old: str | None, new: str | None) -> FilePlan:
                                          "the enclosing function changed"))
         else:
             patched.append(Patch(qualname, path, node.lineno))
+    return patched, added, relined
+
+
+def _removals(before: _Scopes, after: _Scopes) -> list[tuple[int, str]]:
+    """(line, why) of each function removed that callers in memory still reach."""
+    refused: list[tuple[int, str]] = []
     for qualname in sorted(before.functions.keys() - after.functions.keys()):
         gone_with_class = _owner(qualname) in before.classes - after.classes
         if not gone_with_class and not _inside_changed(qualname, before, after):
             refused.append((before.functions[qualname].lineno,
                             f"{qualname} removed (callers in memory still reach it)"))
-    if refused:
-        return FilePlan(path, refused=tuple(f"{name}:{line}: {why}"
-                                            for line, why in sorted(set(refused))))
-    return FilePlan(path, tuple(patched), tuple(added), tuple(relined))
+    return refused
 
 
 class _Scopes:
@@ -161,10 +188,7 @@ class _Scopes:
             elif isinstance(node, ast.ClassDef) and scope is not None:
                 qualname = prefix + node.name
                 self.classes.add(qualname)
-                header = ast.ClassDef(name=node.name, bases=node.bases, keywords=node.keywords,
-                                      body=[], decorator_list=node.decorator_list,
-                                      type_params=[])
-                self._statement(f"class {qualname}", header, node.lineno)
+                self._statement(f"class {qualname}", _class_header(node), node.lineno)
                 self.statements.setdefault(f"class {qualname} body", [])
                 self._walk(_body(node.body), qualname + ".", f"class {qualname} body")
             elif scope is not None:
@@ -174,6 +198,15 @@ class _Scopes:
 
     def _statement(self, scope: str, node: ast.AST, line: int) -> None:
         self.statements.setdefault(scope, []).append((ast.dump(node), line))
+
+
+def _class_header(node: ast.ClassDef) -> ast.ClassDef:
+    """The class statement less its body (a class's header, compared as a statement)."""
+    if sys.version_info >= (3, 12):
+        return ast.ClassDef(name=node.name, bases=node.bases, keywords=node.keywords, body=[],
+                            decorator_list=node.decorator_list, type_params=[])
+    return ast.ClassDef(name=node.name, bases=node.bases, keywords=node.keywords, body=[],
+                        decorator_list=node.decorator_list)
 
 
 def _body(body: list[ast.stmt]) -> list[ast.stmt]:
@@ -187,7 +220,8 @@ def _body(body: list[ast.stmt]) -> list[ast.stmt]:
 def _first_difference(old: list[tuple[str, int]], new: list[tuple[str, int]]) -> int:
     """The new source's line of the first statement that differs (or the
     last one's, where statements were only removed)."""
-    for (old_dump, old_line), (new_dump, new_line) in zip(old, new):
+    # (the shorter list's statements: the rest were added or removed)
+    for (old_dump, _), (new_dump, new_line) in zip(old, new, strict=False):
         if old_dump != new_dump:
             return new_line
     if len(new) > len(old):

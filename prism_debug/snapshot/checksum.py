@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Literal, overload
 
 import blake3
 import xxhash
@@ -58,6 +59,21 @@ def page_digests(block) -> bytes:
     view = memoryview(block)
     digest = xxhash.xxh3_128_digest
     return b"".join([digest(view[i:i + PAGE]) for i in range(0, len(view), PAGE)])
+
+
+@overload
+def digest_fd(fd: int, algorithm: str = DEFAULT, *, index: bool = False,
+              buffer: bytearray | None = None) -> tuple[str, bytes | None]: ...
+
+
+@overload
+def digest_fd(fd: int, algorithm: None, *, index: Literal[True],
+              buffer: bytearray | None = None) -> tuple[None, bytes]: ...
+
+
+@overload
+def digest_fd(fd: int, algorithm: str | None = DEFAULT, *, index: bool = False,
+              buffer: bytearray | None = None) -> tuple[str | None, bytes | None]: ...
 
 
 def digest_fd(fd: int, algorithm: str | None = DEFAULT, *, index: bool = False,

@@ -245,7 +245,8 @@ def _compact(pages_path: Path, kept: np.ndarray, move: int = _MOVE) -> None:
     buffer = None
     try:
         dst = 0
-        for start, length in zip((starts * PAGE).tolist(), (lengths * PAGE).tolist()):
+        for start, length in zip((starts * PAGE).tolist(), (lengths * PAGE).tolist(),
+                                 strict=True):
             gap = start - dst
             done = 0
             while gap and done < length:
@@ -282,7 +283,8 @@ def _rewrite_pagemap(child: _Pages, same: np.ndarray) -> None:
         .astype(np.uint64)
     run_flags = child.flags[present][owner]
     run_flags = np.where(same[run_start], (run_flags & ~PE_PRESENT) | PE_PARENT, run_flags)
-    runs = iter(zip(owner.tolist(), run_vaddr.tolist(), run_len.tolist(), run_flags.tolist()))
+    runs = iter(zip(owner.tolist(), run_vaddr.tolist(), run_len.tolist(), run_flags.tolist(),
+                    strict=True))
     by_entry: dict[int, list[dict]] = {}
     for slot, vaddr, length, flags in runs:
         by_entry.setdefault(int(present[slot]), []).append(

@@ -31,6 +31,7 @@ for ever on prism-debug's incremental chains (the restored process stays at
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -182,10 +183,8 @@ class LazyPages:
                         "as zeros); restore it again with --eager\n")
         except OSError:
             pass
-        try:
+        with contextlib.suppress(ProcessLookupError):
             signal.pidfd_send_signal(rank, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         if self.process.poll() is None:
             self.stop()
 

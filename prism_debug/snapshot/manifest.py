@@ -133,8 +133,10 @@ def _check_fields(manifest: Manifest) -> None:
     ids of the store's form, image names that stay in their folder."""
     for field in dataclasses.fields(manifest):
         value = getattr(manifest, field.name)
-        if not _FIELD_TYPES[field.type](value):
-            raise TypeError(f"{field.name} is {value!r:.60}, not a {field.type}")
+        declared = field.type
+        assert isinstance(declared, str)  # (annotations are postponed here: as written)
+        if not _FIELD_TYPES[declared](value):
+            raise TypeError(f"{field.name} is {value!r:.60}, not a {declared}")
     for name in ("id", "parent"):
         value = getattr(manifest, name)
         if value is not None and not ID_PATTERN.fullmatch(value):

@@ -23,6 +23,7 @@ fill with images of their making) is refused.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import errno
 import fcntl
@@ -332,7 +333,8 @@ class Store:
     def list(self) -> list[Manifest]:
         return self.scan()[0]
 
-    def cut(self, cut_id: str) -> list[Manifest]:
+    # (``builtins.list`` below: in the class, ``list`` is the method above)
+    def cut(self, cut_id: str) -> builtins.list[Manifest]:
         """The snapshots of the cut ``cut_id`` in this store, one per rank, by
         rank (a cut of several hosts' ranks: those this host's store holds);
         :class:`SnapshotError` when it holds none."""
@@ -345,7 +347,7 @@ class Store:
                                 "snapshot ls lists each snapshot's cut)")
         return members
 
-    def chain(self, snapshot_id: str) -> list[Manifest]:
+    def chain(self, snapshot_id: str) -> builtins.list[Manifest]:
         """The snapshot's manifest and its parents', nearest first, walked
         without recursion; a parent chain that loops is refused."""
         chain = [self.get(snapshot_id)]
@@ -416,10 +418,10 @@ class Store:
             except OSError:
                 pass  # a cache: the next restore hashes again
 
-    def children(self, snapshot_id: str) -> list[str]:
+    def children(self, snapshot_id: str) -> builtins.list[str]:
         return [m.id for m in self.list() if m.parent == snapshot_id]
 
-    def remove(self, snapshot_id: str, force: bool = False) -> list[str]:
+    def remove(self, snapshot_id: str, force: bool = False) -> builtins.list[str]:
         """Remove a snapshot; with ``force``, also the incremental ones built on
         it (which could not be restored without it), descendants first.
         Returns the ids removed."""

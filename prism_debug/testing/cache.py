@@ -79,7 +79,8 @@ class Job:
                 list(self.profile_command), self.world_size, layout, PROFILE_ITERATIONS),
             "rank": self.rank, "iteration": self.iteration, "hardware": profile.to_dict(),
             "seed": self.seed, "env": sorted(self.env),
-            "collective_timeout_s": self.collective_timeout_s, "prism_debug": prism_debug.__version__,
+            "collective_timeout_s": self.collective_timeout_s,
+            "prism_debug": prism_debug.__version__,
             "prism_debug_source": source_digest(),
         }
         return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:20]

@@ -31,7 +31,7 @@ def first_difference(got: dict, golden: dict) -> str | None:
         return (f"exception {_show(got.get('exception'))}; the golden had "
                 f"{_show(golden.get('exception'))}")
     ours, theirs = got.get("iterations", []), golden.get("iterations", [])
-    for mine, want in zip(ours, theirs):
+    for mine, want in zip(ours, theirs, strict=False):  # (a count that differs: said next)
         found = _iteration_difference(mine, want)
         if found:
             return found
@@ -39,7 +39,7 @@ def first_difference(got: dict, golden: dict) -> str | None:
         return (f"{len(ours)} iterations ({_numbers(ours)}); the golden had {len(theirs)} "
                 f"({_numbers(theirs)})")
     rtol = golden.get("time_rtol", 0.0)
-    for mine, want in zip(ours, theirs):
+    for mine, want in zip(ours, theirs, strict=True):
         if abs(mine["time_s"] - want["time_s"]) > rtol * abs(want["time_s"]):
             return (f"iteration {mine['iteration']}: time {mine['time_s']:g} s is outside "
                     f"±{rtol:.0%} of the golden's {want['time_s']:g} s")
@@ -51,7 +51,8 @@ def _iteration_difference(mine: dict, want: dict) -> str | None:
     if mine["iteration"] != want["iteration"]:
         return f"{where} where the golden had iteration {want['iteration']}"
     ops, golden_ops = mine.get("collectives", []), want.get("collectives", [])
-    for i, (op, golden_op) in enumerate(zip(ops, golden_ops)):
+    # (a count that differs: said after the first ops' differences)
+    for i, (op, golden_op) in enumerate(zip(ops, golden_ops, strict=False)):
         if op != golden_op:
             what = "digest" if op.rsplit(" ", 1)[0] == golden_op.rsplit(" ", 1)[0] else "op"
             return (f"{where}, collective #{i + 1}: {what} differs: {op}; the golden had "

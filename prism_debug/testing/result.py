@@ -71,7 +71,7 @@ class PrismResult:
             iterations.append(IterationResult(
                 it["iteration"], it.get("digest"), it["time_s"], tuple(
                     Collective(op[0], op[1], op[2], op[3], digest)
-                    for op, digest in zip(record.get("ops", ()), digests))))
+                    for op, digest in zip(record.get("ops", ()), digests, strict=True))))
         reloaded = None
         if reload:
             event = next((e for e in run.events if e["kind"] == "reloaded"), None)
