@@ -313,7 +313,7 @@ class Outcome:
     def diff(self, source: str = "the page") -> list[str]:
         want, got = streams(list(self.step.expected)), streams(self.output)
         lines = []
-        for name, expected, actual in zip(("prism-debug", "the rank"), want, got):
+        for name, expected, actual in zip(("prism-debug", "the rank"), want, got, strict=True):
             lines += difflib.unified_diff(expected, actual, f"{source} ({name}, normalised)",
                                           f"real output ({name}, normalised)", lineterm="")
         if lines:
@@ -370,7 +370,8 @@ def _learn_ids(ids: dict[str, str], expected, actual) -> None:
         return list(dict.fromkeys(m.group(0) for line in lines for m in SNAPSHOT_ID.finditer(line)))
 
     made = found(actual)
-    for old, new in zip(found(expected), made):
+    # (the run may make more ids than the page shows: those pair below)
+    for old, new in zip(found(expected), made, strict=False):
         ids.setdefault(old, new)
     for new in made:  # for an id the page's output never showed (a placeholder)
         ids[SNAPSHOT_ID.sub(r"\1", new)] = new
@@ -398,7 +399,8 @@ def updated(section: Section, outcomes: list[Outcome]) -> str:
 
 def _replacer(old: str, new: str):
     mapping = dict(zip((m.group(0) for m in SNAPSHOT_ID.finditer(old)),
-                       (m.group(0) for m in SNAPSHOT_ID.finditer(new))))
+                       (m.group(0) for m in SNAPSHOT_ID.finditer(new)),
+                       strict=False))  # (an id only one side shows stays as it is)
     return lambda match: mapping.get(match.group(0), match.group(0))
 
 

@@ -80,7 +80,8 @@ class PeerFaultsHook(Protocol):
 
 
 class FlightHook(Protocol):
-    """The flight recorder's ring of issued ops and its dump (backend/fr_recorder.py's FlightLog)."""
+    """The flight recorder's ring of issued ops and its dump
+    (``backend/fr_recorder.py``'s FlightLog)."""
 
     def note(self, pg: Group, call: str, outputs: list, inputs: list | None, peer: int | None,
              done: Completion, iteration: int) -> None:
