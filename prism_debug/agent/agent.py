@@ -53,6 +53,7 @@ from prism_debug.errors import ConfigError, PrismError
 from prism_debug.faults import Fault, Injection, fault_from_dict, fault_text, resolve
 from prism_debug.graph import ExecutionGraph, FamilyRecorder
 from prism_debug.graph.messages import NEEDS_MESSAGES_EXIT, MessageBook, MissingMessage, PeerMessage
+from prism_debug.snapshot.control import RestoreControl
 from prism_debug.variability import Variability
 from prism_debug.variability.model import StochasticCompute
 
@@ -466,54 +467,75 @@ class Agent:
         the harness's (the caller excludes it from the clock).  ``history``:
         only the --history ring asked for it (the controller may prune it).
         """
+        cuda = self._quiesce(iteration)
+        control = self._announce_and_wait(iteration, cuda, history)
+        if control is not None:
+            self._apply_restore(iteration, control)
+        self._resume(iteration, control)
+
+    def _quiesce(self, iteration: int) -> bool:
+        """Nothing in flight that a dump would cut in half: the GPU's queue, the
+        bus link's TCP connection, the exchange with the other real ranks
+        (this rank's part of a consistent cut).  Whether CUDA is in use."""
         cuda = torch.cuda.is_initialized()
         if cuda:
-            torch.cuda.synchronize()  # nothing in flight on the GPU either
-        if self.link is not None:  # CRIU cannot dump half of a TCP connection
+            torch.cuda.synchronize()
+        if self.link is not None:
             self.link.stop()
         if self.several is not None:
-            self.several.cut(iteration)  # this rank's part of a consistent cut
+            self.several.cut(iteration)
+        return cuda
+
+    def _announce_and_wait(self, iteration: int, cuda: bool,
+                           history: bool) -> RestoreControl | None:
+        """Announce the snapshot, its event log flushed, and idle until the
+        controller lets this process go: None for the original, a restore's
+        instructions for a copy that wakes up here."""
 
         def announce(fields: dict) -> None:
             self._emit({"kind": "snapshot", "iteration": iteration, "pid": os.getpid(),
                         "cuda": cuda, "history": history, "sources": self.sources.scan(),
                         **fields})
             self._events.flush()
-        control = self.handshake.wait(iteration, announce)
-        if control.get("restored"):
-            # a scenario that starts from this snapshot: its faults act from
-            # here, beside any the snapshot's run had in force already
-            added = self._inject_all(control.get("faults", ()))
-            if control.get("reload") is not None:  # the user's fixed code, before it goes on
-                reloaded = apply_reload(control["reload"], self.sources)
-                self._emit(reloaded)
-                if reloaded["refused"]:
-                    self._fatal(PrismError("reload refused: " + "; ".join(reloaded["refused"])))
-            self._emit({"kind": "resumed", "iteration": iteration, "pid": os.getpid(),
-                        "backend": self._backend, "rank": self.config.rank,
-                        "world_size": self.config.world_size, "snapshot": control.get("snapshot"),
-                        "families": self._families(), "faults_added": added,
-                        "variability": self.config.variability, "time_s": self.clock.now()})
-            self.config = dataclasses.replace(
-                self.config, iterations=control.get("iterations"),
-                record_ops=bool(control.get("record_ops")),
-                snapshot_at=tuple(control.get("snapshot_at", ())),
-                snapshot_every=control.get("snapshot_every"),
-                history=bool(control.get("history")),
-                bus=control.get("bus"), bus_curve=control.get("bus_curve"),
-                bus_secret=control.get("bus_secret"))
-            self.tracker.record_ops = self.config.record_ops
-            if control.get("watch_nonfinite"):
-                self.runtime.on_nonfinite = self._first_nonfinite
+        return self.handshake.wait(iteration, announce)
+
+    def _apply_restore(self, iteration: int, control: RestoreControl) -> None:
+        """A restored copy takes its new run's instructions before it goes on:
+        faults a scenario starts from this snapshot with (beside any the
+        snapshot's run had in force already), the user's fixed code, its
+        limits and its bus."""
+        added = self._inject_all(control.faults)
+        if control.reload is not None:  # the user's fixed code, before it goes on
+            reloaded = apply_reload(control.reload, self.sources)
+            self._emit(reloaded)
+            if reloaded["refused"]:
+                self._fatal(PrismError("reload refused: " + "; ".join(reloaded["refused"])))
+        self._emit({"kind": "resumed", "iteration": iteration, "pid": os.getpid(),
+                    "backend": self._backend, "rank": self.config.rank,
+                    "world_size": self.config.world_size, "snapshot": control.snapshot,
+                    "families": self._families(), "faults_added": added,
+                    "variability": self.config.variability, "time_s": self.clock.now()})
+        self.config = dataclasses.replace(
+            self.config, iterations=control.iterations, record_ops=control.record_ops,
+            snapshot_at=control.snapshot_at, snapshot_every=control.snapshot_every,
+            history=control.history, bus=control.bus, bus_curve=control.bus_curve,
+            bus_secret=control.bus_secret)
+        self.tracker.record_ops = self.config.record_ops
+        if control.watch_nonfinite:
+            self.runtime.on_nonfinite = self._first_nonfinite
+
+    def _resume(self, iteration: int, control: RestoreControl | None) -> None:
+        """Go on: the exchange with the other real ranks again (for a copy, on
+        its restoring controller's store), and the bus link."""
         if self.several is not None:
             self.several.after_cut(iteration, control)
-        if control.get("restored"):
+        if control is not None:
             self._resume_link_restored(control)
         elif self.link is not None:
             self._snapshots_asked = {k for k in self._snapshots_asked if k > iteration}
             self.link.start()
 
-    def _resume_link_restored(self, control: dict) -> None:
+    def _resume_link_restored(self, control: RestoreControl) -> None:
         """A restored copy: talk to the controller that restored it (even if
         the original ran without a bus), and keep the debugger's state only
         when that controller's user asked for it (restore from the console); a
@@ -531,7 +553,7 @@ class Agent:
         self._snapshots_asked = set()
         # the debugger's state first: the controller answers the restore (and
         # the next command arrives) as soon as the link says hello
-        if control.get("pause"):
+        if control.pause:
             debugger.pause_again("restore")
         else:
             debugger.release()

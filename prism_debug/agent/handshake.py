@@ -16,11 +16,12 @@ announcement names: the rank must go on whatever befalls the disk.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
 from collections.abc import Callable
+
+from prism_debug.snapshot.control import Control, Go, RestoreControl, decode
 
 # a real-time signal, which nothing torch or a launcher sends
 RELEASE_SIGNAL = signal.SIGRTMIN + 6
@@ -39,37 +40,37 @@ class Handshake:
         self._control = os.open(control_path, os.O_RDONLY) if control_path else None
         self._restored_from: str | None = None  # the restore this process followed
 
-    def wait(self, iteration: int, announce: Callable[[dict], None]) -> dict:
+    def wait(self, iteration: int,
+             announce: Callable[[dict], None]) -> RestoreControl | None:
         """Announce the snapshot of ``iteration`` (``announce`` gets the fields
-        the controller needs) and idle until it is over; the control file's
-        instructions (a restore's), or ``{}``."""
+        the controller needs) and idle until it is over; a restore's
+        instructions when this process is a copy that woke up here, else None."""
         ticket = os.urandom(6).hex()
         released = _releases
         announce({"ticket": ticket, "release_signal": self._release_signal()})
-        while True:
-            control = self.read()
-            if control.get("stop_at") == iteration and control.get("phase") == "go" and (
-                    control.get("ticket") == ticket or control.get("restored")
-                    and control.get("snapshot") != self._restored_from):
-                break
+        while not self._lets_go(control := self.read(), iteration, ticket):
             if _releases != released:
-                return {}  # what the file holds is not this wait's
+                return None  # what the file holds is not this wait's
             time.sleep(_POLL_S)
-        if control.get("restored"):
-            self._restored_from = control.get("snapshot")
+        if isinstance(control, RestoreControl):
+            self._restored_from = control.snapshot
             return control
-        return {}
+        return None
 
-    def read(self) -> dict:
-        """The control file's content; ``{}`` while it is empty or half written."""
+    def _lets_go(self, control: Control | None, iteration: int, ticket: str) -> bool:
+        """A go for this wait: the release naming its ticket, or a restore's
+        instructions this process has not followed yet."""
+        if control is None or control.stop_at != iteration:
+            return False
+        if isinstance(control, Go):
+            return control.ticket == ticket
+        return control.snapshot != self._restored_from
+
+    def read(self) -> Control | None:
+        """What the control file says; None while it is empty or half written."""
         if self._control is None:
-            return {}
-        raw = os.pread(self._control, 1 << 16, 0)
-        try:
-            content = json.loads(raw or b"{}")
-        except ValueError:
-            return {}
-        return content if type(content) is dict else {}
+            return None
+        return decode(os.pread(self._control, 1 << 16, 0))
 
     def _release_signal(self) -> int | None:
         """The signal that ends a wait (its handler installed on first use);

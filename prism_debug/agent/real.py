@@ -42,6 +42,7 @@ from prism_debug.backend.work import off_clock
 from prism_debug.engine.graph_engine import GraphEngine
 from prism_debug.engine.replay import ReplayEngine
 from prism_debug.errors import PrismError
+from prism_debug.snapshot.control import RestoreControl
 
 
 class LockedReplay:
@@ -183,14 +184,14 @@ class SeveralRanks:
         if self._runtime.real_comms is not None:
             self._runtime.real_comms.disconnect()
 
-    def after_cut(self, iteration: int, control: dict) -> None:
+    def after_cut(self, iteration: int, control: RestoreControl | None) -> None:
         """Connect to the other real ranks again: the original under its run's
         namespace for after this cut, a restored copy on the store of the
         controller that restored it (its control file says which)."""
         comms = self._runtime.real_comms
         if comms is None:
             return
-        restored_on = control.get("side_store") if control.get("restored") else None
+        restored_on = control.side_store if control is not None else None
         side = SideStore.from_dict(restored_on) if restored_on else comms.side.after_cut(iteration)
         try:
             comms.reconnect(side)

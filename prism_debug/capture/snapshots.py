@@ -60,6 +60,8 @@ from prism_debug.reload import sources as kept_sources
 from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot import incremental
 from prism_debug.snapshot import lazy as lazy_pages
+from prism_debug.snapshot.control import Control, Go, RestoreControl
+from prism_debug.snapshot.control import encode as encode_control
 from prism_debug.snapshot.manifest import Manifest, new_id
 from prism_debug.snapshot.store import SnapshotError, Store, now_text, sha256_file
 
@@ -303,11 +305,8 @@ def release_rank(pid: int, control: Path, release: Release,
     control file says go and, where the rank named one, its release signal
     ends the wait even if the file could not be written.  Each step on its
     own."""
-    content = {"stop_at": release.iteration, "phase": "go"}
-    if release.ticket is not None:
-        content["ticket"] = release.ticket
     try:
-        write_control(control, content)
+        write_control(control, Go(stop_at=release.iteration, ticket=release.ticket))
     except OSError as exc:
         how = "its release signal" if release.signal else "nothing else: it may wait for ever"
         message(f"prism-debug: warning: cannot write the rank's control file {control} "
@@ -318,13 +317,13 @@ def release_rank(pid: int, control: Path, release: Release,
     continue_rank(pid)  # a copy of an older snapshot stops itself: harmless otherwise
 
 
-def write_control(path: Path, content: dict) -> None:
+def write_control(path: Path, control: Control) -> None:
     """Rewrite the control file in place (the rank holds it open): overwritten,
     never truncated first, and padded with blanks (JSON ignores them) to its
     old length, so the file keeps the blocks it has and a full disk cannot
     fail the write.  A reader may see a half-written file: it parses as
     nothing and is read again."""
-    data = json.dumps(content).encode()
+    data = encode_control(control).encode()
     fd = os.open(path, os.O_WRONLY)
     try:
         data = data.ljust(os.fstat(fd).st_size)
@@ -471,16 +470,15 @@ def restore_process(store: Store, manifest: Manifest, files: dict[str, Path],
     other ranks again (SideStore.to_dict()).  One line says which way it
     went, and how long the copy took to run."""
     limit = manifest.iteration + iterations if iterations else None
-    control = json.dumps({
-        "restored": True, "snapshot": manifest.id, "iterations": limit,
-        "record_ops": record_ops, "bus": bus, "bus_curve": bus_curve,
-        "bus_secret": bus_secret, "pause": pause, "history": history,
-        "faults": [fault.to_dict() for fault in faults], "watch_nonfinite": watch_nonfinite,
-        "stop_at": manifest.iteration, "phase": "go", "side_store": side_store,
+    control = encode_control(RestoreControl(
+        snapshot=manifest.id, stop_at=manifest.iteration, iterations=limit,
+        record_ops=record_ops, bus=bus, bus_curve=bus_curve, bus_secret=bus_secret,
+        pause=pause, history=history, faults=tuple(fault.to_dict() for fault in faults),
+        watch_nonfinite=watch_nonfinite, side_store=side_store,
         # the changed functions to patch in (check_unchanged's plan), their new
         # texts beside the control file (it is read in 64 KiB)
-        "reload": None if reload is None else kept_sources.stage(reload,
-                                                                 files["control"].parent)})
+        reload=None if reload is None else kept_sources.stage(reload,
+                                                              files["control"].parent)))
     way = restore_way(manifest, criu, lazy)
     started = time.perf_counter()
     pid = None

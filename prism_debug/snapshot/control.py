@@ -3,7 +3,7 @@ boundary — go on (the original, once its images are written), or go on as a
 restored copy, with that restore's instructions.
 
 One versioned, frozen value each way, written and read here only, as the bus
-protocol's messages are: the controller writes :class:`Release` or
+protocol's messages are: the controller writes :class:`Go` or
 :class:`RestoreControl` with :func:`encode`, the rank's handshake reads them
 with :func:`decode`.  The rank reads the file while the controller rewrites it
 in place, so a half-written file decodes as nothing (and is read again), and
@@ -22,7 +22,7 @@ GO = "go"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Release:
+class Go:
     """Go on after the snapshot of ``stop_at``: the wait that announced
     ``ticket`` is over (the original rank, once CRIU has its images)."""
 
@@ -54,7 +54,7 @@ class RestoreControl:
     reload: list[dict[str, Any]] | None = None
 
 
-Control = Release | RestoreControl
+Control = Go | RestoreControl
 
 
 def encode(control: Control) -> str:
@@ -86,9 +86,9 @@ def decode(raw: bytes) -> Control | None:
     return None
 
 
-def _release(content: dict[str, Any]) -> Release:
+def _release(content: dict[str, Any]) -> Go:
     ticket = content.get("ticket")
-    return Release(stop_at=_int(content["stop_at"]),
+    return Go(stop_at=_int(content["stop_at"]),
                    ticket=_optional(ticket, str))
 
 

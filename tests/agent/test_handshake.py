@@ -4,7 +4,6 @@ does (a file left from an earlier wait, a restore already followed)."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -14,10 +13,14 @@ from hypothesis import strategies as st
 
 from prism_debug.agent.handshake import RELEASE_SIGNAL, Handshake
 from prism_debug.capture.snapshots import Release, release_rank, write_control
+from prism_debug.snapshot.control import Go, RestoreControl, encode
 
-contents = st.dictionaries(st.sampled_from(["stop_at", "phase", "ticket", "snapshot", "faults"]),
-                           st.one_of(st.integers(0, 10**6), st.text(max_size=40),
-                                     st.lists(st.integers(), max_size=20)), max_size=5)
+contents = st.one_of(
+    st.builds(Go, stop_at=st.integers(0, 10**6), ticket=st.none() | st.text(max_size=40)),
+    st.builds(RestoreControl, snapshot=st.text(max_size=40), stop_at=st.integers(0, 10**6),
+              iterations=st.none() | st.integers(0, 10**6),
+              faults=st.lists(st.fixed_dictionaries({"action": st.text(max_size=10)}),
+                              max_size=20).map(tuple)))
 
 
 @settings(max_examples=200, deadline=None)
@@ -37,9 +40,10 @@ def test_the_control_file_is_rewritten_in_place_and_reads_back(tmp_path_factory,
 
 def test_a_half_written_or_foreign_control_file_reads_as_nothing(tmp_path):
     path = tmp_path / "control.json"
-    for raw in (b"", b'{"stop_at": 3, "pha', b"[1, 2]", b"\xff\xfe", b"null"):
+    for raw in (b"", b'{"stop_at": 3, "pha', b"[1, 2]", b"\xff\xfe", b"null",
+                b'{"stop_at": 3, "phase": "go", "ticket": "t"}'):  # (no version: not ours)
         path.write_bytes(raw)
-        assert Handshake(str(path)).read() == {}
+        assert Handshake(str(path)).read() is None
 
 
 def waiting(handshake: Handshake, iteration: int):
@@ -66,7 +70,7 @@ def controller(ready: threading.Event, act) -> threading.Thread:
 
 def test_only_a_go_naming_this_wait_lets_the_rank_go(tmp_path):
     path = tmp_path / "control.json"
-    path.write_text(json.dumps({"stop_at": 4, "phase": "go", "ticket": "from-before"}))
+    path.write_text(encode(Go(stop_at=4, ticket="from-before")))
     handshake = Handshake(str(path))
     announced, ready, wait = waiting(handshake, 4)
     started = time.monotonic()
@@ -76,7 +80,7 @@ def test_only_a_go_naming_this_wait_lets_the_rank_go(tmp_path):
         ticket = announced[0]["ticket"]
         release_rank(os.getpid(), path, Release(4, ticket), lambda line: None)
     thread = controller(ready, go)
-    assert wait() == {}
+    assert wait() is None
     thread.join()
     assert time.monotonic() - started >= 0.2
     assert announced[0]["release_signal"] == int(RELEASE_SIGNAL)
@@ -94,7 +98,7 @@ def test_the_release_signal_lets_the_rank_go_when_the_file_cannot_be_written(tmp
         release = Release.of({"iteration": 2, **announced[0]})
         release_rank(os.getpid(), path, release, lines.append)
     thread = controller(ready, go)
-    assert wait() == {}
+    assert wait() is None
     thread.join()
     assert lines == [f"prism-debug: warning: cannot write the rank's control file {path} "
                      f"([Errno 2] No such file or directory: '{path}'); letting it go by its "
@@ -103,9 +107,8 @@ def test_the_release_signal_lets_the_rank_go_when_the_file_cannot_be_written(tmp
 
 def test_a_restore_is_followed_once(tmp_path):
     path = tmp_path / "control.json"
-    restore = {"restored": True, "snapshot": "r3-it2-abcdef", "stop_at": 2, "phase": "go",
-               "bus": None}
-    path.write_text(json.dumps(restore))
+    restore = RestoreControl(snapshot="r3-it2-abcdef", stop_at=2, bus=None)
+    path.write_text(encode(restore))
     handshake = Handshake(str(path))
     # a copy restored from a snapshot of iteration 2 wakes to its instructions
     assert handshake.wait(2, lambda fields: None) == restore
@@ -113,6 +116,6 @@ def test_a_restore_is_followed_once(tmp_path):
     # does not take them for its go
     announced, ready, wait = waiting(handshake, 2)
     thread = controller(ready, lambda: write_control(
-        path, {"stop_at": 2, "phase": "go", "ticket": announced[0]["ticket"]}))
-    assert wait() == {}
+        path, Go(stop_at=2, ticket=announced[0]["ticket"])))
+    assert wait() is None
     thread.join()

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from prism_debug.snapshot.control import (
     CONTROL_VERSION,
-    Release,
+    Go,
     RestoreControl,
     decode,
     encode,
@@ -31,12 +31,12 @@ def test_a_restore_round_trips_whole():
 
 @given(stop_at=st.integers(0, 2**40), ticket=st.none() | st.text(max_size=20))
 def test_a_release_round_trips(stop_at, ticket):
-    release = Release(stop_at=stop_at, ticket=ticket)
+    release = Go(stop_at=stop_at, ticket=ticket)
     assert decode(encode(release).encode()) == release
 
 
 def test_the_file_names_its_version_and_kind():
-    content = json.loads(encode(Release(stop_at=1, ticket="t")))
+    content = json.loads(encode(Go(stop_at=1, ticket="t")))
     assert content == {"version": CONTROL_VERSION, "kind": "release", "phase": "go",
                        "stop_at": 1, "ticket": "t"}
 
@@ -66,4 +66,4 @@ def test_what_cannot_be_read_whole_is_nothing(raw):
 
 def test_blank_padding_is_read_as_json_ignores_it():
     # the controller pads a rewrite to the file's old length with blanks
-    assert decode(encode(Release(stop_at=3)).encode().ljust(4096)) == Release(stop_at=3)
+    assert decode(encode(Go(stop_at=3)).encode().ljust(4096)) == Go(stop_at=3)
