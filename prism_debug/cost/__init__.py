@@ -1,14 +1,13 @@
 """Collective cost model and hardware profiles (pure: no torch, no I/O beyond profiles)."""
 
 from prism_debug.cost.model import (
-    COLLECTIVES,
     CostModel,
     Estimate,
     Placement,
     PricedOp,
     bus_factor,
 )
-from prism_debug.cost.ops import ALIASES, known_op, op_name
+from prism_debug.cost.ops import ALIASES, COLLECTIVES, known_op, op_name
 from prism_debug.cost.profile import (
     DEFAULT_PROFILE,
     HardwareProfile,
