@@ -312,7 +312,8 @@ class EventLoop:
             state.gap_clock += float(gap)
             return
         shape = self.layout.local_shape
-        if gap.ndim != len(shape) or any(g not in (1, s) for g, s in zip(gap.shape, shape, strict=True)):
+        if gap.ndim != len(shape) or any(g not in (1, s)
+                                         for g, s in zip(gap.shape, shape, strict=True)):
             raise ValueError(f"a compute model's gaps must be floats or arrays over the class's "
                              f"slice of the mesh {shape}, got shape {gap.shape}")
         # columns the shared one stands for may no longer agree
@@ -354,7 +355,7 @@ class EventLoop:
         arrival = self._now(state)
         for p, part in self.windows.active("delay", state, op.family):
             arrival = arrival + np.where(part, p.value, 0.0)
-        for p, part in self.windows.active("fail", state, op.family):
+        for _, part in self.windows.active("fail", state, op.family):
             arrival = np.where(part, math.inf, arrival)
         if real_here:
             arrival = with_real(arrival, self.layout.class_shape, real_here, event.op)

@@ -26,7 +26,7 @@ one way.)"""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, overload
 
 import numpy as np

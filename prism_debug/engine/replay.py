@@ -198,8 +198,8 @@ class ReplayEngine:
         self._loop.add_window(perturbation)
         return perturbation
 
-    def link(self, nodes: Collection[int], *, bandwidth_factor: float = 1.0, added_latency_s: float = 0.0,
-             first_iteration: int = 1, iterations: float = math.inf,
+    def link(self, nodes: Collection[int], *, bandwidth_factor: float = 1.0,
+             added_latency_s: float = 0.0, first_iteration: int = 1, iterations: float = math.inf,
              period_s: float | None = None, duty: float = 1.0) -> object:
         """Degrade collectives whose groups span any of ``nodes``: cost divided
         by ``bandwidth_factor`` plus ``added_latency_s``; with ``period_s``,

@@ -27,7 +27,6 @@ the normal fitted to the sample, which sums of many gaps are close to.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import cast, overload
 
 import numpy as np

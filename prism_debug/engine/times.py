@@ -54,7 +54,8 @@ def at(times: Time, index: tuple[int, ...], shape: tuple[int, ...]) -> float:
     """One rank's time, ``times`` standing for an array of ``shape``."""
     if isinstance(times, np.ndarray):
         if times.ndim == len(index):  # (indexing size-1 axes at 0 beats broadcast_to)
-            return float(times[tuple(0 if n == 1 else i for i, n in zip(index, times.shape, strict=True))])
+            return float(times[tuple(0 if n == 1 else i
+                                     for i, n in zip(index, times.shape, strict=True))])
         return float(np.broadcast_to(times, shape)[index])
     return float(times)
 
