@@ -372,10 +372,6 @@ class EventLoop:
                 slack=lowest)
 
     @overload
-    def group_max(self, state: ClassState, times: float, info: OpInfo,
-                  op_index: int) -> float: ...
-
-    @overload
     def group_max(self, state: ClassState, times: NDArray[np.float64], info: OpInfo,
                   op_index: int) -> NDArray[np.float64]: ...
 

@@ -20,31 +20,50 @@ are known, so every replica takes the same path whatever order the
 arrivals come in.
 
 (``loop`` below is the :class:`~prism_debug.engine.loop.EventLoop`, which
-imports this module: imported for its annotations only, to keep the imports
-one way.)"""
+imports this module: :class:`Loop` says what this module asks of it, to keep
+the imports one way.)"""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, overload
+from typing import Protocol, overload
 
 import numpy as np
 from numpy.typing import NDArray
 
+from prism_debug.engine.layout import Layout
 from prism_debug.engine.state import ClassState, OpInfo, Plan, RealRank, check_follows
 from prism_debug.engine.times import Time, at
 from prism_debug.errors import GraphError
 from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, OpSpec
 
-if TYPE_CHECKING:
-    from prism_debug.engine.loop import EventLoop
-
 # a class program's events, each one's next issue (see next_issues), and the ops they issue
 _Issues = tuple[tuple[Event, ...], tuple[int | None, ...], frozenset[int]]
 
 
-def issue_alone(loop: EventLoop, state: ClassState, op_index: int, info: OpInfo,
+class Loop(Protocol):
+    """What the real rank's side asks of the event loop."""
+
+    layout: Layout
+    real: RealRank | None  # the local real rank
+    multi: RealRanks | None  # several real ranks, or None
+
+    def _now(self, state: ClassState) -> Time: ...
+
+    def group_max(self, state: ClassState, times: NDArray[np.float64], info: OpInfo,
+                  op_index: int) -> NDArray[np.float64]: ...
+
+    def _op_cost(self, state: ClassState, op_index: int) -> tuple[Time, float]: ...
+
+    def _queue(self, state: ClassState, family: str, last: Time, cost: Time) -> Time: ...
+
+    def _complete(self, state: ClassState, op_index: int, done: Time,
+                  iteration: int | None = None, cause: tuple[int, int] | None = None,
+                  slack: float = 0.0, arrival: Time | None = None) -> None: ...
+
+
+def issue_alone(loop: Loop, state: ClassState, op_index: int, info: OpInfo,
                 real: RealRank) -> bool:
     """Complete ``real``'s collective inside its class from the class's
     times (while they agree within its groups) and its arrival, the class's
@@ -94,15 +113,15 @@ def issue_alone(loop: EventLoop, state: ClassState, op_index: int, info: OpInfo,
 
 
 @overload
-def _plan(loop: EventLoop, real: RealRank, axes: tuple[int, ...], shape: None) -> Plan: ...
+def _plan(loop: Loop, real: RealRank, axes: tuple[int, ...], shape: None) -> Plan: ...
 
 
 @overload
-def _plan(loop: EventLoop, real: RealRank, axes: tuple[int, ...],
+def _plan(loop: Loop, real: RealRank, axes: tuple[int, ...],
           shape: tuple[int, ...]) -> Plan | None: ...
 
 
-def _plan(loop: EventLoop, real: RealRank, axes: tuple[int, ...],
+def _plan(loop: Loop, real: RealRank, axes: tuple[int, ...],
           shape: tuple[int, ...] | None) -> Plan | None:
     """For an op on ``axes`` of a class whose times have ``shape`` (None: a
     scalar): where the real rank's group max is in the group maxima, the
@@ -201,7 +220,7 @@ def attach_reals(states: list[ClassState], real: RealRank | None,
         states[real.class_id].reals = (real,)
 
 
-def relayout_reals(loop: EventLoop, column_map: Callable[[Time], Time] | None) -> None:
+def relayout_reals(loop: Loop, column_map: Callable[[Time], Time] | None) -> None:
     """The layout changed: re-lay out what the real ranks hold (``column_map``
     None: held arrays stay valid) and find their elements again."""
     reals = ([] if loop.real is None else [loop.real]) if loop.multi is None \

@@ -42,11 +42,6 @@ Draws = tuple[float, NDArray[np.float64]]
 
 
 @overload
-def group_max(times: float, axes: tuple[int, ...], layout: Layout,
-              draws: Draws | None) -> float: ...
-
-
-@overload
 def group_max(times: NDArray[np.float64], axes: tuple[int, ...], layout: Layout,
               draws: Draws | None) -> NDArray[np.float64]: ...
 

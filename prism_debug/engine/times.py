@@ -12,10 +12,6 @@ Time = float | NDArray[np.float64]
 
 
 @overload
-def max_over(times: float, axes: tuple[int, ...]) -> float: ...
-
-
-@overload
 def max_over(times: NDArray[np.float64], axes: tuple[int, ...]) -> NDArray[np.float64]: ...
 
 
