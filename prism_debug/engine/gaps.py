@@ -53,8 +53,8 @@ class GapSource:
         # a per-rank model: gaps are laid out once per class and iteration
         self.per_rank = bool(getattr(compute, "per_rank", False))
         self._base_gaps: dict[tuple[int, int], tuple[float, ...]] = {}
-        # (class id, iteration or the steady state) -> (op, the shape of its draws)
-        # of each op needing draws
+        # (class id, iteration, the steady state's past the warm-up) -> each op
+        # needing draws, with the shape of its groups' draws
         self._needing: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
         # iteration -> class id -> what it takes, until the class takes it
         self._ahead: dict[int, dict[int, Drawn]] = {}

@@ -202,7 +202,7 @@ class Layout:
         """The rank named for the unsampled columns (the first of them) at
         ``internal_coords``' place off the columns' axis."""
         assert self.columns_axis is not None and self.first_unsampled is not None, \
-            "asked of a layout with unsampled columns only"
+            "only a sampled layout leaves columns unsimulated"
         rank = self.rank_of(class_id, internal_coords, base_rank)
         coords = list(self.mesh.coordinates(rank))
         coords[self.columns_axis] = self.first_unsampled

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, TypedDict
 
-if TYPE_CHECKING:  # numpy comes with scipy, when a fit is made
+if TYPE_CHECKING:  # (numpy is imported with scipy, when a fit is made: not to read a graph)
     import numpy as np
     from numpy.typing import NDArray
 
