@@ -8,14 +8,13 @@ from prism_debug.cost.hardware import (
     load_profile,
 )
 from prism_debug.cost.model import (
-    COLLECTIVES,
     CostModel,
     Estimate,
     Placement,
     PricedOp,
     bus_factor,
 )
-from prism_debug.cost.ops import ALIASES, known_op, op_name
+from prism_debug.cost.ops import ALIASES, COLLECTIVES, known_op, op_name
 
 __all__ = [
     "ALIASES", "COLLECTIVES", "CostModel", "DEFAULT_PROFILE", "Estimate", "HardwareProfile",

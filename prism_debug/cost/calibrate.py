@@ -19,9 +19,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from prism_debug.cost.hardware import HardwareProfile, OpFit
 from prism_debug.cost.model import CostModel, Placement, bus_factor
@@ -164,7 +167,7 @@ def fit(base: HardwareProfile, measurements: list[Measurements], name: str) -> H
     x0 = np.zeros(len(params))
     x0[[i for i, p in enumerate(params) if p.name == "loss"]] = start.net_scale_loss
 
-    def residuals(x) -> np.ndarray:
+    def residuals(x: NDArray[np.float64]) -> NDArray[np.float64]:
         model = CostModel(_apply(start, params, x))
         return np.array([math.log(model.estimate(m.op, size, m.placement).time_s / seconds)
                          for m in measurements for size, seconds in m.samples])
@@ -212,9 +215,10 @@ def _free_parameters(base: HardwareProfile, measurements: list[Measurements]) ->
     return params
 
 
-def _apply(profile: HardwareProfile, params: list[_Param], x) -> HardwareProfile:
-    changes = {}
-    for param, value in zip(params, x):
+def _apply(profile: HardwareProfile, params: list[_Param], x: NDArray[np.float64]
+           ) -> HardwareProfile:
+    changes: dict[str, float | tuple[float, ...]] = {}
+    for param, value in zip(params, x, strict=True):
         for field in param.fields:
             if param.name == "loss":
                 changes[field] = float(value)
@@ -222,13 +226,26 @@ def _apply(profile: HardwareProfile, params: list[_Param], x) -> HardwareProfile
             old, scale = getattr(profile, field), math.exp(value)
             changes[field] = (tuple(v * scale for v in old) if isinstance(old, tuple)
                               else old * scale)
-    return dataclasses.replace(profile, **changes)
+    return _replaced(profile, changes)
 
 
-def _levenberg_marquardt(residuals, x0, lower, upper, iterations: int = 60) -> np.ndarray:
+def _replaced(profile: HardwareProfile, changes: dict[str, float | tuple[float, ...]]
+              ) -> HardwareProfile:
+    """``profile`` with the bandwidths and latencies named in ``changes``."""
+    # the fields are named at run time: mypy checks ``**changes`` against every
+    # field's type (text, ints, fits), not against those of the fields named
+    return dataclasses.replace(profile, **cast(dict[str, Any], changes))
+
+
+_Residuals = Callable[[NDArray[np.float64]], NDArray[np.float64]]
+
+
+def _levenberg_marquardt(residuals: _Residuals, x0: NDArray[np.float64],
+                         lower: NDArray[np.float64], upper: NDArray[np.float64],
+                         iterations: int = 60) -> NDArray[np.float64]:
     """Minimise ``|residuals(x)|²`` within bounds (numeric Jacobian; the
     model is piecewise smooth: it takes the fastest algorithm)."""
-    x = np.clip(np.asarray(x0, dtype=float), lower, upper)
+    x: NDArray[np.float64] = np.clip(np.asarray(x0, dtype=float), lower, upper)
     r = residuals(x)
     cost, damping = float(r @ r), 1e-3
     for _ in range(iterations):
@@ -266,7 +283,7 @@ def _first_guess(base: HardwareProfile, measurements: list[Measurements]) -> Har
         if m.num_nodes == 1:
             field = "nvls_bw" if (m.op == "all_reduce" and m.num_ranks == base.gpus_per_node
                                   and base.nvls_bw > base.nvlink_bw) else "nvlink_bw"
-            profile = dataclasses.replace(profile, **{field: bandwidth})
+            profile = _replaced(profile, {field: bandwidth})
         else:
             per_node = m.placement.ranks_per_node
             nic = bandwidth / (1 if m.op == "all_to_all" else per_node)
@@ -281,11 +298,12 @@ def _first_guess(base: HardwareProfile, measurements: list[Measurements]) -> Har
 
 def _scale_latency(profile: HardwareProfile, scale: float, inter: bool) -> HardwareProfile:
     fields = _NET_LATENCY if inter else _INTRA_LATENCY
-    changes = {}
+    changes: dict[str, float | tuple[float, ...]] = {}
     for field in fields:
         value = getattr(profile, field)
-        changes[field] = tuple(v * scale for v in value) if isinstance(value, tuple) else value * scale
-    return dataclasses.replace(profile, **changes)
+        changes[field] = (tuple(v * scale for v in value) if isinstance(value, tuple)
+                          else value * scale)
+    return _replaced(profile, changes)
 
 
 def fit_op(m: Measurements) -> OpFit:
@@ -315,7 +333,8 @@ def fit_op(m: Measurements) -> OpFit:
 _FAST_PATH = 0.8  # a fast path for small messages must save at least 20 % of the latency
 
 
-def _fit_form(m: Measurements, x, t, knee: float, small: float):
+def _fit_form(m: Measurements, x: NDArray[np.float64], t: NDArray[np.float64], knee: float,
+              small: float) -> tuple[float, OpFit] | None:
     """(squared relative error, fit) of one form, or None where the least
     squares answer is no latency-and-bandwidth (a negative or rising one)."""
     columns = [(x > small).astype(float)]
@@ -371,7 +390,7 @@ def to_toml(profile: HardwareProfile, quality: tuple[FitQuality, ...] = ()) -> s
     """The profile as a TOML file ``load_profile`` reads back; ``quality``
     (:func:`fit_quality`) is written beside each fit: how far the profile
     misses what it was fitted to."""
-    def micros(values) -> str:
+    def micros(values: Iterable[float]) -> str:
         return "[" + ", ".join(f"{v * 1e6:.9g}" for v in values) + "]"
 
     def gbs(value: float) -> str:
@@ -446,7 +465,7 @@ def fit_table(model: CostModel, measurements: list[Measurements]) -> list[str]:
              f"{'model us':>10} {'error':>7} {'noise':>6}"]
     for m in measurements:
         spread = m.spread or (None,) * len(m.samples)
-        for (nbytes, seconds), noise in zip(m.samples, spread):
+        for (nbytes, seconds), noise in zip(m.samples, spread, strict=True):
             predicted = model.estimate(m.op, nbytes, m.placement).time_s
             lines.append(f"{m.op:>14} {m.num_ranks:>6} {m.num_nodes:>6} {nbytes:>11} "
                          f"{seconds * 1e6:>12.1f} {predicted * 1e6:>10.1f} "

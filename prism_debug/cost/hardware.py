@@ -9,11 +9,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import tomllib
+from collections.abc import Iterable, Mapping
 from dataclasses import MISSING
 from pathlib import Path
+from typing import Any
 
 from prism_debug.checked import (
     MAX_GPUS_PER_NODE,
+    Check,
     Untrusted,
     dotted,
     non_negative,
@@ -125,11 +128,12 @@ class HardwareProfile:
     def op_fit(self, op: str) -> OpFit | None:
         return next((fit for fit in self.op_fits if fit.op == op), None)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> HardwareProfile:
+    def from_dict(cls, data: Mapping[str, Any]) -> HardwareProfile:
+        """The profile :meth:`to_dict` gave (read back from JSON: lists for tuples)."""
         data = dict(data)
         for key, value in data.items():
             if isinstance(value, list):
@@ -174,18 +178,19 @@ def load_profile(name_or_path: str) -> HardwareProfile:
     return _parse(raw, path)
 
 
-def _parse(raw: dict, path: Path) -> HardwareProfile:
+def _parse(raw: dict[str, Any], path: Path) -> HardwareProfile:
     read = Untrusted(HardwareProfileError, f"hardware profile {path}",
                      ": fix the file, or start from a bundled one "
                      f"({', '.join(bundled_profiles())})", place=_toml_place)
 
     read.known(raw, (), _KEYS)
 
-    def table(name: str, required: bool = True) -> dict:
+    def table(name: str, required: bool = True) -> dict[str, Any]:
         data = read.mapping(read.get(raw, name, (), MISSING if required else {}), (name,))
         return data if name == "fit" else read.known(data, (name,), _KEYS[name])
 
-    def number(name: str, key: str, check=non_negative, infinite: bool = False) -> float:
+    def number(name: str, key: str, check: Check = non_negative, infinite: bool = False
+               ) -> float:
         data = table(name) if name else raw
         return read.number(read.get(data, key, (name,) if name else ()),
                            (name, key) if name else (key,), check, infinite=infinite)
@@ -197,8 +202,7 @@ def _parse(raw: dict, path: Path) -> HardwareProfile:
         at = ("latency_us", key)
         values = read.items(read.get(table("latency_us"), key, ("latency_us",)), at,
                             most=3, length=3)
-        return tuple(read.number(v, at + (i,)) * 1e-6  # type: ignore[return-value]
-                     for i, v in enumerate(values))
+        return _three(read.number(v, at + (i,)) * 1e-6 for i, v in enumerate(values))
 
     gbs = 1e9
     sources = read.items(raw.get("sources", []), ("sources",), most=1024)
@@ -220,11 +224,10 @@ def _parse(raw: dict, path: Path) -> HardwareProfile:
         net_tree=micros("net_tree"),
         nvls_lat=number("latency_us", "nvls") * 1e-6,
         nvls_tree_net_lat=number("latency_us", "nvls_tree_net") * 1e-6,
-        protocol_efficiency=tuple(
+        protocol_efficiency=_three(
             number("protocol_efficiency", p, unit_interval) for p in PROTOCOLS
-        ),  # type: ignore[arg-type]
-        ll_max_bw=tuple(bandwidth(f"ll_max_{nodes}")
-                        for nodes in ("1node", "2nodes", "3nodes")),  # type: ignore[arg-type]
+        ),
+        ll_max_bw=_three(bandwidth(f"ll_max_{nodes}") for nodes in ("1node", "2nodes", "3nodes")),
         # optional tables: files written before they existed still load
         net_scale_loss=number("scale", "net_loss_per_doubling", _below_one)
         if "scale" in raw else 0.0,
@@ -233,11 +236,18 @@ def _parse(raw: dict, path: Path) -> HardwareProfile:
     )
 
 
-def _toml_place(path: tuple) -> str:
+def _three(values: Iterable[float]) -> tuple[float, float, float]:
+    """``values`` (three of them: one per protocol or node count) as a triple."""
+    first, second, third = values
+    return first, second, third
+
+
+def _toml_place(path: tuple[str | int, ...]) -> str:
     """A key path as a TOML file shows it: ``[latency_us] net_ring[2]``, ``[fit.send] ranks``."""
     if len(path) == 1:
         return str(path[0]) if path[0] not in _TABLES else f"[{path[0]}]"
-    head, *rest = path
+    top, *rest = path
+    head = str(top)  # the top level is a table or key: TOML's keys are text
     if head == "fit" and len(rest) >= 1:
         head, rest = f"fit.{rest[0]}", rest[1:]
     if head not in _TABLES and not head.startswith("fit."):
@@ -264,7 +274,7 @@ def _op_fit(read: Untrusted, op: str, table: object) -> OpFit:
     table = read.mapping(table, at)
     read.known(table, at, tuple(_FIT_KEYS))
 
-    def number(key: str, check=non_negative, infinite: bool = False) -> float:
+    def number(key: str, check: Check = non_negative, infinite: bool = False) -> float:
         value = read.get(table, key, at, 0.0 if _FIT_KEYS[key] is None else MISSING)
         return read.number(value, at + (key,), check, infinite=infinite)
 

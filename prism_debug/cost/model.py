@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Collection, Iterator
 from typing import Protocol
 
 from prism_debug.cost.hardware import LL, LL128, SIMPLE, HardwareProfile, OpFit
@@ -50,7 +51,7 @@ class Placement:
             object.__setattr__(self, "fewest_per_node", self.ranks_per_node)
 
     @classmethod
-    def of(cls, global_ranks, gpus_per_node: int) -> Placement:
+    def of(cls, global_ranks: Collection[int], gpus_per_node: int) -> Placement:
         per_node: dict[int, int] = {}
         for rank in global_ranks:
             node = rank // gpus_per_node
@@ -147,9 +148,13 @@ class CostModel:
         """Network bandwidth of ``nics`` NICs in a group over ``nodes`` nodes,
         less ``net_scale_loss`` per doubling of nodes beyond two."""
         doublings = max(0.0, math.log2(nodes) - 1)
-        return nics * self.profile.nic_bw * (1 - self.profile.net_scale_loss) ** doublings
+        # a float: typeshed types float ** float as Any (a negative base gives
+        # a complex), and 1 - net_scale_loss is in (0, 1]
+        kept: float = (1 - self.profile.net_scale_loss) ** doublings
+        return nics * self.profile.nic_bw * kept
 
-    def _candidates(self, op: str, nbytes: int, pl: Placement):
+    def _candidates(self, op: str, nbytes: int, pl: Placement
+                    ) -> Iterator[tuple[float, str, str]]:
         p = self.profile
         n, k, m = pl.num_ranks, pl.num_nodes, pl.ranks_per_node
         factor = bus_factor(op, n)

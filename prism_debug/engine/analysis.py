@@ -101,7 +101,9 @@ def critical_path(graph: ExecutionGraph, cost: CostFn) -> list[Segment]:
         if event.action == "wait" and after > before:
             # blocked: the op's last arrival, then the op itself, are the chain
             spec = graph.programs[class_id].ops[event.op]
-            cause_class, cause_op = times[class_id][event.op][2]
+            cause = times[class_id][event.op][2]
+            assert cause is not None, "the event loop records every op's cause"
+            cause_class, cause_op = cause
             arrival = times[cause_class][cause_op][0]
             segments.append(Segment(class_id, f"{spec.kind} on {spec.family}", spec.family,
                                     arrival, after))

@@ -178,7 +178,9 @@ class EmulatedClock:
             floor = self._caps.pop(token)
             excluded, held, _ = self._state
             unshifted = (self._raw() if held is None else held) - excluded
-            offset = self._shift[0]  # (set: cap() made it)
+            shift = self._shift
+            assert shift is not None, "cap() set it"
+            offset = shift[0]
             raw = unshifted - offset
             target = min(raw, max(done, floor))
             if raw > target:  # the offset that reads target now, not an increment

@@ -7,13 +7,18 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from prism_debug.engine.times import Time
+
+#: what a compute model answers for one class and iteration: a gap per event,
+#: or (a per-rank model) one array of shape ``(n_events, *shape)``
+Gaps = Sequence[Time] | NDArray[np.float64]
 
 
 class ComputeModel(Protocol):
     def gaps_s(self, class_id: int, iteration: int, base_gaps_s: tuple[float, ...],
-               shape: tuple[int, ...], rng: np.random.Generator) -> Sequence[Time]:
+               shape: tuple[int, ...], rng: np.random.Generator) -> Gaps:
         """The compute before each event of class ``class_id``'s program in
         ``iteration`` (counted from 1), in seconds; ``slow`` factors multiply
         it afterwards.
@@ -47,6 +52,14 @@ class ComputeModel(Protocol):
         (or None), asked once per class before its first gaps, that
         multiply its compute like ``slow``.
         """
+
+
+class RankFactors(Protocol):
+    """A per-rank model's optional ``rank_factors`` (see :meth:`ComputeModel.gaps_s`):
+    the class's persistent per-rank factors, of ``shape``, or None."""
+
+    def __call__(self, class_id: int, shape: tuple[int, ...],
+                 rng: np.random.Generator) -> Time | None: ...
 
 
 class GraphCompute:

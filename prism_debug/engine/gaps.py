@@ -8,11 +8,13 @@ before its first gaps, the model's persistent per-rank factors."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
+from numpy.typing import NDArray
 
-from prism_debug.engine.compute import ComputeModel
+from prism_debug.engine.compute import ComputeModel, Gaps, RankFactors
 from prism_debug.engine.layout import Layout
 from prism_debug.engine.sampling import Draws, lay_out
 from prism_debug.engine.state import ClassState
@@ -20,11 +22,12 @@ from prism_debug.engine.times import Time
 from prism_debug.graph.execution import ClassProgram
 
 # what a class takes for one iteration: its gaps, each gap's largest value
-# (per-rank models only), and the draws of each op that needs them
-Drawn = tuple[Sequence[Time], Sequence[float] | None, dict[int, Draws]]
+# (per-rank models only: empty for the others), and the draws of each op that needs them
+Drawn = tuple[Gaps, Sequence[float], dict[int, Draws]]
 
 
-def keyed_generator(seed, class_id: int, iteration: int, stream: int) -> np.random.Generator:
+def keyed_generator(seed: int, class_id: int, iteration: int, stream: int
+                    ) -> np.random.Generator:
     """The generator of one class, iteration and stream (0: gaps, 1: the
     population maxima's uniforms, 2: per-rank factors), a function of the
     seed and the key alone: what several real ranks' replicas draw, so the
@@ -35,7 +38,7 @@ def keyed_generator(seed, class_id: int, iteration: int, stream: int) -> np.rand
 
 class GapSource:
     def __init__(self, layout: Layout, compute: ComputeModel, rng: np.random.Generator,
-                 states: list[ClassState], keyed_seed=None) -> None:
+                 states: list[ClassState], keyed_seed: int | None = None) -> None:
         """``keyed_seed`` (not None: several real ranks) draws from
         :func:`keyed_generator` instead of ``rng``, which one real rank keeps
         using as always (seeded timelines do not move)."""
@@ -50,7 +53,9 @@ class GapSource:
         # a per-rank model: gaps are laid out once per class and iteration
         self.per_rank = bool(getattr(compute, "per_rank", False))
         self._base_gaps: dict[tuple[int, int], tuple[float, ...]] = {}
-        self._needing: dict[tuple[int, int], list[int]] = {}
+        # (class id, iteration, the steady state's past the warm-up) -> each op
+        # needing draws, with the shape of its groups' draws
+        self._needing: dict[tuple[int, int], list[tuple[int, tuple[int, ...]]]] = {}
         # iteration -> class id -> what it takes, until the class takes it
         self._ahead: dict[int, dict[int, Drawn]] = {}
 
@@ -67,7 +72,7 @@ class GapSource:
 
     def draw_rank_factors(self) -> None:
         """The model's persistent per-rank factors, once per class in class order."""
-        draw = getattr(self._compute, "rank_factors", None)
+        draw: RankFactors | None = getattr(self._compute, "rank_factors", None)
         for state in self._states:
             class_id = state.program.class_id
             factors = None if draw is None else draw(class_id, self.layout.model_shape,
@@ -84,7 +89,7 @@ class GapSource:
             return shared
         return keyed_generator(self._keyed_seed, class_id, iteration, stream)
 
-    def relayout(self, column_map) -> None:
+    def relayout(self, column_map: Callable[[Time], Time]) -> None:
         """The layout changed: re-lay out what is drawn and not yet taken."""
         for ahead in self._ahead.values():
             for class_id, (gaps, tops, uniforms) in ahead.items():
@@ -102,11 +107,12 @@ class GapSource:
             raise ValueError(f"the compute model gave {len(gaps)} gaps for the {len(base)} "
                              f"events of class {program.class_id} in iteration {iteration}")
         if not self.per_rank:
-            return gaps, None, {}
+            return gaps, (), {}
         gaps, tops = lay_out(gaps, shape, self.layout)
         return gaps, tops, self._uniforms(program, iteration, key)
 
-    def _uniforms(self, program: ClassProgram, iteration: int, key: tuple) -> dict[int, Draws]:
+    def _uniforms(self, program: ClassProgram, iteration: int, key: tuple[int, int]
+                  ) -> dict[int, Draws]:
         """The draws of each op whose groups span sampled columns (see
         :mod:`.sampling`): one normal for the op, one per group."""
         if not self.layout.sampled:
@@ -122,7 +128,8 @@ class GapSource:
                 if e.action == "issue" and ops[e.op].population]
         rng = self._generator(program.class_id, iteration, 1, self._uniform_rng)
         normals = rng.standard_normal(sum(1 + math.prod(s) for _, s in needing))
-        draws, at = {}, 0
+        draws: dict[int, Draws] = {}
+        at = 0
         for op, shape in needing:
             size = math.prod(shape)
             draws[op] = (float(normals[at]), normals[at + 1:at + 1 + size].reshape(shape))
@@ -130,16 +137,17 @@ class GapSource:
         return draws
 
 
-def map_drawn(state: ClassState, column_map) -> None:
+def map_drawn(state: ClassState, column_map: Callable[[Time], Time]) -> None:
     """Re-lay out a class's gaps and per-rank factors (the layout changed)."""
     state.gaps = _map_gaps(state.gaps, column_map)
     if state.rank_factors is not None:
         state.rank_factors = column_map(state.rank_factors)
 
 
-def _map_gaps(gaps, column_map):
+def _map_gaps(gaps: Gaps, column_map: Callable[[Time], Time]) -> Gaps:
     if isinstance(gaps, np.ndarray):
-        return column_map(gaps)
-    if gaps is None or all(g.__class__ is float for g in gaps):
+        # a column map takes an array to an array (it only re-lays out columns)
+        return cast(NDArray[np.float64], column_map(gaps))
+    if all(g.__class__ is float for g in gaps):
         return gaps
     return [column_map(g) for g in gaps]

@@ -8,7 +8,8 @@ completion time is a deferred value the Work resolves when the script waits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
+from typing import NoReturn, Protocol
 
 from prism_debug.engine.replay import ReplayEngine
 from prism_debug.graph import ExecutionGraph, GraphError, GroupRef, OpSpec
@@ -34,6 +35,15 @@ class _Unknown:
 
 
 _UNKNOWN = _Unknown()
+
+
+class Exchange(Protocol):
+    """Where a rank among several real ones tells the others its arrivals
+    and iteration ends (agent/real.py's ArrivalExchange)."""
+
+    def issued(self, iteration: int, op: int, arrival: float) -> None: ...
+
+    def iteration_ended(self, iteration: int) -> None: ...
 
 
 class GraphStream:
@@ -64,26 +74,29 @@ class GraphEngine:
         # several real ranks: where this rank's arrivals and iteration ends are
         # told to the others (``issued(iteration, op, arrival)``,
         # ``iteration_ended(iteration)``; agent/real.py), and its iteration
-        self.exchange = None
+        self.exchange: Exchange | None = None
         self.iteration = 1
         self.arrivals: dict[int, list[tuple[int, float]]] = {}  # (op, arrival) by iteration
 
-    def _mismatch(self, error: GraphError):
+    def _mismatch(self, error: GraphError) -> NoReturn:
         if self._on_mismatch is None:
             raise error
         self._on_mismatch(error)
         raise error
 
-    def group(self, global_ranks, ref: GroupRef) -> GraphStream:
+    def group(self, global_ranks: Collection[int], ref: GroupRef) -> GraphStream:
         axes = self.graph.families.get(ref.family)
         if axes is None:
-            self._mismatch(GraphError(f"the script creates family {ref.family!r}, which the graph does "
-                             f"not have (graph families: {', '.join(self.graph.families)})"))
+            self._mismatch(GraphError(
+                f"the script creates family {ref.family!r}, which the graph does not have "
+                f"(graph families: {', '.join(self.graph.families)})"))
         mesh = self.graph.mesh
-        expected = mesh.group_ranks(self.graph.family_axes(ref.family), self.replay.real_rank)
+        rank = self.replay.real_rank
+        assert rank is not None, "the graph engine times a real rank"
+        expected = mesh.group_ranks(self.graph.family_axes(ref.family), rank)
         if sorted(global_ranks) != expected:
             self._mismatch(GraphError(
-                f"family {ref.family!r}: rank {self.replay.real_rank}'s group is "
+                f"family {ref.family!r}: rank {rank}'s group is "
                 f"{_ranks(global_ranks)} in the script and {_ranks(expected)} in the graph"))
         return GraphStream(ref.family)
 
@@ -114,15 +127,15 @@ class GraphEngine:
         """(rank, time) of the last arrival at the real rank's op, or None;
         after its iteration's end only when ``keep_last_arrivals`` kept it."""
         last = deferred.last
-        if last is _UNKNOWN:
+        if isinstance(last, _Unknown):
             return self.replay.last_arrival(deferred.handle)
-        return last  # type: ignore[return-value]
+        return last
 
     def kept_last_arrival(self, deferred: DeferredCompletion) -> tuple[int, float] | None:
         """What :meth:`last_arrival` kept at the op's iteration's end, or None;
         never asks the replay engine, so another thread may call it."""
         last = deferred.last
-        return None if last is _UNKNOWN else last  # type: ignore[return-value]
+        return None if isinstance(last, _Unknown) else last
 
     def op_of(self, deferred: DeferredCompletion) -> OpSpec:
         return self.replay.real_op(deferred.handle)
@@ -140,7 +153,7 @@ class GraphEngine:
         self.iteration += 1
 
 
-def _ranks(ranks) -> str:
+def _ranks(ranks: Iterable[int]) -> str:
     ranks = sorted(ranks)
     if len(ranks) > 6:
         return f"[{ranks[0]}, {ranks[1]}, … {ranks[-1]}] ({len(ranks)} ranks)"

@@ -7,27 +7,35 @@ what the real rank receives, so they ask nothing of the engine here.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterable
 from typing import Protocol
 
-from prism_debug.faults import MISSING_ACTIONS, Action, Injection
+from prism_debug.faults import (
+    MISSING_ACTIONS,
+    Action,
+    DelayFault,
+    Injection,
+    LinkFault,
+    SlowFault,
+)
 
 
 class TimingPrimitives(Protocol):
     """What faults ask of the replay engine (``ReplayEngine`` serves it)."""
 
-    def slow(self, ranks, factor: float, *, first_iteration: int = 1,
+    def slow(self, ranks: Iterable[int], factor: float, *, first_iteration: int = 1,
              iterations: float = ...) -> object: ...
 
-    def delay(self, ranks, seconds: float, *, family: str | None = None,
+    def delay(self, ranks: Iterable[int], seconds: float, *, family: str | None = None,
               first_iteration: int = 1, iterations: float = ..., first_op: int = 0,
               ops: float = ...) -> object: ...
 
-    def fail(self, ranks, *, at_iteration: int = 1, at_op: int = 0,
+    def fail(self, ranks: Iterable[int], *, at_iteration: int = 1, at_op: int = 0,
              family: str | None = None) -> object: ...
 
-    def link(self, nodes, *, bandwidth_factor: float = 1.0, added_latency_s: float = 0.0,
-             first_iteration: int = 1, iterations: float = ..., period_s: float | None = None,
-             duty: float = 1.0) -> object: ...
+    def link(self, nodes: Collection[int], *, bandwidth_factor: float = 1.0,
+             added_latency_s: float = 0.0, first_iteration: int = 1, iterations: float = ...,
+             period_s: float | None = None, duty: float = 1.0) -> object: ...
 
 
 def apply_fault(engine: TimingPrimitives, injection: Injection) -> object | None:
@@ -35,14 +43,15 @@ def apply_fault(engine: TimingPrimitives, injection: Injection) -> object | None
     takes back, or None for a fault that changes values only."""
     fault, targets = injection.fault, injection.targets
     action = fault.action
-    if action == Action.SLOW:
+    # (each action is one fault class: the isinstance checks tell its fields)
+    if isinstance(fault, SlowFault):
         return engine.slow(targets, fault.factor, first_iteration=fault.first_iteration,
                            iterations=fault.iterations)
-    if action == Action.DELAY:
+    if isinstance(fault, DelayFault):
         return engine.delay(targets, fault.seconds, family=fault.family,
                             first_iteration=fault.first_iteration, iterations=fault.iterations,
                             first_op=fault.first_op)
-    if action == Action.LINK:
+    if isinstance(fault, LinkFault):
         intermittent = fault.intermittent
         return engine.link(
             targets, bandwidth_factor=1.0 if fault.bandwidth_factor is None

@@ -14,13 +14,18 @@ class arrays keep one column for all of them.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import TypeVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from prism_debug.cost import Placement
 from prism_debug.engine.times import Time
-from prism_debug.graph.execution import ExecutionGraph, OpSpec
+from prism_debug.graph.execution import ExecutionGraph, Mesh, OpSpec
+
+# the elements of an array laid out (times, masks, nodes: whatever the mesh holds)
+_Element = TypeVar("_Element", bound=np.generic)
 
 
 class Layout:
@@ -42,7 +47,7 @@ class Layout:
         self._explicit: list[int] = []  # coordinates kept apart, in array order
         self._picked = np.arange(0)  # array column -> a coordinate it stands for
         self._position = np.arange(0)  # coordinate -> array column
-        self._placements: dict[tuple, Placement] = {}
+        self._placements: dict[tuple[str, int], Placement] = {}  # (family, p2p peer or 0)
         self._class_shape: tuple[int, ...] | None = None
         # a sampled layout (see the module's docstring): the array columns of the
         # sample, how many columns are not simulated, and the first of them
@@ -61,7 +66,7 @@ class Layout:
 
     # -- shapes and orders -------------------------------------------------------------
 
-    def class_index(self, class_id: int) -> tuple:
+    def class_index(self, class_id: int) -> tuple[slice | int, ...]:
         """Selects a class's slice of a mesh-shaped array."""
         if self.class_axis is None:
             return ()
@@ -82,7 +87,7 @@ class Layout:
             self._class_shape = tuple(shape)
         return self._class_shape
 
-    def internal(self, sliced: np.ndarray) -> np.ndarray:
+    def internal(self, sliced: NDArray[_Element]) -> NDArray[_Element]:
         """A class's slice of a mesh-shaped array, in the internal axis order
         and with its columns compressed."""
         if not sliced.ndim:
@@ -102,7 +107,8 @@ class Layout:
             shape[self._local.index(self.columns_axis)] = len(self._picked)
         return tuple(shape)
 
-    def internal_drawn(self, drawn: np.ndarray, leading: int = 0) -> np.ndarray:
+    def internal_drawn(self, drawn: NDArray[np.float64], leading: int = 0
+                       ) -> NDArray[np.float64]:
         """Arrays a compute model drew in :attr:`model_shape` (after
         ``leading`` axes of their own), in the internal axis order."""
         axes = [*range(leading), *(leading + self._local.index(a) for a in self.order)]
@@ -126,7 +132,7 @@ class Layout:
 
     # -- columns -------------------------------------------------------------------------
 
-    def keep_apart(self, mask: np.ndarray) -> Callable[[Time], Time] | None:
+    def keep_apart(self, mask: NDArray[np.bool_]) -> Callable[[Time], Time] | None:
         """Keep the columns of the ranks in ``mask`` (mesh-shaped) apart from
         the untouched ones.  Returns how to re-lay out a time array held from
         before, or None when held arrays stay valid as they are."""
@@ -191,15 +197,18 @@ class Layout:
         return lambda times: times[..., take] if isinstance(times, np.ndarray) and times.ndim \
             and times.shape[-1] == old_width else times
 
-    def unsampled_rank(self, class_id: int, internal_coords, base_rank: int) -> int:
+    def unsampled_rank(self, class_id: int, internal_coords: Sequence[int],
+                       base_rank: int) -> int:
         """The rank named for the unsampled columns (the first of them) at
         ``internal_coords``' place off the columns' axis."""
+        assert self.columns_axis is not None and self.first_unsampled is not None, \
+            "only a sampled layout leaves columns unsimulated"
         rank = self.rank_of(class_id, internal_coords, base_rank)
         coords = list(self.mesh.coordinates(rank))
         coords[self.columns_axis] = self.first_unsampled
         return self.mesh.rank(coords)
 
-    def columns_to_part(self, local: np.ndarray) -> list[int]:
+    def columns_to_part(self, local: NDArray[np.float64]) -> list[int]:
         """The columns to keep apart before ``local`` (a class's slice, mesh
         order, along the columns' axis every column or one) can be compressed:
         of those the shared column stands for, all but the largest set with
@@ -215,7 +224,7 @@ class Layout:
         columns = np.moveaxis(local, axis, 0).reshape(size, -1)[shared]
         _, group, count = np.unique(columns, axis=0, return_inverse=True, return_counts=True)
         largest = int(np.argmax(count))
-        return [c for c, g in zip(shared, group.ravel()) if g != largest]
+        return [c for c, g in zip(shared, group.ravel(), strict=True) if g != largest]
 
     # -- ranks -------------------------------------------------------------------------------
 
@@ -227,11 +236,11 @@ class Layout:
             internal[-1] = int(self._position[internal[-1]])
         return tuple(internal)
 
-    def rank_of(self, class_id: int, internal_coords, base_rank: int) -> int:
+    def rank_of(self, class_id: int, internal_coords: Sequence[int], base_rank: int) -> int:
         """The rank of an element of a class's arrays (mesh coordinates the
         arrays do not have are ``base_rank``'s)."""
         coords = list(self.mesh.coordinates(base_rank))
-        for axis, value in zip(self.order, internal_coords):
+        for axis, value in zip(self.order, internal_coords, strict=True):
             coords[axis] = value
         if self.columns_axis is not None:
             coords[self.columns_axis] = int(self._picked[coords[self.columns_axis]])
@@ -246,7 +255,7 @@ class Layout:
             del coords[self.class_axis]
         return tuple(coords)
 
-    def mask(self, ranks) -> np.ndarray:
+    def mask(self, ranks: Iterable[int]) -> NDArray[np.bool_]:
         """The mesh-shaped mask of ``ranks``."""
         mask = np.zeros(self.mesh.world_size, dtype=bool)
         mask[np.asarray(list(ranks), dtype=np.int64)] = True
@@ -254,7 +263,7 @@ class Layout:
 
     # -- nodes ---------------------------------------------------------------------------------
 
-    def nodes(self) -> np.ndarray:
+    def nodes(self) -> NDArray[np.int_]:
         """Each rank's node, mesh-shaped."""
         return np.arange(self.mesh.world_size).reshape(self.mesh.shape) // self.graph.gpus_per_node
 
@@ -270,7 +279,8 @@ class Layout:
 
 
 @functools.lru_cache(maxsize=256)
-def _placement(mesh, axes: tuple[int, ...], gpus_per_node: int, peer: int | None) -> Placement:
+def _placement(mesh: Mesh, axes: tuple[int, ...], gpus_per_node: int,
+               peer: int | None) -> Placement:
     """Kept across engines: a group of 65,536 ranks takes 0.35 s to place, and
     predict builds an engine per sample of one graph."""
     if peer is not None:

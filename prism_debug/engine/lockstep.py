@@ -12,7 +12,7 @@ interface.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from prism_debug.cost import CostModel, Placement
 from prism_debug.graph import GroupRef
@@ -43,7 +43,7 @@ class LockstepEngine:
         self.cost = cost
         self.gpus_per_node = gpus_per_node
 
-    def group(self, global_ranks, ref: GroupRef) -> Stream:
+    def group(self, global_ranks: Collection[int], ref: GroupRef) -> Stream:
         placement = Placement.of(global_ranks, self.gpus_per_node)
         return Stream(placement, ref, Stream(placement, ref))
 

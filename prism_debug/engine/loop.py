@@ -12,8 +12,10 @@ from __future__ import annotations
 import collections
 import math
 from collections.abc import Callable
+from typing import overload
 
 import numpy as np
+from numpy.typing import NDArray
 
 from prism_debug.cost import Placement
 from prism_debug.engine.compute import ComputeModel
@@ -29,13 +31,34 @@ from prism_debug.engine.real import (
     shared,
     with_real,
 )
-from prism_debug.engine.sampling import group_max
-from prism_debug.engine.state import ClassState, OpInfo, OpTiming, RealRank, Unit, describe_op
+from prism_debug.engine.sampling import Draws, group_max
+from prism_debug.engine.state import (
+    ClassState,
+    Match,
+    OpInfo,
+    OpTiming,
+    RealRank,
+    StreamKey,
+    Unit,
+    describe_op,
+)
 from prism_debug.engine.times import Time, at, least, max_over, maximum, roll, squeeze
 from prism_debug.engine.windows import LinkPerturbation, Perturbation, Windows
-from prism_debug.graph.execution import Event, ExecutionGraph, GraphError, OpSpec
+from prism_debug.errors import GraphError
+from prism_debug.graph.execution import Event, ExecutionGraph, OpSpec
 
 CostFn = Callable[[OpSpec, Placement], float]
+
+# A collective across classes waits until every class has issued it: keyed
+# ("coll", family, iteration, its count on the family), each class's (op
+# index, arrival, iteration, the op's draws).
+_CollectiveKey = tuple[str, str, int, int]
+_Issued = tuple[int, Time, int, Draws | None]
+# A send and its recv wait for each other: keyed ("p2p", source class, target
+# class, the sender's offset, iteration, their count), each side's (class id,
+# op index, arrival, iteration, unit) by kind.
+_PairKey = tuple[str, int, int, int, int, int]
+_Side = tuple[int, int, Time, int, Unit]
 
 
 class EventLoop:
@@ -60,7 +83,8 @@ class EventLoop:
         # copies of the windows' flags, read on every issue
         self._arrivals_perturbed = False
         self._volatile_links = False
-        self._rendezvous: dict[tuple, dict] = {}
+        self._collectives: dict[_CollectiveKey, dict[int, _Issued]] = {}
+        self._pairs: dict[_PairKey, dict[str, _Side]] = {}
         self._costs: dict[tuple[int, int], tuple[Time, float]] = {}  # (class, op) -> cost, min
         self.states = [ClassState(p, layout.class_index(p.class_id),
                                   tuple(self._op_info(op) for op in p.ops))
@@ -72,10 +96,9 @@ class EventLoop:
         # wait for the first advance (perturbations and the real rank set
         # columns apart before).  Others draw now (a bad model fails here).
         self._per_rank = self._gaps.per_rank
+        self._undrawn = self._per_rank  # the first draws wait for the first advance
         for state in self.states:
-            if self._per_rank:
-                state.gaps = None
-            else:
+            if not self._per_rank:
                 self._gaps.take(state)
 
     def _op_info(self, op: OpSpec) -> OpInfo:
@@ -88,7 +111,7 @@ class EventLoop:
 
     # -- what the replay engine changes between events -----------------------------------
 
-    def keep_apart(self, mask: np.ndarray) -> None:
+    def keep_apart(self, mask: NDArray[np.bool_]) -> None:
         """Keep the columns of the ranks in ``mask`` apart (see :mod:`.layout`)."""
         self._relayout(self.layout.keep_apart(mask))
 
@@ -101,9 +124,12 @@ class EventLoop:
                 if self._per_rank:
                     map_drawn(state, column_map)
             self._gaps.relayout(column_map)
-            for waiting in self._rendezvous.values():
-                for key, entry in waiting.items():
-                    waiting[key] = tuple(column_map(v) for v in entry)
+            for issued in self._collectives.values():
+                for class_id, (op_index, arrival, iteration, draws) in issued.items():
+                    issued[class_id] = (op_index, column_map(arrival), iteration, draws)
+            for sides in self._pairs.values():
+                for kind, (class_id, op_index, arrival, iteration, unit) in sides.items():
+                    sides[kind] = (class_id, op_index, column_map(arrival), iteration, unit)
             self.windows.forget_parts()
             self._costs.clear()
         relayout_reals(self, column_map)
@@ -146,10 +172,11 @@ class EventLoop:
 
     def advance(self) -> None:
         """Step every class as far as it can go."""
-        if self.states[0].gaps is None:  # a per-rank model's first draws
+        if self._undrawn:  # a per-rank model's first draws
             self._gaps.draw_rank_factors()
             for state in self.states:
                 self._gaps.take(state)
+            self._undrawn = False
         progress = True
         while progress:
             progress = False
@@ -161,9 +188,11 @@ class EventLoop:
     def _step(self, state: ClassState) -> bool:
         if state.iteration > self.target:
             return False
-        is_real = state.reals is not None
-        if is_real and (state.pc > self.real.allowed if self.multi is None
-                        else not self.multi.ready(state)):
+        reals = state.reals
+        is_real = reals is not None
+        # (with one real rank, reals is (self.real,))
+        if reals is not None and (state.pc > reals[0].allowed if self.multi is None
+                                  else not self.multi.ready(state, reals)):
             return False
         if self._real_class is not None and not is_real and state.iteration > 1 + (
                 self.states[self._real_class].iteration if self.multi is None
@@ -175,7 +204,7 @@ class EventLoop:
         event = events[state.pc]
         if not state.gap_applied:
             gap = state.gaps[state.pc]
-            if gap.__class__ is float:  # (cheaper than isinstance, once per event)
+            if type(gap) is float:  # (cheaper than isinstance, once per event)
                 state.pending += gap
                 state.gap_clock += gap
             else:
@@ -213,7 +242,7 @@ class EventLoop:
                     if streams.get(key) is done:
                         del streams[key]
         elif event.action == "issue":
-            self._issue(state, event, is_real)
+            self._issue(state, event, reals)
         state.gap_applied = False
         state.pc += 1
         if event.action == "end" or state.pc == len(events):
@@ -259,7 +288,7 @@ class EventLoop:
             state.p2p_free[key] = squeeze(free)
         state.iteration_starts.append(state.t)
         if state.reals is not None:
-            end_real_iteration(state, self.multi)
+            end_real_iteration(state, state.reals, self.multi)
         state.done.clear()
 
     # -- compute -----------------------------------------------------------------------------
@@ -283,7 +312,8 @@ class EventLoop:
             state.gap_clock += float(gap)
             return
         shape = self.layout.local_shape
-        if gap.ndim != len(shape) or any(g not in (1, s) for g, s in zip(gap.shape, shape)):
+        if gap.ndim != len(shape) or any(g not in (1, s)
+                                         for g, s in zip(gap.shape, shape, strict=True)):
             raise ValueError(f"a compute model's gaps must be floats or arrays over the class's "
                              f"slice of the mesh {shape}, got shape {gap.shape}")
         # columns the shared one stands for may no longer agree
@@ -297,14 +327,16 @@ class EventLoop:
 
     # -- ops ---------------------------------------------------------------------------------
 
-    def _issue(self, state: ClassState, event: Event, is_real: bool) -> None:
+    def _issue(self, state: ClassState, event: Event, reals: tuple[RealRank, ...] | None
+               ) -> None:
         info = state.ops[event.op]
         op = info.spec
         state.issued_at[event.op] = (state.epoch, state.gap_clock)
         if self._volatile_links:  # a link's state depends on when the op runs
             self._costs.pop((state.program.class_id, event.op), None)
-        real_here = is_real and state.reals[0].pending is not None \
-            and state.reals[0].pending[0] == state.pc
+        # the class's real ranks when they issue this op, else None
+        pending = None if reals is None else reals[0].pending
+        real_here = reals if pending is not None and pending[0] == state.pc else None
         perturbed = self._arrivals_perturbed and (
             self.multi is None or self.windows.arrivals_perturbed_in(state.iteration))
         if info.local and not (self.record or real_here or perturbed):
@@ -315,18 +347,18 @@ class EventLoop:
                                        cost), slack=lowest)
             state.issued += 1
             return
-        if real_here and len(state.reals) == 1 and info.local and self.real_shortcuts and not (
+        if real_here and len(real_here) == 1 and info.local and self.real_shortcuts and not (
                 self.record or perturbed) and issue_alone(self, state, event.op, info,
-                                                          state.reals[0]):
+                                                          real_here[0]):
             state.issued += 1
             return
         arrival = self._now(state)
         for p, part in self.windows.active("delay", state, op.family):
             arrival = arrival + np.where(part, p.value, 0.0)
-        for p, part in self.windows.active("fail", state, op.family):
+        for _, part in self.windows.active("fail", state, op.family):
             arrival = np.where(part, math.inf, arrival)
         if real_here:
-            arrival = with_real(arrival, self.layout.class_shape, state.reals, event.op)
+            arrival = with_real(arrival, self.layout.class_shape, real_here, event.op)
         state.arrivals[event.op] = arrival
         state.issued += 1
         if op.is_p2p:
@@ -338,6 +370,13 @@ class EventLoop:
             self._complete(state, event.op, self._queue(
                 state, op.family, self.group_max(state, arrival, info, event.op), cost),
                 slack=lowest)
+
+    @overload
+    def group_max(self, state: ClassState, times: NDArray[np.float64], info: OpInfo,
+                  op_index: int) -> NDArray[np.float64]: ...
+
+    @overload
+    def group_max(self, state: ClassState, times: Time, info: OpInfo, op_index: int) -> Time: ...
 
     def group_max(self, state: ClassState, times: Time, info: OpInfo, op_index: int) -> Time:
         """Each group's latest time, over every column of the population when
@@ -380,12 +419,12 @@ class EventLoop:
     def _issue_across_classes(self, state: ClassState, op_index: int, op: OpSpec) -> None:
         seq = state.next_sequence(("coll", op.family))
         key = ("coll", op.family, state.iteration, seq)
-        waiting = self._rendezvous.setdefault(key, {})
+        waiting = self._collectives.setdefault(key, {})
         waiting[state.program.class_id] = (op_index, state.arrivals[op_index], state.iteration,
                                            state.uniforms.get(op_index))
         if len(waiting) < len(self.states):
             return
-        del self._rendezvous[key]
+        del self._collectives[key]
         specs = {class_id: self.states[class_id].program.ops[index]
                  for class_id, (index, _, _, _) in waiting.items()}
         if len({(s.kind, s.nbytes) for s in specs.values()}) > 1:
@@ -405,9 +444,11 @@ class EventLoop:
                 full[c], local_axes, self.layout, waiting[c][3]), done.shape)
                 for c in range(len(self.states))])
             done = np.maximum(done, unsampled.max(axis=0))
-        real = waiting.get(self._real_class)
-        if real is not None and real[2] == self.states[self._real_class].iteration:
-            self.real.last[real[0]] = (full, local_axes, unsampled)
+        real = self.real
+        if real is not None:
+            entry = waiting.get(real.class_id)
+            if entry is not None and entry[2] == self.states[real.class_id].iteration:
+                real.spanning[entry[0]] = (full, local_axes, unsampled)
         cause = None
         if self.record:
             latest = int(np.argmax(full.reshape(len(self.states), -1).max(axis=1)))
@@ -447,12 +488,12 @@ class EventLoop:
         unit.arrival = maximum(unit.arrival, arrival) if unit.ops else arrival
         unit.ops.append((op_index, state.iteration, arrival))
         unit.unresolved += 1
-        waiting = self._rendezvous.setdefault(key, {})
+        waiting = self._pairs.setdefault(key, {})
         # the arrival travels with the entry: a sender that never waits may end
         # its iteration before the receiver posts the matching receive
         waiting[op.kind] = (me, op_index, arrival, state.iteration, unit)
         if len(waiting) == 2:
-            del self._rendezvous[key]
+            del self._pairs[key]
             self._pair(waiting, seq, state.iteration)
         following = state.events[state.pc + 1] if state.pc + 1 < len(state.events) else None
         if not event.batch or following is None or following.action != "issue" \
@@ -460,7 +501,7 @@ class EventLoop:
             state.open_unit = None  # the batch is complete: NCCL launches it now
             self._launch(state, unit)
 
-    def _stream_keys(self, op: OpSpec) -> tuple:
+    def _stream_keys(self, op: OpSpec) -> tuple[StreamKey, ...]:
         """The streams ``op`` may run on."""
         if not op.is_p2p:
             return (op.family,)
@@ -481,7 +522,7 @@ class EventLoop:
         size = self.graph.mesh.shape[self.graph.family_axes(op.family)[0]]
         return Unit(state.program.class_id, ("pair", op.family, op.peer % size))
 
-    def _pair(self, waiting: dict, seq: int, iteration: int) -> None:
+    def _pair(self, waiting: dict[str, _Side], seq: int, iteration: int) -> None:
         """A send and its recv have both been issued: they run once both
         sides' units have started."""
         send_class, send_op, sent, _, send_unit = waiting["send"]
@@ -497,12 +538,13 @@ class EventLoop:
         # the class axis); inside a class, rank x sends to x + step on the axis.
         step = spec.peer
         axis = None if sender is not receiver else self.layout.local_axes(spec.family)[0]
+        real = self.real
         for kind, peers in (("recv", roll(sent, step, axis)),
                             ("send", roll(received, -step, axis))):
             class_id, op_index, own, op_iteration, _ = waiting[kind]
-            if class_id == self._real_class and op_iteration == self.states[class_id].iteration:
+            if real is not None and class_id == real.class_id \
+                    and op_iteration == self.states[class_id].iteration:
                 # the real rank's side: its peer, if the peer arrived later, was waited for
-                real = self.real
                 peer_rank = real_peer(self.graph, real.rank,
                                       self.states[class_id].program.ops[op_index])
                 peer_time = at(peers, real.index, self.layout.class_shape)
@@ -512,7 +554,7 @@ class EventLoop:
         if self.record:
             late = "send" if np.max(sent) >= np.max(received) else "recv"
             send_unit.causes[send_op] = recv_unit.causes[recv_op] = waiting[late][:2]
-        match = [send_unit, recv_unit, step, axis, send_class, send_op, False]
+        match = Match(send_unit, recv_unit, step, axis, send_class, send_op)
         send_unit.matches.append(match)
         if recv_unit is not send_unit:
             recv_unit.matches.append(match)
@@ -537,11 +579,12 @@ class EventLoop:
             free = state.p2p_free.get(unit.key)
             unit.start = unit.arrival if free is None else maximum(unit.arrival, free)
             for match in unit.matches:
-                send_unit, recv_unit, step, axis, send_class, send_op, resolved = match
-                if resolved or send_unit.start is None or recv_unit.start is None:
+                send_unit, recv_unit = match.send_unit, match.recv_unit
+                if match.resolved or send_unit.start is None or recv_unit.start is None:
                     continue
-                match[-1] = True
-                cost, slack = self._op_cost(self.states[send_class], send_op)
+                match.resolved = True
+                step, axis = match.step, match.axis
+                cost, slack = self._op_cost(self.states[match.send_class], match.send_op)
                 done = maximum(roll(send_unit.start, step, axis), recv_unit.start) \
                     + roll(cost, step, axis)
                 recv_unit.end = done if recv_unit.end is None else maximum(recv_unit.end, done)
@@ -559,10 +602,12 @@ class EventLoop:
         """Every op of ``unit`` ran: they complete together; returns the unit
         next on its stream, if one is queued."""
         state = self.states[unit.class_id]
+        end = unit.end
+        assert end is not None, "a unit finishes once its ops' matches set its end"
         for op_index, iteration, arrival in unit.ops:
-            self._complete(state, op_index, unit.end, iteration, unit.causes.get(op_index),
+            self._complete(state, op_index, end, iteration, unit.causes.get(op_index),
                            unit.slack, arrival)
-        state.p2p_free[unit.key] = unit.end
+        state.p2p_free[unit.key] = end
         queue = state.queues[unit.key]
         queue.popleft()
         return queue[0] if queue else None
@@ -576,7 +621,8 @@ class EventLoop:
             if arrival is None:
                 arrival = state.arrivals.get(op_index)
             self.records.append(OpTiming(state.program.class_id, iteration, op_index,
-                                         self.layout.external(arrival),
+                                         None if arrival is None
+                                         else self.layout.external(arrival),
                                          self.layout.external(done),
                                          cause or (state.program.class_id, op_index)))
         if iteration != state.iteration:
@@ -593,7 +639,7 @@ class EventLoop:
         found = self._costs.get(key)
         if found is None:
             op = state.program.ops[op_index]
-            cost = self._cost(op, self.layout.placement(op))
+            cost: Time = self._cost(op, self.layout.placement(op))
             if self.windows.links:
                 cost = self.windows.link_cost(cost, op, state, least(self._now(state)))
             found = self._costs[key] = (cost, least(cost))

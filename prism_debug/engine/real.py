@@ -20,29 +20,64 @@ are known, so every replica takes the same path whatever order the
 arrivals come in.
 
 (``loop`` below is the :class:`~prism_debug.engine.loop.EventLoop`, which
-imports this module: unannotated, to keep the imports one way.)"""
+imports this module: :class:`Loop` says what this module asks of it, to keep
+the imports one way.)"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import Protocol, overload
 
 import numpy as np
+from numpy.typing import NDArray
 
-from prism_debug.engine.state import ClassState, OpInfo, RealRank, check_follows
-from prism_debug.engine.times import at
-from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, GraphError, OpSpec
+from prism_debug.engine.layout import Layout
+from prism_debug.engine.state import ClassState, OpInfo, Plan, RealRank, check_follows
+from prism_debug.engine.times import Time, at
+from prism_debug.errors import GraphError
+from prism_debug.graph.execution import ClassProgram, Event, ExecutionGraph, OpSpec
+
+# a class program's events, each one's next issue (see next_issues), and the ops they issue
+_Issues = tuple[tuple[Event, ...], tuple[int | None, ...], frozenset[int]]
 
 
-def issue_alone(loop, state: ClassState, op_index: int, info: OpInfo, real: RealRank) -> bool:
+class Loop(Protocol):
+    """What the real rank's side asks of the event loop."""
+
+    layout: Layout
+    real: RealRank | None  # the local real rank
+    multi: RealRanks | None  # several real ranks, or None
+
+    def _now(self, state: ClassState) -> Time: ...
+
+    def group_max(self, state: ClassState, times: NDArray[np.float64], info: OpInfo,
+                  op_index: int) -> NDArray[np.float64]: ...
+
+    def _op_cost(self, state: ClassState, op_index: int) -> tuple[Time, float]: ...
+
+    def _queue(self, state: ClassState, family: str, last: Time, cost: Time) -> Time: ...
+
+    def _complete(self, state: ClassState, op_index: int, done: Time,
+                  iteration: int | None = None, cause: tuple[int, int] | None = None,
+                  slack: float = 0.0, arrival: Time | None = None) -> None: ...
+
+
+def issue_alone(loop: Loop, state: ClassState, op_index: int, info: OpInfo,
+                real: RealRank) -> bool:
     """Complete ``real``'s collective inside its class from the class's
     times (while they agree within its groups) and its arrival, the class's
     only real rank; False (nothing done) when the full per-rank path must
     take it."""
-    arrival = real.pending[1]
+    pending = real.pending
+    assert pending is not None, "the loop takes this path for the real rank's issue"
+    arrival = pending[1]
     if not info.shared:  # a group of the real rank alone ends at its arrival
         return False
     now = loop._now(state)
-    if now.__class__ is float:
+    last: Time
+    plan: Plan | None
+    if type(now) is float:
         peers = last = now
         plan = _plan(loop, real, info.axes, None)
     elif isinstance(now, np.ndarray):
@@ -77,7 +112,17 @@ def issue_alone(loop, state: ClassState, op_index: int, info: OpInfo, real: Real
     return True
 
 
-def _plan(loop, real: RealRank, axes: tuple[int, ...], shape: tuple[int, ...] | None):
+@overload
+def _plan(loop: Loop, real: RealRank, axes: tuple[int, ...], shape: None) -> Plan: ...
+
+
+@overload
+def _plan(loop: Loop, real: RealRank, axes: tuple[int, ...],
+          shape: tuple[int, ...]) -> Plan | None: ...
+
+
+def _plan(loop: Loop, real: RealRank, axes: tuple[int, ...],
+          shape: tuple[int, ...] | None) -> Plan | None:
     """For an op on ``axes`` of a class whose times have ``shape`` (None: a
     scalar): where the real rank's group max is in the group maxima, the
     shape of group maxima and the real rank's group in it (None, None: one
@@ -89,12 +134,12 @@ def _plan(loop, real: RealRank, axes: tuple[int, ...], shape: tuple[int, ...] | 
         return plans[key]
     index = real.index
     class_shape = loop.layout.class_shape
-    plan = None
+    plan: Plan | None = None
     if shape is None or (len(shape) == len(class_shape) and any(
             shape[a] == 1 < class_shape[a] for a in axes)):
         reduced = class_shape if shape is None else shape
         at_peers = tuple(0 if a in axes or n == 1 else i
-                         for a, (i, n) in enumerate(zip(index, reduced)))
+                         for a, (i, n) in enumerate(zip(index, reduced, strict=True)))
         if all(class_shape[a] == 1 for a in range(len(class_shape)) if a not in axes):
             plan = (at_peers, None, None)
         else:
@@ -104,18 +149,21 @@ def _plan(loop, real: RealRank, axes: tuple[int, ...], shape: tuple[int, ...] | 
     return plan
 
 
-def with_real(arrival, shape: tuple[int, ...], reals: tuple[RealRank, ...],
-              op_index: int) -> np.ndarray:
+def with_real(arrival: Time, shape: tuple[int, ...], reals: tuple[RealRank, ...],
+              op_index: int) -> NDArray[np.float64]:
     """The class's arrivals with its real ranks' written in (the full path)."""
     full = np.empty(shape)
     full[...] = arrival  # (cheaper than np.array(np.broadcast_to(...)))
     for real in reals:
-        full[real.index] = real.arrivals[op_index] = real.pending[1]
+        pending = real.pending
+        assert pending is not None, "every real rank of the class issues here"
+        full[real.index] = real.arrivals[op_index] = pending[1]
         real.pending = None
     return full
 
 
-def arrivals_of(state: ClassState, real, op_index: int, shape: tuple[int, ...]) -> np.ndarray:
+def arrivals_of(state: ClassState, real: RealRank, op_index: int, shape: tuple[int, ...]
+                ) -> NDArray[np.float64]:
     """Every member's arrival at one of the real rank's ops, the real rank's included."""
     arrival = state.arrivals[op_index]
     own = real.arrivals.get(op_index)
@@ -172,35 +220,38 @@ def attach_reals(states: list[ClassState], real: RealRank | None,
         states[real.class_id].reals = (real,)
 
 
-def relayout_reals(loop, column_map) -> None:
+def relayout_reals(loop: Loop, column_map: Callable[[Time], Time] | None) -> None:
     """The layout changed: re-lay out what the real ranks hold (``column_map``
     None: held arrays stay valid) and find their elements again."""
     reals = ([] if loop.real is None else [loop.real]) if loop.multi is None \
         else list(loop.multi.by_rank.values())
     if column_map is not None:
-        mapped: dict[int, dict] = {}  # a class's real ranks share one ``done``
+        # a class's real ranks share one ``done``
+        mapped: dict[int, dict[tuple[int, int], Time]] = {}
         for real in reals:
             done = mapped.get(id(real.done))
             if done is None:
                 done = mapped[id(real.done)] = {k: column_map(v) for k, v in real.done.items()}
             real.done = done
-            real.last = {k: (column_map(v[0]), *v[1:]) if isinstance(v[0], np.ndarray) else v
-                         for k, v in real.last.items()}
+            real.spanning = {k: (column_map(full), axes, unsampled)
+                             for k, (full, axes, unsampled) in real.spanning.items()}
     for real in reals:
         real.index = loop.layout.internal_coordinates(real.rank)
         real.plans.clear()
 
 
-def end_real_iteration(state: ClassState, multi: RealRanks | None) -> None:
-    """A class with real ranks ended an iteration (``state.iteration`` is the
-    next one): keep its completions a while, forget the rest."""
+def end_real_iteration(state: ClassState, reals: tuple[RealRank, ...],
+                       multi: RealRanks | None) -> None:
+    """A class with real ranks (``reals``, its own) ended an iteration
+    (``state.iteration`` is the next one): keep its completions a while,
+    forget the rest."""
     ended = state.iteration - 1
-    reals = state.reals
     done = {k: v for k, v in reals[0].done.items() if k[0] >= ended - REAL_DONE_ITERATIONS}
     done.update(((ended, op), d) for op, d in state.done.items())
     for real in reals:
         real.allowed = -1
         real.last.clear()
+        real.spanning.clear()
         real.arrivals.clear()
         real.done = done
     if multi is not None:
@@ -230,7 +281,8 @@ class RealRanks:
     be added before any class reaches their first iteration (the caller
     picks it ahead: §2.4 of the design)."""
 
-    def __init__(self, graph: ExecutionGraph, ranks, local: int, seed) -> None:
+    def __init__(self, graph: ExecutionGraph, ranks: Sequence[int], local: int,
+                 seed: int) -> None:
         self.graph = graph
         self.seed = seed
         self.by_rank = {r: RealRank(r, graph.class_of(r)) for r in ranks}
@@ -240,7 +292,7 @@ class RealRanks:
             by_class.setdefault(real.class_id, []).append(real)
         self.by_class = {c: tuple(reals) for c, reals in sorted(by_class.items())}
         for reals in self.by_class.values():
-            done: dict = {}  # one class, one timeline of completions
+            done: dict[tuple[int, int], Time] = {}  # one class, one timeline of completions
             for real in reals:
                 real.done = done
         self.states: list[ClassState] = []  # the event loop's, once it has them
@@ -250,22 +302,22 @@ class RealRanks:
         # index its next issue is looked for from
         self.iteration = 1
         self.pc = 0
-        self._issues: dict[int, tuple] = {}  # id(events) -> (events, next_issues, issued ops)
+        self._issues: dict[int, _Issues] = {}  # id(events) -> (events, next_issues, issued ops)
 
     # -- what the event loop asks ---------------------------------------------------------
 
-    def ready(self, state: ClassState) -> bool:
-        """Whether the class may take its next event: an issue once every real
-        rank of the class arrived there (their ``pending`` then set), an
-        iteration's end once every one ended it."""
+    def ready(self, state: ClassState, reals: tuple[RealRank, ...]) -> bool:
+        """Whether the class (its real ranks ``reals``) may take its next
+        event: an issue once every real rank of the class arrived there (their
+        ``pending`` then set), an iteration's end once every one ended it."""
         event = state.events[state.pc]
-        reals = state.reals
         if event.action == "issue":
             key = (state.iteration, event.op)
             arrivals = [self._arrivals[real.rank].get(key) for real in reals]
-            if None in arrivals:
+            known = [arrival for arrival in arrivals if arrival is not None]
+            if len(known) < len(arrivals):
                 return False
-            for real, arrival in zip(reals, arrivals):
+            for real, arrival in zip(reals, known, strict=True):
                 real.pending = (state.pc, arrival)
         if event.action == "end" or state.pc == len(state.events) - 1:
             return all(state.iteration in self._ended[real.rank] for real in reals)
@@ -292,6 +344,7 @@ class RealRanks:
         index = following[self.pc]
         expected = program.ops[events[index].op] if index is not None else None
         check_follows(expected, spec, self.iteration, self.local.rank)
+        assert index is not None, "check_follows refuses an issue the program does not have"
         self.pc = index + 1
         handle = (self.iteration, events[index].op)
         self._arrivals[self.local.rank][handle] = float(arrival)
@@ -336,7 +389,7 @@ class RealRanks:
                              f"{sorted(self.by_rank)}, this one {self.local.rank})")
         return real
 
-    def _program_at(self, program: ClassProgram, iteration: int) -> tuple:
+    def _program_at(self, program: ClassProgram, iteration: int) -> _Issues:
         events = program.events(iteration)
         found = self._issues.get(id(events))
         if found is None or found[0] is not events:
@@ -347,7 +400,8 @@ class RealRanks:
 
     # -- what the replay engine answers ---------------------------------------------------
 
-    def completion(self, rank: int, iteration: int, op_index: int, shape) -> float:
+    def completion(self, rank: int, iteration: int, op_index: int,
+                   shape: tuple[int, ...]) -> float:
         """When a real rank's op completes, inf while not known (yet)."""
         real = self.by_rank[rank]
         state = self.states[real.class_id]
@@ -355,4 +409,4 @@ class RealRanks:
             else real.done.get((iteration, op_index))
         if done is None:
             return math.inf
-        return done if done.__class__ is float else at(done, real.index, shape)
+        return done if type(done) is float else at(done, real.index, shape)

@@ -13,11 +13,11 @@ from prism_debug.graph import ExecutionGraph
 
 
 def graph_summary(graph: ExecutionGraph, summaries: Sequence[ClassSummary],
-                  segments: Sequence[Segment]) -> dict:
+                  segments: Sequence[Segment]) -> dict[str, object]:
     """``graph show --json``: the layout, each class's summary, the critical path."""
     return {
         "world_size": graph.world_size,
-        "mesh": dict(zip(graph.mesh.names, graph.mesh.shape)),
+        "mesh": dict(zip(graph.mesh.names, graph.mesh.shape, strict=True)),
         "families": {k: list(v) for k, v in graph.families.items()},
         "class_axis": graph.class_axis,
         "classes": [dataclasses.asdict(c) | {"waiting_s": c.waiting_s} for c in summaries],
@@ -32,7 +32,7 @@ def graph_summary_lines(source: str, graph: ExecutionGraph, summaries: Sequence[
     :func:`critical_path_lines`."""
     lines = [
         f"graph {source}: world {graph.world_size} = "
-        + " x ".join(f"{n} {s}" for n, s in zip(graph.mesh.names, graph.mesh.shape))
+        + " x ".join(f"{n} {s}" for n, s in zip(graph.mesh.names, graph.mesh.shape, strict=True))
         + f", {len(graph.programs)} class(es)"
         + (f" along {graph.class_axis}" if graph.class_axis else ""),
         "families: " + " · ".join(f"{name} ({' x '.join(axes) or 'single ranks'})"

@@ -33,6 +33,7 @@ says how long the peers compute.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Iterable, Sequence
 
 import numpy as np
 
@@ -43,7 +44,8 @@ from prism_debug.engine.real import RealRanks, arrivals_of, next_issues
 from prism_debug.engine.state import OpTiming, RealRank, check_follows
 from prism_debug.engine.times import at
 from prism_debug.engine.windows import LinkPerturbation, Perturbation, Windows
-from prism_debug.graph.execution import ExecutionGraph, GraphError, OpSpec
+from prism_debug.errors import GraphError
+from prism_debug.graph.execution import Event, ExecutionGraph, OpSpec
 
 __all__ = ["CostFn", "ReplayEngine", "SAMPLE_COLUMNS", "generator"]
 
@@ -56,7 +58,7 @@ __all__ = ["CostFn", "ReplayEngine", "SAMPLE_COLUMNS", "generator"]
 SAMPLE_COLUMNS = 48
 
 
-def generator(seed) -> np.random.Generator:
+def generator(seed: int | Sequence[int]) -> np.random.Generator:
     """The engine's one seeded generator.  SFC64 rather than numpy's default
     PCG64: a per-rank compute model draws ~160,000 normals per iteration of
     the bundled example at 65,536 ranks, and SFC64 draws them 20 % faster
@@ -66,7 +68,8 @@ def generator(seed) -> np.random.Generator:
 
 class ReplayEngine:
     def __init__(self, graph: ExecutionGraph, cost: CostFn, *, real_rank: int | None = None,
-                 real_ranks=None, record: bool = False, compress: bool = True,
+                 real_ranks: Iterable[int] | None = None, record: bool = False,
+                 compress: bool = True,
                  compute: ComputeModel | None = None, seed: int = 0,
                  sample_columns: int | None = None) -> None:
         """Replay ``graph`` with op costs from ``cost``; follow the real
@@ -100,14 +103,14 @@ class ReplayEngine:
                 raise GraphError(f"rank {rank} is outside the graph's world of "
                                  f"{self.mesh.world_size}")
         self.real_ranks = tuple(ranks)
-        real = multi = None
-        if len(ranks) > 1:
+        real: RealRank | None = None
+        multi: RealRanks | None = None
+        if real_rank is not None and len(ranks) > 1:  # (several: real_rank among them)
             multi = RealRanks(graph, ranks, real_rank, seed)
             real = multi.local
         elif real_rank is not None:
             real = RealRank(real_rank, graph.class_of(real_rank))
         self._multi = multi
-        self._real_class = None if real is None else real.class_id
         per_rank = getattr(compute, "per_rank", False)
         self._layout = Layout(graph, compress, (sample_columns or SAMPLE_COLUMNS) if per_rank
                               else None)
@@ -119,7 +122,7 @@ class ReplayEngine:
                                generator(seed), real=real, record=record, multi=multi)
         self._states = self._loop.states
         # id(events) -> (events, the index of the first issue at or after each)
-        self._next_issues: dict[int, tuple] = {}
+        self._next_issues: dict[int, tuple[tuple[Event, ...], tuple[int | None, ...]]] = {}
         self._loop.keep_apart(self._layout.mask(ranks))
 
     @property
@@ -150,7 +153,7 @@ class ReplayEngine:
     # stops a perturbation's effect from the next event on; what it already did
     # stays done (an op a failed peer missed stays missed).
 
-    def slow(self, ranks, factor: float, *, first_iteration: int = 1,
+    def slow(self, ranks: Iterable[int], factor: float, *, first_iteration: int = 1,
              iterations: float = math.inf) -> object:
         """Multiply the compute of ``ranks`` by ``factor`` (stragglers, a hot node)."""
         if factor <= 0:
@@ -162,7 +165,7 @@ class ReplayEngine:
         self._loop.add_window(perturbation)
         return perturbation
 
-    def delay(self, ranks, seconds: float, *, family: str | None = None,
+    def delay(self, ranks: Iterable[int], seconds: float, *, family: str | None = None,
               first_iteration: int = 1, iterations: float = math.inf,
               first_op: int = 0, ops: float = math.inf) -> object:
         """Delay the arrival of ``ranks`` at every op (of ``family``) by
@@ -173,7 +176,7 @@ class ReplayEngine:
         return self._arrival_perturbation("delay", ranks, seconds, family, first_iteration,
                                           iterations, first_op, ops)
 
-    def fail(self, ranks, *, at_iteration: int = 1, at_op: int = 0,
+    def fail(self, ranks: Iterable[int], *, at_iteration: int = 1, at_op: int = 0,
              family: str | None = None) -> object:
         """From op ``at_op`` of ``at_iteration`` on (ops of ``family``, when
         given), ``ranks`` never arrive: a fail-stop, a hang, or a collective
@@ -181,8 +184,9 @@ class ReplayEngine:
         return self._arrival_perturbation("fail", ranks, math.inf, family, at_iteration,
                                           math.inf, at_op, math.inf)
 
-    def _arrival_perturbation(self, kind, ranks, value, family, first_iteration, iterations,
-                              first_op, ops) -> Perturbation:
+    def _arrival_perturbation(self, kind: str, ranks: Iterable[int], value: float,
+                              family: str | None, first_iteration: int, iterations: float,
+                              first_op: int, ops: float) -> Perturbation:
         if first_iteration < 1 or first_op < 0:
             raise ValueError(f"iterations count from 1 and ops from 0, got iteration "
                              f"{first_iteration} op {first_op}")
@@ -194,8 +198,8 @@ class ReplayEngine:
         self._loop.add_window(perturbation)
         return perturbation
 
-    def link(self, nodes, *, bandwidth_factor: float = 1.0, added_latency_s: float = 0.0,
-             first_iteration: int = 1, iterations: float = math.inf,
+    def link(self, nodes: Collection[int], *, bandwidth_factor: float = 1.0,
+             added_latency_s: float = 0.0, first_iteration: int = 1, iterations: float = math.inf,
              period_s: float | None = None, duty: float = 1.0) -> object:
         """Degrade collectives whose groups span any of ``nodes``: cost divided
         by ``bandwidth_factor`` plus ``added_latency_s``; with ``period_s``,
@@ -234,15 +238,18 @@ class ReplayEngine:
             handle = self._multi.local_issue(spec, arrival)
             self._loop.advance()
             return handle
-        state = self._states[self._real_class]
         real = self._loop.real
+        if real is None:
+            raise _no_real_rank()
+        state = self._states[real.class_id]
         events = state.events
         found = self._next_issues.get(id(events))
         if found is None or found[0] is not events:
             found = self._next_issues[id(events)] = (events, next_issues(events))
         index = found[1][max(state.pc, real.allowed + 1)]
         expected = state.program.ops[events[index].op] if index is not None else None
-        check_follows(expected, spec, state.iteration, self.real_rank)
+        check_follows(expected, spec, state.iteration, real.rank)
+        assert index is not None, "check_follows refuses an issue the program does not have"
         real.allowed = index
         real.pending = (index, arrival)
         self._loop.advance()
@@ -254,14 +261,16 @@ class ReplayEngine:
         several real ranks, also while an arrival it depends on has not been
         fed).  Once finite, the answer never changes."""
         iteration, op = handle
-        state = self._states[self._real_class]
         real = self._loop.real
+        if real is None:
+            raise _no_real_rank()
+        state = self._states[real.class_id]
         if not (self._loop.settled and self._loop.real_shortcuts):
             self._loop.advance()  # (else the last advance went as far as any would)
         done = state.done.get(op) if state.iteration == iteration else real.done.get(handle)
         if done is None:
             return math.inf
-        if done.__class__ is float:
+        if type(done) is float:
             return done
         return at(done, real.index, self.class_shape)
 
@@ -270,32 +279,34 @@ class ReplayEngine:
         its iteration is over).  For p2p it is the peer; for a group op the
         member of the real rank's group with the latest arrival."""
         iteration, op_index = handle
-        state = self._states[self._real_class]
         real = self._loop.real
+        if real is None:
+            raise _no_real_rank()
+        state = self._states[real.class_id]
         info = state.ops[op_index]
         if state.iteration != iteration or op_index not in state.arrivals:
             return None
         if info.spec.is_p2p:
             return real.last.get(op_index)
         if info.spans_classes:
-            found = real.last.get(op_index)
+            found = real.spanning.get(op_index)
             if found is None:
                 return None
             full, axes, unsampled = found
             # the class axis leads ``full``; the group varies it and ``axes``
-            index = [slice(None), *real.index]
+            index: list[int | slice] = [slice(None), *real.index]
             for axis in axes:
                 index[1 + axis] = slice(None)
             group = np.broadcast_to(full, (len(self._states), *self.class_shape))[tuple(index)]
             offsets = np.unravel_index(int(np.argmax(group)), group.shape)
             coords = list(real.index)
-            for axis, offset in zip(axes, offsets[1:]):
+            for axis, offset in zip(axes, offsets[1:], strict=True):
                 coords[axis] = int(offset)
             if unsampled is not None:  # each class's unsampled columns' max
                 maxima = [at(m, real.index, self.class_shape) for m in unsampled]
                 latest = int(np.argmax(maxima))
                 if maxima[latest] > group.max():
-                    return self._unsampled_rank(latest, coords), maxima[latest]
+                    return self._unsampled_rank(latest, coords, real), maxima[latest]
             return self._rank_of(int(offsets[0]), coords), float(group.max())
         arrival = arrivals_of(state, real, op_index, self.class_shape)
         index = list(real.index)
@@ -304,26 +315,30 @@ class ReplayEngine:
         group = arrival[tuple(index)]
         offsets = np.unravel_index(int(np.argmax(group)), group.shape)
         coords = list(real.index)
-        for axis, offset in zip(info.axes, offsets):
+        for axis, offset in zip(info.axes, offsets, strict=True):
             coords[axis] = int(offset)
         if info.population:  # the group's unsampled columns may have arrived later
             everyone = at(self._loop.group_max(state, arrival, info, op_index), real.index,
                           self.class_shape)
             if everyone > group.max():
-                return self._unsampled_rank(state.program.class_id, coords), everyone
+                return self._unsampled_rank(state.program.class_id, coords, real), everyone
         return self._rank_of(state.program.class_id, coords), float(group.max())
 
-    def _rank_of(self, class_id: int, internal_coords) -> int:
+    def _rank_of(self, class_id: int, internal_coords: Sequence[int]) -> int:
         base = self.real_rank if self.real_rank is not None else 0
         return self._layout.rank_of(class_id, internal_coords, base)
 
-    def _unsampled_rank(self, class_id: int, internal_coords) -> int:
+    def _unsampled_rank(self, class_id: int, internal_coords: Sequence[int],
+                        real: RealRank) -> int:
         """The rank named when an unsampled column arrived last: the first
-        unsampled column's, at the real rank's place off the columns' axis."""
-        return self._layout.unsampled_rank(class_id, internal_coords, self.real_rank)
+        unsampled column's, at the ``real`` rank's place off the columns' axis."""
+        return self._layout.unsampled_rank(class_id, internal_coords, real.rank)
 
     def real_op(self, handle: tuple[int, int]) -> OpSpec:
-        return self._states[self._real_class].program.ops[handle[1]]
+        real = self._loop.real
+        if real is None:
+            raise _no_real_rank()
+        return self._states[real.class_id].program.ops[handle[1]]
 
     def real_iteration_end(self) -> None:
         """The real rank finished an iteration: its class may run to the end."""
@@ -331,13 +346,15 @@ class ReplayEngine:
             self._multi.local_iteration_end()
             self._loop.advance()
             return
-        state = self._states[self._real_class]
         real = self._loop.real
+        if real is None:
+            raise _no_real_rank()
+        state = self._states[real.class_id]
         events = state.events
         skipped = next((e for e in events[max(state.pc, real.allowed + 1):]
                         if e.action == "issue"), None)
         check_follows(None if skipped is None else state.program.ops[skipped.op], None,
-                      state.iteration, self.real_rank)
+                      state.iteration, real.rank)
         real.allowed = len(events) - 1
         self._loop.advance()
         real.allowed = -1
@@ -389,7 +406,8 @@ class ReplayEngine:
         return [(ops[index], arrival, done)
                 for index, (arrival, done, _) in self.op_times(rank, iteration).items()]
 
-    def op_times(self, rank: int, iteration: int) -> dict[int, tuple[float, float, tuple]]:
+    def op_times(self, rank: int, iteration: int
+                 ) -> dict[int, tuple[float, float, tuple[int, int] | None]]:
         """Op index -> (arrival, done, cause) of ``rank`` in ``iteration``, from
         the records (``record=True``); ``cause`` is :attr:`OpTiming.cause`."""
         class_id = self.graph.class_of(rank)
@@ -417,13 +435,13 @@ class ReplayEngine:
             raise GraphError(f"the replay cannot progress: classes {stuck} wait on ops no "
                              f"other class issues (the programs do not match)")
 
-    def describe(self, rank: int) -> dict:
+    def describe(self, rank: int) -> dict[str, object]:
         """What the engine knows of one rank: its class, place in the mesh and
         on the nodes, its last finished iteration, and what perturbs it."""
         times = self.iteration_times(rank)
         return {"rank": rank, "node": rank // self.graph.gpus_per_node,
                 "class": self.graph.class_of(rank),
-                "coords": dict(zip(self.mesh.names, self.mesh.coordinates(rank))),
+                "coords": dict(zip(self.mesh.names, self.mesh.coordinates(rank), strict=True)),
                 "time_ms": times[-1] * 1e3 if times else None,
                 "perturbations": self._windows.describe(rank)}
 
@@ -436,4 +454,9 @@ class ReplayEngine:
     def iteration_times(self, rank: int) -> list[float]:
         """Durations of the finished iterations of ``rank``."""
         starts = self.iteration_starts(rank)
-        return [b - a for a, b in zip(starts, starts[1:])]
+        return [b - a for a, b in zip(starts, starts[1:], strict=False)]
+
+
+def _no_real_rank() -> GraphError:
+    """What the real rank's interface raises on an engine that follows none."""
+    return GraphError("this engine follows no real rank: give ReplayEngine a real_rank")

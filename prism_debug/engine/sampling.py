@@ -27,15 +27,27 @@ the normal fitted to the sample, which sums of many gaps are close to.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from typing import cast, overload
 
 import numpy as np
+from numpy.typing import NDArray
 from scipy.special import ndtr, ndtri
 
+from prism_debug.engine.compute import Gaps
 from prism_debug.engine.layout import Layout
 from prism_debug.engine.times import Time, max_over
 
-Draws = tuple[float, np.ndarray]  # an op's W, and its groups' E (shaped like its group maxima)
+# an op's W, and its groups' E (shaped like its group maxima)
+Draws = tuple[float, NDArray[np.float64]]
+
+
+@overload
+def group_max(times: NDArray[np.float64], axes: tuple[int, ...], layout: Layout,
+              draws: Draws | None) -> NDArray[np.float64]: ...
+
+
+@overload
+def group_max(times: Time, axes: tuple[int, ...], layout: Layout, draws: Draws | None) -> Time: ...
 
 
 def group_max(times: Time, axes: tuple[int, ...], layout: Layout, draws: Draws | None) -> Time:
@@ -47,11 +59,13 @@ def group_max(times: Time, axes: tuple[int, ...], layout: Layout, draws: Draws |
         return max_over(times, axes)  # every column agrees, or the group is inside one
     inner = tuple(a for a in axes if a != times.ndim - 1)
     per_column = times.max(axis=inner, keepdims=True) if inner else times
-    return np.maximum(per_column.max(axis=-1, keepdims=True),
-                      unsampled_max(per_column, layout, draws))
+    latest: NDArray[np.float64] = np.maximum(per_column.max(axis=-1, keepdims=True),
+                                             unsampled_max(per_column, layout, draws))
+    return latest
 
 
-def unsampled_max(per_column: np.ndarray, layout: Layout, draws: Draws) -> np.ndarray:
+def unsampled_max(per_column: NDArray[np.float64], layout: Layout, draws: Draws
+                  ) -> NDArray[np.float64]:
     """The max of the unsampled columns, one per group: ``per_column`` is each
     column's latest time in each group."""
     sample = per_column[..., layout.sample]
@@ -66,15 +80,17 @@ def unsampled_max(per_column: np.ndarray, layout: Layout, draws: Draws) -> np.nd
         alone = alone[tuple(slice(0, k) for k in mean.shape)]
         unit = (spread / np.where(sd > 0, sd, 1.0)).reshape(groups, n)
         correlation = (unit @ unit.T) / (n - 1)
-        rho = (correlation.sum() - np.trace(correlation)) / (groups * (groups - 1))
-        rho = min(max(float(rho), 0.0), 1.0)
-        z = math.sqrt(rho) * together + math.sqrt(1.0 - rho) * alone
+        mean_correlation = (correlation.sum() - np.trace(correlation)) / (groups * (groups - 1))
+        rho = min(max(float(mean_correlation), 0.0), 1.0)
+        z: Time = math.sqrt(rho) * together + math.sqrt(1.0 - rho) * alone
     else:
         z = together
-    return mean + sd * ndtri(ndtr(z) ** (1.0 / layout.unsampled))
+    # (scipy's special functions come untyped: ndtri of an array is one)
+    maxima: NDArray[np.float64] = mean + sd * ndtri(ndtr(z) ** (1.0 / layout.unsampled))
+    return maxima
 
 
-def lay_out(gaps, shape: tuple[int, ...], layout: Layout) -> tuple[Sequence[Time], list[float]]:
+def lay_out(gaps: Gaps, shape: tuple[int, ...], layout: Layout) -> tuple[Gaps, list[float]]:
     """A compute model's answer for one class and iteration, in the internal
     axis order once (not per event), and each gap's largest value (what the
     wait shortcut adds up): floats stay floats (the fast path)."""
@@ -86,26 +102,31 @@ def lay_out(gaps, shape: tuple[int, ...], layout: Layout) -> tuple[Sequence[Time
     # floats (gaps alike on every rank: the fast path) beside arrays of
     # ``shape``: the arrays laid out together, once
     drawn = [i for i, g in enumerate(gaps) if g.__class__ is not float]
-    if not drawn or not all(type(gaps[i]) is np.ndarray and gaps[i].shape == shape
+    if not drawn or not all(type(gap := gaps[i]) is np.ndarray and gap.shape == shape
                             for i in drawn):
         return _lay_out_each(gaps, shape, layout)
     block = np.stack([gaps[i] for i in drawn]).astype(float, copy=False)
     block_tops = block.reshape(len(block), -1).max(axis=1).tolist()
     block = layout.internal_drawn(block, leading=1)
-    laid, tops = list(gaps), list(gaps)
+    laid: list[Time] = list(gaps)
+    # floats where nothing was drawn (``__class__ is float`` above); the drawn
+    # gaps' tops go in below
+    tops = cast(list[float], list(gaps))
     for row, i in enumerate(drawn):
         laid[i], tops[i] = block[row], block_tops[row]
     return laid, tops
 
 
-def _lay_out_each(gaps, shape: tuple[int, ...], layout: Layout) -> tuple[list[Time], list[float]]:
-    laid, tops = [], []
+def _lay_out_each(gaps: Gaps, shape: tuple[int, ...], layout: Layout
+                  ) -> tuple[list[Time], list[float]]:
+    laid: list[Time] = []
+    tops: list[float] = []
     for gap in gaps:
         if gap.__class__ is not float:
             gap = np.asarray(gap, dtype=float)
             if not gap.ndim:
                 gap = float(gap)
-        if gap.__class__ is float:
+        if isinstance(gap, float):  # (a float itself by now, or an array of 1 or more dims)
             laid.append(gap)
             tops.append(gap)
             continue
@@ -116,6 +137,6 @@ def _lay_out_each(gaps, shape: tuple[int, ...], layout: Layout) -> tuple[list[Ti
 
 
 def _check(got: tuple[int, ...], shape: tuple[int, ...]) -> None:
-    if len(got) != len(shape) or any(g not in (1, s) for g, s in zip(got, shape)):
+    if len(got) != len(shape) or any(g not in (1, s) for g, s in zip(got, shape, strict=True)):
         raise ValueError(f"a compute model's gaps must be floats or arrays over the class's "
                          f"slice of the mesh {shape}, got shape {got}")

@@ -7,10 +7,36 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import numpy as np
+from numpy.typing import NDArray
+
+from prism_debug.engine.compute import Gaps
+from prism_debug.engine.sampling import Draws
 from prism_debug.engine.times import Time
-from prism_debug.graph.execution import ClassProgram, Event, GraphError, OpSpec
+from prism_debug.errors import GraphError
+from prism_debug.graph.execution import ClassProgram, Event, OpSpec
+
+#: a point-to-point stream: ("batch", family) for a group's batches, or
+#: ("pair", family, peer offset) for a peer pair's lone ops
+P2PStream = tuple[str, str] | tuple[str, str, int]
+#: a stream an op may run on: a family's (its name, for collectives) or a p2p one
+StreamKey = str | P2PStream
+#: what a class counts its rendezvous by: ("coll", family), or ("p2p", source
+#: class, target class, the sender's offset, kind)
+SequenceKey = tuple[str, str] | tuple[str, int, int, int, str]
+#: how the real rank's shortcut reads a class's times (see :mod:`.real`): where
+#: its group max is in the group maxima, then the shape of those maxima and the
+#: real rank's group in them (None, None: one group)
+Plan = (tuple[tuple[int, ...], None, None]
+        | tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]])
+#: what a plan is for: an op's axes, and the shape of the class's times (None: a scalar)
+PlanKey = tuple[tuple[int, ...], tuple[int, ...] | None]
+#: every class's arrivals at an op whose groups span classes (the class axis
+#: leading), the family's axes in a class array, and each class's unsampled
+#: columns' maxima (None: every column simulated)
+SpanningArrivals = tuple[Time, tuple[int, ...], NDArray[np.float64] | None]
 
 
 @dataclasses.dataclass
@@ -21,7 +47,7 @@ class OpTiming:
     class_id: int
     iteration: int
     op: int
-    arrival: Time
+    arrival: Time | None  # None: not kept (the op was issued while not recording)
     done: Time
     # the op whose arrival set ``done``, as (class id, op index): the class's
     # own op for a group inside the class, else the latest class or p2p side
@@ -37,7 +63,7 @@ class OpInfo:
     spans_classes: bool
     local: bool  # a collective inside the class: the fast path applies
     shared: bool = True  # its groups have more than one member
-    streams: tuple = ()  # the streams it may run on (see EventLoop._stream_keys)
+    streams: tuple[StreamKey, ...] = ()  # the streams it may run on (EventLoop._stream_keys)
     population: bool = False  # its groups span sampled columns (see :mod:`.sampling`)
 
 
@@ -49,7 +75,7 @@ class Unit:
     __slots__ = ("class_id", "key", "ops", "arrival", "start", "end", "unresolved", "slack",
                  "matches", "causes", "launched")
 
-    def __init__(self, class_id: int, key: tuple) -> None:
+    def __init__(self, class_id: int, key: P2PStream) -> None:
         self.class_id = class_id
         self.key = key  # its stream
         self.ops: list[tuple[int, int, Time]] = []  # (op index, iteration, arrival)
@@ -58,11 +84,11 @@ class Unit:
         self.end: Time | None = None  # the latest of its ops' ends so far
         self.unresolved = 0  # ops whose peer has not issued or started its side
         self.slack = math.inf
-        self.matches: list = []  # the pairings of its ops, resolved once both sides start
+        self.matches: list[Match] = []  # the pairings of its ops, resolved once both sides start
         self.causes: dict[int, tuple[int, int]] = {}
         self.launched = False
 
-    def relayout(self, column_map) -> None:
+    def relayout(self, column_map: Callable[[Time], Time]) -> None:
         self.arrival = column_map(self.arrival)
         if self.end is not None:
             self.end = column_map(self.end)
@@ -71,8 +97,23 @@ class Unit:
         self.ops = [(op, iteration, column_map(arrival)) for op, iteration, arrival in self.ops]
 
 
+@dataclasses.dataclass(slots=True)
+class Match:
+    """A send paired with its recv: they run once both sides' units have
+    started (shared by the two units)."""
+
+    send_unit: Unit
+    recv_unit: Unit
+    step: int  # the sender's offset along the family's axis
+    axis: int | None  # inside one class: the class arrays' axis the pair moves along
+    send_class: int
+    send_op: int
+    resolved: bool = False
+
+
 class ClassState:
-    def __init__(self, program: ClassProgram, index: tuple, ops: tuple[OpInfo, ...]) -> None:
+    def __init__(self, program: ClassProgram, index: tuple[slice | int, ...],
+                 ops: tuple[OpInfo, ...]) -> None:
         self.program = program
         self.ops = ops
         self.index = index  # selects the class's slice of a mesh-shaped array
@@ -90,15 +131,16 @@ class ClassState:
         self.iteration = 1
         # this iteration's events and the compute model's gap before each
         self.events: tuple[Event, ...] = program.events(1)
-        self.gaps: Sequence[Time] | None = ()
-        self.gap_tops: Sequence[float] | None = None  # each gap's largest value (per-rank models)
-        self.uniforms: dict[int, tuple] = {}  # op -> its population maximum's draws
+        self.gaps: Gaps = ()
+        # each gap's largest value (per-rank models; empty for the others)
+        self.gap_tops: Sequence[float] = ()
+        self.uniforms: dict[int, Draws] = {}  # op -> its population maximum's draws
         # the compute model's persistent per-rank factors (internal order), if any
         self.rank_factors: Time | None = None
         self.gap_applied = False
         self.arrivals: dict[int, Time] = {}
         self.done: dict[int, Time] = {}
-        self.sequence: dict[tuple, int] = {}  # rendezvous counters, per iteration
+        self.sequence: dict[SequenceKey, int] = {}  # rendezvous counters, per iteration
         self.iteration_starts: list[Time] = [0.0]
         self.factor: Time | None = None  # compute factor this iteration (None: not computed)
         self.factor_max: dict[str, Time] = {}  # its max over each family's axes
@@ -107,22 +149,22 @@ class ClassState:
         self.slack: dict[int, float] = {}
         # family -> when each group's stream is free (its last op's end),
         # shaped like a group max; kept across iterations
-        self.streams: dict[str, Time] = {}
+        self.streams: dict[StreamKey, Time] = {}
         # point-to-point: per stream (a peer pair's, or a group's batches), when
         # it is free and the units queued on it; the batch being issued
-        self.p2p_free: dict[tuple, Time] = {}
-        self.queues: dict[tuple, collections.deque] = {}
+        self.p2p_free: dict[StreamKey, Time] = {}
+        self.queues: dict[P2PStream, collections.deque[Unit]] = {}
         self.open_unit: Unit | None = None
         # the class's real ranks, None when it has none (the event loop's
         # ``is_real``; see :mod:`.real`)
         self.reals: tuple[RealRank, ...] | None = None
 
-    def next_sequence(self, key: tuple) -> int:
+    def next_sequence(self, key: SequenceKey) -> int:
         n = self.sequence.get(key, 0)
         self.sequence[key] = n + 1
         return n
 
-    def relayout(self, column_map) -> None:
+    def relayout(self, column_map: Callable[[Time], Time]) -> None:
         """Apply ``column_map`` (see :meth:`.Layout.keep_apart`) to every time array held."""
         self.t = column_map(self.t)
         self.arrivals = {k: column_map(v) for k, v in self.arrivals.items()}
@@ -151,7 +193,7 @@ class RealRank:
 
     rank: int
     class_id: int
-    index: tuple = ()  # its element of its class's arrays
+    index: tuple[int, ...] = ()  # its element of its class's arrays
     allowed: int = -1  # its class may run up to this event index
     pending: tuple[int, float] | None = None  # (event index, arrival) of the op it issues
     # op index -> its arrival at the ops it issued this iteration (the class's
@@ -159,13 +201,15 @@ class RealRank:
     arrivals: dict[int, float] = dataclasses.field(default_factory=dict)
     # (axes, shape of the class's times) -> how its shortcut reads them (see
     # :mod:`.real`), until the layout changes
-    plans: dict[tuple, tuple | None] = dataclasses.field(default_factory=dict)
+    plans: dict[PlanKey, Plan | None] = dataclasses.field(default_factory=dict)
     # Completions of its ops, kept past their iteration's end: an async op may
     # be waited for after the next optimizer step (DDP futures).
     done: dict[tuple[int, int], Time] = dataclasses.field(default_factory=dict)
-    # Who arrived last at its ops whose groups span classes (the arrivals of
-    # every class, kept until asked) or pair with a peer.
-    last: dict[int, tuple] = dataclasses.field(default_factory=dict)
+    # Who arrived last at its ops that pair with a peer: (rank, arrival).
+    last: dict[int, tuple[int, float]] = dataclasses.field(default_factory=dict)
+    # The arrivals of every class at its ops whose groups span classes, kept
+    # until asked who arrived last.
+    spanning: dict[int, SpanningArrivals] = dataclasses.field(default_factory=dict)
 
 
 def describe_op(op: OpSpec) -> str:

@@ -3,16 +3,28 @@ numpy array once anything sets them apart (the replay engine's fast path)."""
 
 from __future__ import annotations
 
-import numpy as np
+from typing import overload
 
-Time = float | np.ndarray
+import numpy as np
+from numpy.typing import NDArray
+
+Time = float | NDArray[np.float64]
+
+
+@overload
+def max_over(times: NDArray[np.float64], axes: tuple[int, ...]) -> NDArray[np.float64]: ...
+
+
+@overload
+def max_over(times: Time, axes: tuple[int, ...]) -> Time: ...
 
 
 def max_over(times: Time, axes: tuple[int, ...]) -> Time:
     """Each group's latest time: the max over the family's axes, kept as size-1 dims."""
     if not isinstance(times, np.ndarray):
         return times
-    return times.max(axis=axes, keepdims=True)
+    latest: NDArray[np.float64] = times.max(axis=axes, keepdims=True)
+    return latest
 
 
 def maximum(a: Time, b: Time) -> Time:
@@ -34,11 +46,12 @@ def squeeze(times: Time) -> Time:
     return times
 
 
-def at(times: Time, index: tuple, shape: tuple) -> float:
+def at(times: Time, index: tuple[int, ...], shape: tuple[int, ...]) -> float:
     """One rank's time, ``times`` standing for an array of ``shape``."""
     if isinstance(times, np.ndarray):
         if times.ndim == len(index):  # (indexing size-1 axes at 0 beats broadcast_to)
-            return float(times[tuple(0 if n == 1 else i for i, n in zip(index, times.shape))])
+            return float(times[tuple(0 if n == 1 else i
+                                     for i, n in zip(index, times.shape, strict=True))])
         return float(np.broadcast_to(times, shape)[index])
     return float(times)
 

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from prism_debug.engine.compute import ComputeModel
 from prism_debug.engine.injection import apply_fault
-from prism_debug.engine.loop import CostFn, describe_op
+from prism_debug.engine.loop import CostFn
 from prism_debug.engine.replay import ReplayEngine
+from prism_debug.engine.state import describe_op
 from prism_debug.faults import MISSING_ACTIONS, VALUE_ACTIONS, Action, Injection, rank_text
 from prism_debug.graph.execution import ExecutionGraph, OpSpec
 
@@ -46,8 +47,8 @@ class Blocked:
         whom = ", ".join(f"{r} ({'failed' if blocked.get(r) and blocked[r].failed else 'blocked'})"
                          for r in self.waiting_for[:8])
         more = f" and {len(self.waiting_for) - 8} more" if len(self.waiting_for) > 8 else ""
-        return (f"rank {self.rank} blocks at {where}, waiting for rank(s) {whom}{more}: a run would "
-                "time out there (NCCL's watchdog, after the group's timeout)")
+        return (f"rank {self.rank} blocks at {where}, waiting for rank(s) {whom}{more}: a run "
+                "would time out there (NCCL's watchdog, after the group's timeout)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,8 +75,8 @@ class WhatIf:
     blocked: dict[int, Blocked]  # reported ranks (and the ranks they wait for) that stop
     value_only: tuple[str, ...] = ()  # faults (as written) that change values, not timing
 
-    def to_dict(self) -> dict:
-        def finite(values):
+    def to_dict(self) -> dict[str, object]:
+        def finite(values: Iterable[float]) -> list[float | None]:
             return [v if math.isfinite(v) else None for v in values]
         return {
             "iterations": self.iterations,
@@ -115,7 +116,7 @@ def what_if(graph: ExecutionGraph, cost: CostFn, injections: Sequence[tuple[str,
         delayed = [r for r, v in late.items() if _EPS < v < math.inf]
         latest = max(delayed, key=lambda r: late[r]) if delayed else None
         world.append(IterationEffect(
-            i + 1, len(delayed), late[latest] if delayed else 0.0,
+            i + 1, len(delayed), late[latest] if latest is not None else 0.0,
             min(late[r] for r in delayed) if delayed else 0.0, latest, len(never),
             len(set(never) & missing)))
 
@@ -130,7 +131,8 @@ def what_if(graph: ExecutionGraph, cost: CostFn, injections: Sequence[tuple[str,
 
     def times(e: ReplayEngine, rank: int) -> tuple[float, ...]:
         starts = e.iteration_starts(rank)[:iterations + 1]
-        return tuple(b - a if math.isfinite(b) else math.inf for a, b in zip(starts, starts[1:]))
+        return tuple(b - a if math.isfinite(b) else math.inf
+                     for a, b in zip(starts, starts[1:], strict=False))
 
     return WhatIf(
         iterations=iterations,
@@ -138,7 +140,7 @@ def what_if(graph: ExecutionGraph, cost: CostFn, injections: Sequence[tuple[str,
                      for text, i in injections),
         base={r: times(base, r) for r in ranks},
         times={r: times(engine, r) for r in ranks},
-        late={r: tuple(b - a for a, b in zip(ends_base[r], ends[r])) for r in ranks},
+        late={r: tuple(b - a for a, b in zip(ends_base[r], ends[r], strict=True)) for r in ranks},
         world=tuple(world), blocked=blocked,
         value_only=tuple(text for text, i in injections if i.action in VALUE_ACTIONS))
 
@@ -169,7 +171,8 @@ def _issue_order(graph: ExecutionGraph, rank: int, iteration: int) -> list[int]:
     return [e.op for e in events if e.action == "issue"]
 
 
-def _absent(engine, graph, rank, iteration, op, order) -> tuple[int, ...]:
+def _absent(engine: ReplayEngine, graph: ExecutionGraph, rank: int, iteration: int, op: int,
+            order: Sequence[int]) -> tuple[int, ...]:
     """Members of ``rank``'s group at ``op`` that never arrive at their side of it."""
     spec = graph.programs[graph.class_of(rank)].ops[op]
     axes = graph.family_axes(spec.family)
@@ -212,7 +215,7 @@ def what_if_lines(result: WhatIf) -> list[str]:
     for rank, values in result.times.items():
         lines.append(f"{rank:>7} " + " ".join(_ms(v) for v in values))
         lines.append(f"{'Δ':>7} " + " ".join(_ms(v - b, signed=True) for v, b
-                                             in zip(values, result.base[rank])))
+                                             in zip(values, result.base[rank], strict=True)))
     for e in result.world:
         if e.never:
             lines.append(f"iteration {e.iteration}: {e.never} rank(s) never end it "

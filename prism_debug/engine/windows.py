@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterator
 
 import numpy as np
+from numpy.typing import NDArray
 
 from prism_debug.engine.layout import Layout
 from prism_debug.engine.state import ClassState
@@ -19,7 +20,7 @@ from prism_debug.graph.execution import OpSpec
 @dataclasses.dataclass(eq=False)
 class Perturbation:
     kind: str  # "slow", "delay", "fail"
-    mask: np.ndarray  # mesh-shaped bool: the ranks it applies to
+    mask: NDArray[np.bool_]  # mesh-shaped: the ranks it applies to
     value: float  # factor (slow) or seconds (delay)
     first_iteration: int = 1
     last_iteration: float = math.inf
@@ -29,7 +30,8 @@ class Perturbation:
     # (first_iteration, first_op) to (last_iteration, last_op), both included.
     first_op: int = 0
     last_op: float = math.inf
-    parts: dict = dataclasses.field(default_factory=dict)  # class id -> its mask, internal order
+    # class id -> its mask, internal order
+    parts: dict[int, NDArray[np.bool_]] = dataclasses.field(default_factory=dict)
 
     def covers(self, iteration: int, op: int) -> bool:
         return ((iteration, op) >= (self.first_iteration, self.first_op)
@@ -99,7 +101,8 @@ class Windows:
             p.parts.clear()
 
     def active(self, kind: str, state: ClassState,
-               family: str | None = None) -> Iterator[tuple[Perturbation, np.ndarray]]:
+               family: str | None = None
+               ) -> Iterator[tuple[Perturbation, NDArray[np.bool_]]]:
         """The windows of ``kind`` covering the class's next op (on
         ``family``), each with its mask cut to the class's arrays."""
         if kind not in self._kinds:

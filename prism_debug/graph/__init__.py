@@ -1,10 +1,10 @@
 """The job's structure: group families and the execution graph (pure core)."""
 
+from prism_debug.errors import GraphError
 from prism_debug.graph.execution import (
     ClassProgram,
     Event,
     ExecutionGraph,
-    GraphError,
     Mesh,
     OpSpec,
 )

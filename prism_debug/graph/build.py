@@ -21,13 +21,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
+from prism_debug.errors import GraphError
 from prism_debug.graph.execution import (
     P2P_KINDS,
     ClassProgram,
     Event,
     ExecutionGraph,
-    GraphError,
     Mesh,
     OpSpec,
 )
@@ -68,7 +70,8 @@ class SliceRecord:
     """What one profiled rank did."""
 
     rank: int
-    families: tuple[dict, ...]  # FamilySummary.to_dict() of every family the script made
+    # FamilySummary.to_dict() of every family the script made (JSON from the rank)
+    families: tuple[dict[str, Any], ...]
     iterations: tuple[tuple[RecordedEvent, ...], ...]
     # what it sent outside the tensor data path (pickled objects, control tensors)
     messages: tuple[PeerMessage, ...] = ()
@@ -77,7 +80,8 @@ class SliceRecord:
 # -- the mesh ------------------------------------------------------------------------
 
 
-def infer_mesh(world_size: int, families) -> tuple[Mesh, dict[str, tuple[str, ...]]]:
+def infer_mesh(world_size: int, families: Iterable[Mapping[str, Any]]
+               ) -> tuple[Mesh, dict[str, tuple[str, ...]]]:
     """The world's mesh and each family's axes, from the families' strides.
 
     A complete family whose groups are ``base + stride·i`` covers the rank
@@ -96,16 +100,16 @@ def infer_mesh(world_size: int, families) -> tuple[Mesh, dict[str, tuple[str, ..
                 f"family {family['name']!r} ({family['num_groups']} groups of "
                 f"{family['group_size']}) does not tile the world with evenly spaced ranks; "
                 "the execution graph needs mesh-shaped layouts")
-    bounds = {1, world_size}
+    found = {1, world_size}
     for family in regular:
-        bounds.update((family["stride"], family["stride"] * family["group_size"]))
-    bounds = sorted(bounds)
-    for low, high in zip(bounds, bounds[1:]):
+        found.update((family["stride"], family["stride"] * family["group_size"]))
+    bounds = sorted(found)
+    for low, high in zip(bounds, bounds[1:], strict=False):
         if high % low:
             raise GraphError(f"the families do not nest into a mesh: spans at rank distance "
                              f"{low} and {high} do not divide (families: "
                              f"{', '.join(f['name'] for f in regular)})")
-    spans = list(zip(bounds, bounds[1:]))  # fastest axis first
+    spans = list(zip(bounds, bounds[1:], strict=False))  # fastest axis first
     exact = {(f["stride"], f["stride"] * f["group_size"]): f["name"] for f in regular}
     names = [exact.get(span, f"_axis{k}") for k, span in enumerate(spans)]
     mesh = Mesh(tuple(high // low for low, high in reversed(spans)), tuple(reversed(names)))
@@ -113,7 +117,8 @@ def infer_mesh(world_size: int, families) -> tuple[Mesh, dict[str, tuple[str, ..
     for family in regular:
         low, high = family["stride"], family["stride"] * family["group_size"]
         family_axes[family["name"]] = tuple(
-            name for name, (a, b) in zip(reversed(names), reversed(spans)) if low <= a and b <= high)
+            name for name, (a, b) in zip(reversed(names), reversed(spans), strict=True)
+            if low <= a and b <= high)
     return mesh, family_axes
 
 
@@ -140,7 +145,7 @@ def representatives(mesh: Mesh, axis: str | None) -> list[int]:
 # -- programs --------------------------------------------------------------------------
 
 
-def _signature(event: RecordedEvent) -> tuple:
+def _signature(event: RecordedEvent) -> tuple[str | int, ...]:
     if isinstance(event, RecordedIssue):
         return ("issue", event.kind, event.family, event.nbytes, event.dtype, event.peer_delta,
                 event.batch)
@@ -190,12 +195,13 @@ def program(record: SliceRecord, class_id: int, mesh: Mesh,
             family_axes: dict[str, tuple[str, ...]]) -> ClassProgram:
     warmup_iterations = steady_start(record)
     ops: list[OpSpec] = []
-    index: dict[tuple, int] = {}
+    index: dict[tuple[OpSpec, int], int] = {}
 
-    def events_of(iteration, gaps) -> tuple[Event, ...]:
+    def events_of(iteration: Sequence[RecordedEvent], gaps: Sequence[float]
+                  ) -> tuple[Event, ...]:
         issues: list[int] = []
-        events = []
-        for event, gap in zip(iteration, gaps):
+        events: list[Event] = []
+        for event, gap in zip(iteration, gaps, strict=True):
             if isinstance(event, RecordedIssue):
                 spec = OpSpec(event.kind, event.family, event.nbytes, event.dtype,
                               _steps(event, mesh, family_axes))
@@ -256,7 +262,8 @@ def gap_fits(record: SliceRecord, built: ClassProgram) -> tuple[GapFit | None, .
     return tuple(fits)
 
 
-def _steps(event: RecordedIssue, mesh: Mesh, family_axes) -> int:
+def _steps(event: RecordedIssue, mesh: Mesh, family_axes: Mapping[str, tuple[str, ...]]
+           ) -> int:
     if event.kind not in P2P_KINDS:
         return 0
     (axis,) = family_axes[event.family]
@@ -268,7 +275,7 @@ def _steps(event: RecordedIssue, mesh: Mesh, family_axes) -> int:
 
 
 def build_graph(world_size: int, gpus_per_node: int, slices: list[SliceRecord],
-                command=()) -> ExecutionGraph:
+                command: Iterable[str] = ()) -> ExecutionGraph:
     """The world's graph from one slice per class (any order)."""
     mesh, family_axes = infer_mesh(world_size, slices[0].families)
     axis = class_axis(slices, family_axes)

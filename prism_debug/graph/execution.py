@@ -36,10 +36,12 @@ import math
 import os
 import stat
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NoReturn
 
 from prism_debug.checked import MAX_GPUS_PER_NODE, MAX_WORLD_SIZE, Untrusted, member_of
-from prism_debug.cost.ops import known_op, op_problem
+from prism_debug.cost.ops import op_name, op_problem
 from prism_debug.errors import GraphError
 from prism_debug.graph.fits import FAMILIES as FIT_FAMILIES
 from prism_debug.graph.fits import MIN_SAMPLES as MIN_FIT_SAMPLES
@@ -66,6 +68,8 @@ NOT_A_GRAPH = ": give a file prism-debug profile wrote (a gzipped JSON graph)"
 MAX_AXES = 16
 MAX_EVENTS = 1 << 24
 MAX_OP_BYTES = 1 << 50
+# where a value sits in a graph file: keys and list positions
+KeyPath = tuple[str | int, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,13 +101,15 @@ class Mesh:
         try:
             return self.names.index(name)
         except ValueError:
-            raise GraphError(f"the mesh has no axis {name!r} (axes: {', '.join(self.names)})") from None
+            raise GraphError(f"the mesh has no axis {name!r} "
+                             f"(axes: {', '.join(self.names)})") from None
 
     def coordinates(self, rank: int) -> tuple[int, ...]:
-        return tuple((rank // stride) % size for stride, size in zip(self.strides, self.shape))
+        return tuple((rank // stride) % size
+                     for stride, size in zip(self.strides, self.shape, strict=True))
 
-    def rank(self, coordinates) -> int:
-        return sum(c * s for c, s in zip(coordinates, self.strides))
+    def rank(self, coordinates: Sequence[int]) -> int:
+        return sum(c * s for c, s in zip(coordinates, self.strides, strict=True))
 
     def group_ranks(self, axes: tuple[int, ...], rank: int) -> list[int]:
         """The ranks of ``rank``'s group in a family that varies ``axes``."""
@@ -182,7 +188,7 @@ class ExecutionGraph:
     gap_fits: dict[int, tuple[GapFit | None, ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name, axes in self.families.items():
+        for axes in self.families.values():
             for axis in axes:
                 self.mesh.axis(axis)
         expected = self.mesh.shape[self.mesh.axis(self.class_axis)] if self.class_axis else 1
@@ -243,7 +249,8 @@ class ExecutionGraph:
 
     # -- the file ------------------------------------------------------------
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
+        """The graph as JSON holds it (what :meth:`from_dict` reads back)."""
         return {
             "version": self.version,
             "mesh": {"shape": list(self.mesh.shape), "names": list(self.mesh.names)},
@@ -422,7 +429,7 @@ def _decompressed(path: Path, limit: int) -> str:
                          f"at byte {exc.start}){NOT_A_GRAPH}") from None
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a number a graph holds")
 
 
@@ -441,7 +448,7 @@ def _program(read: Untrusted, data: object, index: int, world: int,
         if len(row) < 3:
             read.fail(here, "must be [kind, family, nbytes, dtype, peer]")
         # any spelling of an op (cost/ops.py), kept as its canonical name
-        kind = known_op(read.text(row[0], here + (0,), most=64, check=op_problem))
+        kind = op_name(read.text(row[0], here + (0,), most=64, check=op_problem))
         ops.append(OpSpec(
             kind, read.text(row[1], here + (1,), most=256),
             read.int(row[2], here + (2,), 0, MAX_OP_BYTES),
@@ -451,9 +458,11 @@ def _program(read: Untrusted, data: object, index: int, world: int,
             read.fail(here + (1,), f"must vary exactly one axis (a {kind} moves along "
                                    f"one), got {ops[-1].family!r}")
 
-    def events(rows: object, where: tuple) -> tuple[Event, ...]:
-        out, issued = [], set()
-        if not read.items(rows, where, most=MAX_EVENTS):
+    def events(rows: object, where: KeyPath) -> tuple[Event, ...]:
+        out: list[Event] = []
+        issued: set[int] = set()
+        rows = read.items(rows, where, most=MAX_EVENTS)
+        if not rows:
             read.fail(where, "must end with one end event, its last")
         for i, row in enumerate(rows):
             here = where + (i,)
@@ -484,13 +493,13 @@ def _gap_fits(read: Untrusted, data: object, programs: tuple[ClassProgram, ...]
               ) -> dict[int, tuple[GapFit | None, ...]]:
     """The ``gap_fits`` of a version 3 file: per class (a decimal key), one
     entry per steady event, each null or [family, params, ks, samples, pooled]."""
-    out = {}
+    out: dict[int, tuple[GapFit | None, ...]] = {}
     for key, rows in read.mapping(data, ("gap_fits",)).items():
         at = ("gap_fits", key)
         if not (key.isdecimal() and int(key) < len(programs)):
             read.fail(at, f"must name a class of the graph (0-{len(programs) - 1})")
         steady = len(programs[int(key)].steady)
-        fits = []
+        fits: list[GapFit | None] = []
         for i, row in enumerate(read.items(rows, at, most=MAX_EVENTS, length=steady)):
             if row is None:
                 fits.append(None)
@@ -515,7 +524,7 @@ def _distance(value: float) -> str | None:  # a Kolmogorov–Smirnov distance
     return None if 0 <= value <= 1 else f"must be in [0, 1], got {value}"
 
 
-def _message_row(read: Untrusted, row: object, at: tuple, world: int) -> None:
+def _message_row(read: Untrusted, row: object, at: KeyPath, world: int) -> None:
     """Checks what :meth:`PeerMessage.from_list` reads (its payload's base64 it checks itself)."""
     row = read.items(row, at, most=7, length=7)
     read.int(row[0], at + (0,), 1, 1 << 20)
@@ -528,6 +537,6 @@ def _message_row(read: Untrusted, row: object, at: tuple, world: int) -> None:
         read.int(size, at + (6, i), 0, MAX_OP_BYTES)
 
 
-def _event_row(event: Event) -> list:
-    row = [event.action, event.gap_s, event.op]
+def _event_row(event: Event) -> list[str | float | int]:
+    row: list[str | float | int] = [event.action, event.gap_s, event.op]
     return row + [event.batch] if event.batch else row

@@ -10,6 +10,7 @@ perturbations select "family tp, group 17".
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 WORLD_FAMILY = "world"
 
@@ -22,7 +23,7 @@ class FamilySummary:
     stride: int | None  # rank distance inside a group when it is regular
     complete: bool  # True when the family's groups cover the whole world
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, str | int | bool | None]:
         return {
             "name": self.name, "num_groups": self.num_groups, "group_size": self.group_size,
             "stride": self.stride, "complete": self.complete,
@@ -70,7 +71,7 @@ class FamilyRecorder:
         self._names = {WORLD_FAMILY}
         self.version = 0  # bumped on every change, so readers can tell cheaply
 
-    def add(self, ranks, desc: str | None = None) -> GroupRef:
+    def add(self, ranks: Iterable[int], desc: str | None = None) -> GroupRef:
         ranks = list(ranks)
         label = _label(desc)
         stride = _stride(ranks)
@@ -123,6 +124,6 @@ def _stride(ranks: list[int]) -> int | None:
     if len(ranks) < 2:
         return None
     stride = ranks[1] - ranks[0]
-    if all(b - a == stride for a, b in zip(ranks, ranks[1:])):
+    if all(b - a == stride for a, b in zip(ranks, ranks[1:], strict=False)):
         return stride
     return None

@@ -22,7 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:  # (numpy is imported with scipy, when a fit is made: not to read a graph)
+    import numpy as np
+    from numpy.typing import NDArray
 
 #: the families a fit may take, in the order ties are broken
 FAMILIES = ("normal", "gamma", "lognormal")
@@ -48,7 +54,7 @@ class GapFit:
     samples: int  # how many samples it was fitted to
     pooled: str  # "op": its own event's; "kind": its op kind's in the class; "class": the class's
 
-    def to_json(self) -> list:
+    def to_json(self) -> list[str | float | int | list[float]]:
         return [self.family, list(self.params), self.ks, self.samples, self.pooled]
 
 
@@ -64,7 +70,7 @@ def param_problem(family: str, params: Sequence[float]) -> str | None:
     if not all(isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p)
                for p in params):
         return f"must be finite numbers, got {list(params)}"
-    values = dict(zip(names, params))
+    values = dict(zip(names, params, strict=True))
     if family == "normal":
         return None if values["scale"] >= 0 else f"scale must be >= 0, got {values['scale']}"
     shape = names[0]
@@ -97,7 +103,7 @@ def fit_samples(samples: Sequence[float], pooled: str = "op") -> GapFit:
     return best
 
 
-def _fit(stats, family: str, x) -> tuple[float, ...] | None:
+def _fit(stats: ModuleType, family: str, x: NDArray[np.float64]) -> tuple[float, ...] | None:
     """scipy's maximum-likelihood parameters, or None where the family cannot
     hold the samples (gamma and lognormal with loc 0 need them all > 0)."""
     if family == "normal":
@@ -114,7 +120,18 @@ def _fit(stats, family: str, x) -> tuple[float, ...] | None:
     return params if param_problem(family, params) is None else None
 
 
-def fits_summary(gap_fits: dict[int, tuple[GapFit | None, ...]], steady_events: int) -> dict:
+class FitsSummary(TypedDict):
+    """What :func:`fits_summary` counts (``graph show --json`` prints it)."""
+
+    fitted: int
+    steady_gaps: int
+    families: dict[str, int]  # fits per family
+    pooled: dict[str, int]  # fits per pooling
+    median_ks: float | None  # None: no fits
+
+
+def fits_summary(gap_fits: Mapping[int, tuple[GapFit | None, ...]], steady_events: int
+                 ) -> FitsSummary:
     """How many of a graph's ``steady_events`` gaps have fits, by family and
     pooling, and their median KS distance (``graph show``)."""
     made = [f for fits in gap_fits.values() for f in fits if f is not None]
@@ -127,7 +144,7 @@ def fits_summary(gap_fits: dict[int, tuple[GapFit | None, ...]], steady_events: 
     }
 
 
-def fits_line(summary: dict) -> str:
+def fits_line(summary: FitsSummary) -> str:
     """:func:`fits_summary` as one line of text."""
     if not summary["fitted"]:
         return "fits: none (profile again with this prism-debug: graph version 3 fits the " \

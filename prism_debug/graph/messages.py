@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 OBJECTS = "objects"  # a send_object_list: the pickled list
 TENSOR = "tensor"  # a small integer tensor sent point to point: its raw bytes
@@ -32,6 +33,11 @@ KINDS = (OBJECTS, TENSOR)
 MAX_CONTROL_BYTES = 256
 # a slice's exit code when it needs a message no profiled slice has sent yet
 NEEDS_MESSAGES_EXIT = 3
+
+
+#: a message as a graph file holds it: iteration, peer_delta, kind, order,
+#: base64 payload, dtype, shape
+MessageRow = list[int | str | list[int]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +58,13 @@ class PeerMessage:
     def key(self) -> tuple[int, int, str, int]:
         return (self.iteration, self.peer_delta, self.kind, self.order)
 
-    def to_list(self) -> list:
+    def to_list(self) -> MessageRow:
         return [self.iteration, self.peer_delta, self.kind, self.order,
                 base64.b64encode(self.payload).decode("ascii"), self.dtype, list(self.shape)]
 
     @classmethod
-    def from_list(cls, row: list) -> PeerMessage:
+    def from_list(cls, row: Sequence[Any]) -> PeerMessage:
+        """The message :meth:`to_list` wrote (JSON: the caller checks its values)."""
         iteration, delta, kind, order, payload, dtype, shape = row
         return cls(int(iteration), int(delta), str(kind), int(order),
                    base64.b64decode(payload, validate=True), str(dtype), tuple(shape))
@@ -88,7 +95,7 @@ class MissingMessage:
     kind: str
     order: int
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, int | str]:
         return dataclasses.asdict(self)
 
     def describe(self) -> str:
@@ -109,11 +116,11 @@ class MessageBook:
     """
 
     def __init__(self, class_of: Callable[[int], int], iterations: int,
-                 messages: dict[int, Iterable[PeerMessage]], known: Iterable[int]) -> None:
+                 messages: Mapping[int, Iterable[PeerMessage]], known: Iterable[int]) -> None:
         self.class_of = class_of
         self.iterations = max(1, iterations)
         self.known = set(known)
-        self._by_class: dict[int, dict[tuple, PeerMessage]] = {
+        self._by_class: dict[int, dict[tuple[int, int, str, int], PeerMessage]] = {
             c: {m.key: m for m in ms} for c, ms in messages.items()}
         self._received = MessageCounter()
 
@@ -136,10 +143,12 @@ class MessageBook:
         return MissingMessage(iteration, peer, peer_class, delta, kind, order)
 
 
-def messages_to_json(messages: dict[int, Iterable[PeerMessage]]) -> dict:
+def messages_to_json(messages: Mapping[int, Iterable[PeerMessage]]
+                     ) -> dict[str, list[MessageRow]]:
     return {str(c): [m.to_list() for m in ms] for c, ms in messages.items()}
 
 
-def messages_from_json(data: dict) -> dict[int, tuple[PeerMessage, ...]]:
+def messages_from_json(data: Mapping[str, Iterable[Sequence[Any]]]
+                       ) -> dict[int, tuple[PeerMessage, ...]]:
     return {int(c): tuple(PeerMessage.from_list(row) for row in rows)
             for c, rows in data.items()}
