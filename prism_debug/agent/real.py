@@ -95,9 +95,7 @@ class OneTimeline:
         runtime = self._runtime
         exchange = ArrivalExchange(side, runtime.rank, runtime.real_ranks, self._feed,
                                    on_error=self._on_error)
-        # (engine/graph_engine.py declares the seam as None, untyped: it takes any
-        # object with issued() and iteration_ended())
-        self._engine.exchange = exchange  # type: ignore[assignment]
+        self._engine.exchange = exchange
         return exchange
 
     def start(self) -> None:

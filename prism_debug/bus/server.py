@@ -75,7 +75,7 @@ from prism_debug.bus.protocol import (
     error_from_type,
 )
 from prism_debug.bus.sessions import ranks_text
-from prism_debug.errors import ConfigError
+from prism_debug.errors import ConfigError, PrismError
 
 if TYPE_CHECKING:
     from zmq.auth.thread import ThreadAuthenticator
@@ -361,7 +361,7 @@ class BusServer:
     def reply(self, pending: Pending, result: dict) -> None:
         self._send(pending.client, encode_reply(pending.request_id, result))
 
-    def fail(self, pending: Pending, error: BusError) -> None:
+    def fail(self, pending: Pending, error: PrismError) -> None:
         self._send(pending.client, encode_error(pending.request_id, error))
 
     def _send(self, client: bytes, frame: bytes) -> None:
