@@ -14,13 +14,17 @@ STAMP := $(VENV)/.prism-debug-installed
 LINT_STAMP := $(VENV)/.prism-debug-lint-installed
 DOCS_STAMP := $(VENV)/.prism-debug-docs-installed
 
-.PHONY: run test lint docs bench clean
+.PHONY: run test test-fast lint docs bench clean
 
 run: $(STAMP)
 	$(BIN)/prism-debug run --report prism-report.json
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	tools/run_tests.sh $(BIN)/python
+
+# the tests that start no real rank, no CRIU and no torchrun, on two workers
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -m "not slow and not serial" --durations=10
 
 # ruff (style, bugs, complexity <= 15) and mypy (strict on the pure core)
 lint: $(LINT_STAMP)

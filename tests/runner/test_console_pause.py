@@ -46,6 +46,7 @@ def held(info, iteration: int, reason: str, run) -> None:
     assert run.poll() is None
 
 
+@pytest.mark.serial  # a snapshot answered within seconds of wall time
 def test_a_pause_outlives_the_console_that_made_it(tmp_path, session_dir):
     due = None
     run = start(tmp_path, "--paused", script=SCRIPTS / "train_forever.py")

@@ -115,6 +115,7 @@ def test_the_console_perturbs_lists_and_clears(graph, tmp_path, monkeypatch):
     ]
 
 
+@pytest.mark.serial  # real compute against wall time, within 50 ms
 def test_a_late_peer_and_a_stall_stretch_exactly_their_iterations(graph, tmp_path):
     # rank 13 reaches every dp collective of iteration 2 0.3 s late, then
     # stalls 0.5 s at its first dp all-reduce of iteration 3 (its only dp op

@@ -69,6 +69,7 @@ def test_back_to_back_snapshots_are_all_recorded_in_order_on_their_parents(recor
     assert [line.split()[1].rstrip(":") for line in said] == result.snapshots
 
 
+@pytest.mark.serial  # a handshake under a second, on the wall clock
 def test_the_rank_does_not_wait_for_the_previous_snapshots_record(recorded):
     _, _, _, _, manifests = recorded
     second = manifests[2].phases

@@ -27,7 +27,7 @@ from prism_debug.bus.client import BusClient
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "p2p_deferred.py"
 STEPS = 12
 TOLERANCE = 0.20  # of the undisturbed median: 3-5x the run's own spread
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # iteration times on the wall clock
 
 
 def cli(*args: str, env=None, **kwargs):

@@ -23,6 +23,7 @@ def env(monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # relative expectations: a faulted run's times against a baseline's
 def test_pytest_runs_every_example_scenario_and_each_passes(pytester, env):
     junit = pytester.path / "junit.xml"
     result = pytester.runpytest_subprocess(*PLUGIN, str(SCENARIOS), "-v", "--junitxml",
