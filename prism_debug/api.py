@@ -6,7 +6,6 @@ calls the CLI, the scenario runner and test plugins make too.  ::
 
     result = api.run(api.RunOptions(
         command=["python", "train.py"], rank=4097, world_size=8192,
-        profile=api.load_profile("h100-ib400"), profile_graph=True,
         faults=(api.parse_fault("slow node:512 1.16 from 3"),), snapshot_at=(2,)))
     again = api.restore(api.RestoreOptions(snapshot_id=result.snapshots[0], iterations=2))
     assert again.report["iterations"][-1]["digest"] == result.report["iterations"][3]["digest"]
@@ -19,10 +18,12 @@ calls the CLI, the scenario runner and test plugins make too.  ::
         command=("python", "train.py")))
     print("\n".join(found.summary)); api.run_scenario(api.load_scenario(found.scenario))
 
-``profile_graph=True`` replays virtual peers from the job's graph, profiled
-once and cached (what ``prism-debug run`` does unless told ``--lockstep``);
-``graph_path`` names a graph file instead; with neither, peers arrive in
-lockstep with the real rank.
+``api.run(RunOptions(...))`` is the run ``prism-debug run`` makes of the same
+arguments: virtual peers replay the job's graph, profiled once and cached
+(``graph_path`` names a graph file instead, ``lockstep=True`` lets peers
+arrive with the real rank), on the ``h100-ib400`` profile unless ``profile``
+names another, the bundled example when ``command`` is empty, and in a
+torchrun worker this host's share of ``ranks``.
 
 Each call blocks until the rank has exited and returns what it left (its
 report, exit code and files); ``message`` receives the lines the CLI would
@@ -32,6 +33,7 @@ subclasses whose message says what to do.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from prism_debug.controller import launch
@@ -39,17 +41,20 @@ from prism_debug.controller.launch import restore
 from prism_debug.cost import HardwareProfile, load_profile
 from prism_debug.errors import PrismError
 from prism_debug.faults import Fault, fault_from_dict, fault_text, parse_fault
-from prism_debug.process.options import RestoreOptions, RunOptions, RunResult
+from prism_debug.process.options import RestoreOptions, RunOptions, RunResult, on_this_host
 from prism_debug.scenario import Scenario, load_scenario, parse_scenario
-from prism_debug.workflows.graph_cache import with_graph
+from prism_debug.workflows.graph_cache import PROFILE_ITERATIONS, with_graph
 from prism_debug.workflows.incident import IncidentOptions, IncidentResult, import_incident
 from prism_debug.workflows.scenario_run import ScenarioResult, run_scenario
 
 
 def run(options: RunOptions, message: Callable[[str], None] = lambda line: None) -> RunResult:
-    """Run ``options.command`` as one real rank of the emulated job, to its
-    end — its graph profiled first (or taken from the cache) when
-    ``options.profile_graph`` asks for one."""
+    """Run ``options.command`` (the bundled example when empty) as the real
+    rank(s) of the emulated job, to its end, as ``prism-debug run`` does: its
+    graph profiled first (or taken from the cache) unless ``options.lockstep``
+    or ``options.graph_path`` says otherwise, and in a torchrun worker this
+    host's share of ``options.ranks``."""
+    options = on_this_host(options, os.environ, PROFILE_ITERATIONS)
     return launch.run(options, message, with_graph)
 
 

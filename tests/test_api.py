@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +14,8 @@ from prism_debug import api
 from prism_debug.errors import ConfigError, ScenarioError
 from prism_debug.snapshot.store import Store
 from tests.snapshot.test_store import manifest
+
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
 def test_faults_at_restore_need_a_snapshot_taken_with_a_graph(tmp_path):
@@ -49,3 +55,34 @@ def test_an_incident_imports_through_the_api(tmp_path):
     # no command was given: the scenario says what to add before it runs
     with pytest.raises(ScenarioError, match=r"run: give one of command, example, snapshot"):
         api.load_scenario(found.scenario)
+
+
+@pytest.mark.slow
+def test_the_api_with_three_fields_runs_what_prism_debug_run_runs(tmp_path):
+    # the same arguments from the shell and from Python: the same graph (the
+    # session's cache profiles the job once), hardware, peers and values
+    script = [sys.executable, str(SCRIPTS / "train_steps.py"), "--iterations", "4"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "prism_debug.cli", "run", "--world-size", "64", "--rank", "5",
+         "--run-dir", str(tmp_path / "cli"), "--report", str(tmp_path / "cli.json"), "--",
+         *script], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shell = json.loads((tmp_path / "cli.json").read_text())
+    result = api.run(api.RunOptions(command=script, rank=5, world_size=64,
+                                    run_dir=tmp_path / "api"))
+    assert result.exit_code == 0
+    python = result.report
+
+    def last_arrivals(report):
+        return [(it["last_arrival"]["rank"], it["last_arrival"]["op"])
+                for it in report["iterations"] if "last_arrival" in it]
+
+    assert [it["digest"] for it in python["iterations"]] == \
+        [it["digest"] for it in shell["iterations"]]
+    # peers replayed from the job's graph: their last arrival named, as the CLI's
+    assert last_arrivals(python) == last_arrivals(shell) != []
+    assert (python["hardware"], python["world_size"], python["rank"]) == \
+        (shell["hardware"], 64, 5) == ("h100-ib400", 64, 5)
+    # the emulated times: the same peers and costs around this machine's compute
+    assert [it["time_s"] for it in python["iterations"]][1:] == pytest.approx(
+        [it["time_s"] for it in shell["iterations"]][1:], rel=0.5)

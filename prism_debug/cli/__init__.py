@@ -23,11 +23,8 @@ from prism_debug.cli.params import NUMBER, ErrorsAsLines
 from prism_debug.cli.predict import predict_command
 from prism_debug.cost import DEFAULT_PROFILE, load_profile
 from prism_debug.errors import ConfigError, ExitCode
-from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
-from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.graph.selectors import number_list, rank_list
-from prism_debug.process.options import python_command
-from prism_debug.process.torchrun import host_of, under_torchrun
+from prism_debug.process.options import example_command
 from prism_debug.variability import parse_variability
 
 
@@ -132,22 +129,13 @@ def run(rank, ranks_text, world_size, gpus_per_node, hardware, iterations, repor
     the same command, script and layout start at once.
     """
     from prism_debug import api  # the runner (and ZeroMQ) only for the commands that run
-    from prism_debug.workflows.graph_cache import PROFILE_ITERATIONS
 
     _private()
-    if lockstep and graph_path is not None:
-        raise ConfigError("--lockstep and --graph exclude each other: --graph replays virtual "
-                          "peers from a graph, --lockstep lets them arrive with the real rank")
     profile = load_profile(hardware)
     if gpus_per_node is not None:
         if gpus_per_node < 1:
             raise ConfigError(f"--gpus-per-node must be at least 1, got {gpus_per_node}")
         profile = dataclasses.replace(profile, gpus_per_node=gpus_per_node)
-    # the bundled example is profiled told the slices' iterations, so runs of
-    # any length share its graph
-    profile_command = None if command or lockstep or graph_path else \
-        _bundled_example_command(world_size, PROFILE_ITERATIONS)
-    command = list(command) or _bundled_example_command(world_size, iterations)
     faults = tuple(api.parse_fault(text, world_size, profile.gpus_per_node)
                    for text in perturbations)
     ranks = tuple(sorted(rank_list(ranks_text, world_size, profile.gpus_per_node, "--ranks")))
@@ -157,18 +145,14 @@ def run(rank, ranks_text, world_size, gpus_per_node, hardware, iterations, repor
             is not ParameterSource.DEFAULT:
         raise ConfigError("--rank and --ranks exclude each other: --ranks runs all the "
                           "ranks it names for real (--ranks 4097 is --rank 4097)")
-    host = host_of(os.environ, ranks) if under_torchrun(os.environ) else None
-    if host is not None:
-        # every host is given the same command line: its own folder inside it
-        ranks = host.local_ranks
-        run_dir = run_dir and run_dir / f"node-{host.node_rank}"
-    rank = ranks[0] if ranks else rank
+    # (with no command, api.run runs the bundled example; under torchrun, this
+    # host's share of --ranks)
     options = api.RunOptions(
-        command=command, rank=rank, ranks=ranks if len(ranks) > 1 or host else (),
-        host=host, world_size=world_size, profile=profile,
+        command=list(command), rank=ranks[0] if ranks else rank, ranks=ranks,
+        world_size=world_size, profile=profile,
         iterations=iterations, report_path=report_path, trace_path=trace_path, seed=seed,
         values=values, run_dir=run_dir, digests=not no_digest, graph_path=graph_path,
-        profile_graph=graph_path is None and not lockstep, profile_command=profile_command,
+        lockstep=lockstep,
         trace_ranks=rank_list(trace_ranks, world_size, profile.gpus_per_node, "--trace-ranks"),
         snapshot_at=number_list(snapshot_at, "--snapshot-at", "iterations"),
         snapshot_every=snapshot_every, incremental=incremental, history=history,
@@ -179,10 +163,10 @@ def run(rank, ranks_text, world_size, gpus_per_node, hardware, iterations, repor
     result = api.run(options, click.echo)
     store_option = f" --store {store}" if store else ""
     if result.snapshots:
-        what = "every real rank from the cut" if options.ranks else "from a snapshot"
+        what = "every real rank from the cut" if result.ranks else "from a snapshot"
         click.echo(f"replay {what}: prism-debug snapshot restore {result.snapshots[-1]}"
                    f"{store_option} (list them: prism-debug snapshot ls{store_option})")
-    elif not options.takes_snapshots and not options.ranks and result.exit_code == 0 \
+    elif not options.takes_snapshots and not result.ranks and result.exit_code == 0 \
             and result.report["iterations"]:
         # (after a run that failed or finished no iteration there is nothing to snapshot)
         click.echo("hint: add --snapshot-at 2 to snapshot the rank with CRIU after iteration 2; "
@@ -405,19 +389,6 @@ def doctor() -> None:
     sys.exit(ExitCode.FAILED if problems else ExitCode.OK)
 
 
-def _bundled_example_command(world_size: int, iterations: int | None = None) -> list[str]:
-    """The bundled example as ``run`` starts it: ``--iterations K`` runs K of them."""
-    if not EXAMPLE_SCRIPT.is_file():
-        raise ConfigError(f"the bundled example is missing ({EXAMPLE_SCRIPT}); "
-                          "install prism-debug from a checkout (pip install -e .)")
-    # (a count below 1 is RunOptions' to refuse, with the option's name)
-    example = RUN_DEFAULTS if iterations is None or iterations < 1 else \
-        dataclasses.replace(RUN_DEFAULTS, iterations=iterations)
-    if (problem := example.layout_problem(world_size)) is not None:
-        raise ConfigError(problem)
-    return python_command(EXAMPLE_SCRIPT, example.argv(RUN_FLAGS))
-
-
 @main.command(context_settings={"ignore_unknown_options": True})
 @click.option("--world-size", type=NUMBER, default=8192, show_default=True,
               help="Ranks in the emulated job.")
@@ -440,7 +411,7 @@ def profile(world_size, gpus_per_node, iterations, slice_ranks, out, run_dir, co
 
     _private()
     options = ProfileOptions(
-        command=list(command) or _bundled_example_command(world_size), world_size=world_size,
+        command=list(command) or example_command(world_size), world_size=world_size,
         gpus_per_node=gpus_per_node, iterations=iterations, out=out,
         slice_ranks=rank_list(slice_ranks, world_size, gpus_per_node, "--slice-ranks"),
         run_dir=run_dir)

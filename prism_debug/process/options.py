@@ -9,6 +9,7 @@ import math
 import re
 import shutil
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from prism_debug.checked import (
@@ -19,12 +20,14 @@ from prism_debug.checked import (
     MAX_TIMEOUT_S,
     MAX_WORLD_SIZE,
 )
-from prism_debug.cost import HardwareProfile
+from prism_debug.cost import DEFAULT_PROFILE, HardwareProfile, load_profile
 from prism_debug.errors import ConfigError
+from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
+from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.faults import Fault
 from prism_debug.graph import ExecutionGraph
 from prism_debug.process.interpreter import is_python
-from prism_debug.process.torchrun import Host
+from prism_debug.process.torchrun import Host, host_of, under_torchrun
 from prism_debug.variability import Variability
 
 # snapshots a --history ring keeps: each is a dump of the rank on disk
@@ -34,14 +37,23 @@ VARIABILITY_NEEDS_GRAPH = (
     "replayed from an execution graph (give --graph FILE, or leave both out to profile one)")
 
 
+def _default_hardware() -> HardwareProfile:
+    return load_profile(DEFAULT_PROFILE)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RunOptions:
-    """One real rank of a ``world_size`` job running ``command``."""
+    """One real rank of a ``world_size`` job running ``command`` — by default
+    as ``prism-debug run`` runs it: the bundled example when ``command`` is
+    empty, on the default hardware, virtual peers replaying the job's graph
+    (profiled once and cached; ``lockstep`` or ``graph_path`` say otherwise),
+    and under torchrun this host's share of ``ranks`` (:func:`on_this_host`,
+    which ``api.run`` applies)."""
 
-    command: list[str]
     rank: int
     world_size: int
-    profile: HardwareProfile
+    command: list[str] = dataclasses.field(default_factory=list)  # []: the bundled example
+    profile: HardwareProfile = dataclasses.field(default_factory=_default_hardware)
     iterations: int | None = None
     report_path: Path | None = None
     trace_path: Path | None = None
@@ -51,10 +63,11 @@ class RunOptions:
     digests: bool = True
     record_program: bool = False  # profiling a slice
     graph_path: Path | None = None  # replay virtual peers from this graph
-    # no graph_path: take the job's graph from the graph cache, profiling it
+    # virtual peers arrive with the real rank, from no graph; with neither this
+    # nor graph_path, the job's graph comes from the graph cache, profiled
     # first if need be (api.run; lockstep, with a warning, where no graph can
-    # describe the job); False and no graph_path: peers arrive in lockstep
-    profile_graph: bool = False
+    # describe the job)
+    lockstep: bool = False
     # what profiling runs, when not command (the bundled example told the
     # slices' iteration count, so runs of any length share its graph)
     profile_command: list[str] | None = None
@@ -123,13 +136,13 @@ class RunOptions:
         if not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"--seed must be at least 0 and at most {MAX_SEED}, got "
                               f"{self.seed}")
-        if not self.command:
-            raise ConfigError("no command to run")
 
     def _check_replay(self) -> None:
         """Where virtual peers' timing comes from, and who is traced."""
-        if self.profile_graph and self.graph_path is not None:
-            raise ConfigError("a run replays the graph it is given or profiles one, not both")
+        if self.lockstep and self.graph_path is not None:
+            raise ConfigError("--lockstep and --graph exclude each other: --graph replays "
+                              "virtual peers from a graph, --lockstep lets them arrive with "
+                              "the real rank")
         if self.trace_ranks:
             if not self.replayed or self.trace_path is None:
                 raise ConfigError("--trace-ranks needs a graph (not --lockstep) and --trace: "
@@ -155,7 +168,12 @@ class RunOptions:
     @property
     def replayed(self) -> bool:
         """Whether virtual peers replay a graph (given, or profiled first)."""
-        return self.graph_path is not None or self.profile_graph
+        return not self.lockstep
+
+    @property
+    def profile_graph(self) -> bool:
+        """Whether the job's graph is still to be found (the graph cache's)."""
+        return self.graph_path is None and not self.lockstep
 
     @property
     def takes_snapshots(self) -> bool:
@@ -317,9 +335,46 @@ def check_output_paths(*named: tuple[str, Path | None]) -> None:
             raise ConfigError(f"{option} {path}: directory {path.resolve().parent} does not exist")
 
 
+def on_this_host(options: RunOptions, environ: Mapping[str, str],
+                 profile_iterations: int) -> RunOptions:
+    """``options`` as this host runs them: the bundled example where no
+    command is given (profiled told ``profile_iterations``, the slices'
+    count, so runs of any length share its graph), and, in a torchrun worker,
+    this host's share of the ranks, in a folder of its own (every host is
+    given the same command line)."""
+    if not options.command:
+        options = dataclasses.replace(
+            options, command=example_command(options.world_size, options.iterations),
+            profile_command=None if not options.profile_graph else
+            example_command(options.world_size, profile_iterations))
+    if options.host is None and under_torchrun(environ):
+        host = host_of(environ, options.ranks or (options.rank,))
+        options = dataclasses.replace(
+            options, host=host, ranks=host.local_ranks, rank=host.local_ranks[0],
+            run_dir=options.run_dir and options.run_dir / f"node-{host.node_rank}")
+    elif len(options.ranks) == 1:  # one real rank, however it was named
+        options = dataclasses.replace(options, rank=options.ranks[0], ranks=())
+    return options
+
+
+def example_command(world_size: int, iterations: int | None = None) -> list[str]:
+    """The bundled example as ``run`` starts it: ``--iterations K`` runs K of them."""
+    if not EXAMPLE_SCRIPT.is_file():
+        raise ConfigError(f"the bundled example is missing ({EXAMPLE_SCRIPT}); "
+                          "install prism-debug from a checkout (pip install -e .)")
+    # (a count below 1 is RunOptions' to refuse, with the option's name)
+    example = RUN_DEFAULTS if iterations is None or iterations < 1 else \
+        dataclasses.replace(RUN_DEFAULTS, iterations=iterations)
+    if (problem := example.layout_problem(world_size)) is not None:
+        raise ConfigError(problem)
+    return python_command(EXAMPLE_SCRIPT, example.argv(RUN_FLAGS))
+
+
 def check_command(command: list[str]) -> None:
     """Catch the mistakes that would otherwise surface as a confusing child
-    failure: a missing program or a missing Python script."""
+    failure: no command, a missing program or a missing Python script."""
+    if not command:
+        raise ConfigError("no command to run")
     program = command[0]
     if shutil.which(program) is None and not Path(program).is_file():
         raise ConfigError(f"command not found: {program}")

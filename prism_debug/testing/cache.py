@@ -163,7 +163,7 @@ class SnapshotCache:
                 f"iteration {job.iteration} (key {key}, once)")
         result = api.run(api.RunOptions(
             command=list(job.command), rank=job.rank, world_size=job.world_size,
-            profile=profile, iterations=job.iteration, seed=job.seed, profile_graph=True,
+            profile=profile, iterations=job.iteration, seed=job.seed,
             profile_command=list(job.profile_command) if job.profile_command else None,
             snapshot_at=(job.iteration,), isolate=True, store=self.store, bind=None,
             run_dir=run_dir, env=job.env, collective_timeout_s=job.collective_timeout_s),

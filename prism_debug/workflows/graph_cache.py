@@ -156,10 +156,10 @@ def with_graph(options: RunOptions, message: Message) -> RunOptions:
         message(f"prism-debug: warning: virtual peers arrive in lockstep, as no execution "
                 f"graph can describe this job: {exc}. --lockstep skips profiling and this "
                 "warning")
-        return dataclasses.replace(options, profile_graph=False, profile_command=None,
+        return dataclasses.replace(options, lockstep=True, profile_command=None,
                                    run_dir=run_dir)
-    return dataclasses.replace(options, graph_path=path, profile_graph=False,
-                               profile_command=None, run_dir=run_dir)
+    return dataclasses.replace(options, graph_path=path, profile_command=None,
+                               run_dir=run_dir)
 
 
 def _reason(refused: Path) -> str:

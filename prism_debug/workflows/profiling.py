@@ -92,7 +92,8 @@ def _profile(options: ProfileOptions, message: Callable[[str], None],
         result = run(RunOptions(
             command=options.command, rank=rank, world_size=options.world_size,
             profile=hardware, iterations=options.iterations, run_dir=run_dir,
-            record_program=True, digests=False, env=env, bind=None), lambda line: None)
+            record_program=True, digests=False, env=env, bind=None, lockstep=True),
+            lambda line: None)
         events = reporting.read_events(result.run_dir / "events.jsonl")
         sent = tuple(PeerMessage.from_list(e["message"]) for e in events
                      if e["kind"] == "message")

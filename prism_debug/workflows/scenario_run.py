@@ -238,6 +238,7 @@ def _starter(scenario: Scenario, job: _Job, run_dir: Path, store: Path | None) -
             command=job.command, rank=world.real_ranks[0], world_size=world.size,
             ranks=world.real_ranks if world.several_real_ranks else (), profile=job.profile,
             iterations=spec.iterations, seed=scenario.seed, graph_path=job.graph_path,
+            lockstep=job.graph_path is None,
             graph=job.graph, bind=None, collective_timeout_s=spec.timeout_s,
             run_dir=run_dir / name, report_path=report, env=env,
             faults=job.faults if with_faults else (), variability=job.variability,

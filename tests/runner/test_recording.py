@@ -44,7 +44,8 @@ def recorded(tmp_path_factory):
     lines: list[str] = []
     options = api.RunOptions(
         command=[sys.executable, str(EXAMPLE), *SMALL, "--iterations", "5"], rank=5,
-        world_size=64, profile=api.load_profile("h100-ib400"), snapshot_every=1, incremental=True,
+        world_size=64, profile=api.load_profile("h100-ib400"), lockstep=True, snapshot_every=1,
+        incremental=True,
         store=tmp / "store", run_dir=tmp / "run", report_path=tmp / "original.json")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Store, "commit", commit)

@@ -25,8 +25,8 @@ def options(**changes) -> RunOptions:
 
 def test_variability_under_lockstep_is_refused_saying_to_use_a_graph():
     with pytest.raises(ConfigError, match=r"^--variability needs a graph, not --lockstep: "):
-        options(variability=VARIABILITY)
-    assert options(variability=VARIABILITY, profile_graph=True).variability == VARIABILITY
+        options(variability=VARIABILITY, lockstep=True)
+    assert options(variability=VARIABILITY).variability == VARIABILITY
 
 
 def test_the_agent_reads_back_the_variability_it_was_given(tmp_path):
@@ -39,14 +39,14 @@ def test_the_agent_reads_back_the_variability_it_was_given(tmp_path):
 
 
 def test_the_environment_digest_holds_the_variability_and_no_other_run_changes():
-    plain = options(profile_graph=True)
+    plain = options()
     facts = {"hardware": plain.profile.to_dict(), "seed": 4, "values": "mirror",
              "digests": True, "world_size": 8, "rank": 1}
     # a run without variability keeps the digest runs had before it existed
     assert _environment_digest(plain) == hashlib.sha256(
         json.dumps(facts, sort_keys=True).encode()).hexdigest()
-    stochastic = _environment_digest(options(profile_graph=True, variability=VARIABILITY))
+    stochastic = _environment_digest(options(variability=VARIABILITY))
     assert stochastic == hashlib.sha256(json.dumps(
         {**facts, "variability": VARIABILITY.to_dict()}, sort_keys=True).encode()).hexdigest()
     other = parse_variability(["cv=0.06 dist=gamma", "class=1 rank-cv=0.02"])
-    assert _environment_digest(options(profile_graph=True, variability=other)) != stochastic
+    assert _environment_digest(options(variability=other)) != stochastic
