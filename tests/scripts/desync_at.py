@@ -7,6 +7,7 @@ import argparse
 
 import torch
 import torch.distributed as dist
+
 from desync_model import WIDTH, make_model
 
 
