@@ -101,3 +101,11 @@ def example_graph(profiled_graph):
     """The bundled example profiled at 64 ranks (tp=8 x pp=4 x dp=2), as
     ``prism-debug profile --world-size 64`` writes it."""
     return profiled_graph("--world-size", "64")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that needs a profiled graph runs real ranks to get it: slow
+    (``make test-fast`` leaves it out)."""
+    for item in items:
+        if {"example_graph", "profiled_graph"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -23,7 +23,7 @@ phase() {  # phase NAME PYTEST-ARGS...: run one, remember its counts and status
 }
 
 phase "every test but the serial ones, on $workers workers" \
-    -n "$workers" -m "not serial" --durations=25 "$@"
+    -n "$workers" --dist loadgroup -m "not serial" --durations=25 "$@"
 parallel=$?
 phase "the serial tests, alone" -p no:xdist -m serial --durations=25 "$@"
 serial=$?
