@@ -24,7 +24,7 @@ test: $(STAMP)
 
 # the tests that start no real rank, no CRIU and no torchrun, on two workers
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not slow and not serial" --durations=10
+	$(BIN)/python -m pytest -n 2 -m "not slow and not serial" --durations=10
 
 # ruff (style, bugs, complexity <= 15) and mypy (strict on the pure core)
 lint: $(LINT_STAMP)

@@ -58,29 +58,35 @@ def test_an_incident_imports_through_the_api(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_api_with_three_fields_runs_what_prism_debug_run_runs(tmp_path):
+def test_the_api_with_its_defaults_runs_what_prism_debug_run_runs(tmp_path):
     # the same arguments from the shell and from Python: the same graph (the
-    # session's cache profiles the job once), hardware, peers and values
+    # session's cache profiles the job once), hardware, peers and values.
+    # Virtual rank 2 arrives 0.2 s late at each op, so the last arrival at every world
+    # all-reduce is a peer's, not the real rank's compute noise
     script = [sys.executable, str(SCRIPTS / "train_steps.py"), "--iterations", "4"]
     proc = subprocess.run(
         [sys.executable, "-m", "prism_debug.cli", "run", "--world-size", "64", "--rank", "5",
-         "--run-dir", str(tmp_path / "cli"), "--report", str(tmp_path / "cli.json"), "--",
-         *script], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+         "--perturb", "delay 2 0.2", "--run-dir", str(tmp_path / "cli"), "--report",
+         str(tmp_path / "cli.json"), "--", *script],
+        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     shell = json.loads((tmp_path / "cli.json").read_text())
     result = api.run(api.RunOptions(command=script, rank=5, world_size=64,
+                                    faults=(api.parse_fault("delay 2 0.2"),),
                                     run_dir=tmp_path / "api"))
     assert result.exit_code == 0
     python = result.report
 
-    def last_arrivals(report):
+    def last_arrivals(report):  # after the first iteration (the real rank's warm-up)
         return [(it["last_arrival"]["rank"], it["last_arrival"]["op"])
-                for it in report["iterations"] if "last_arrival" in it]
+                for it in report["iterations"][1:] if "last_arrival" in it]
 
     assert [it["digest"] for it in python["iterations"]] == \
         [it["digest"] for it in shell["iterations"]]
-    # peers replayed from the job's graph: their last arrival named, as the CLI's
+    # peers replayed from the job's graph (perturbations need one): the slowed
+    # peer is the last arrival in both
     assert last_arrivals(python) == last_arrivals(shell) != []
+    assert {rank for rank, _ in last_arrivals(python)} == {2}
     assert (python["hardware"], python["world_size"], python["rank"]) == \
         (shell["hardware"], 64, 5) == ("h100-ib400", 64, 5)
     # the emulated times: the same peers and costs around this machine's compute

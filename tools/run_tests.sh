@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make test: every test — the suite on PYTEST_WORKERS xdist workers (default
-# 2, this machine's cores), then the tests marked `serial` (they compare times
-# with the wall clock) alone, so that no other test loads the machine under
-# them.  Both phases print their slowest tests; the last line counts them all.
+# 2, this machine's cores), then the tests marked `serial` alone, in one
+# process: they compare times with the wall clock (no other test may load the
+# machine under them), or read what other tests of their module left.  Both phases print their slowest tests; the last line counts them all.
 # Usage: tools/run_tests.sh PYTHON [PYTEST ARGS...]
 set -u
 python=$1
@@ -23,7 +23,7 @@ phase() {  # phase NAME PYTEST-ARGS...: run one, remember its counts and status
 }
 
 phase "every test but the serial ones, on $workers workers" \
-    -n "$workers" --dist loadgroup -m "not serial" --durations=25 "$@"
+    -n "$workers" -m "not serial" --durations=25 "$@"
 parallel=$?
 phase "the serial tests, alone" -p no:xdist -m serial --durations=25 "$@"
 serial=$?

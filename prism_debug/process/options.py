@@ -128,6 +128,8 @@ class RunOptions:
         if self.world_size > MAX_WORLD_SIZE:
             raise ConfigError(f"--world-size must be at most {MAX_WORLD_SIZE}, got "
                               f"{self.world_size}")
+        if not self.command and (problem := RUN_DEFAULTS.layout_problem(self.world_size)):
+            raise ConfigError(problem)  # (the bundled example's layout, said before the rank)
         if not 0 <= self.rank < self.world_size:
             raise ConfigError(
                 f"rank {self.rank} is outside the world: --rank must be in "
