@@ -304,6 +304,9 @@ def test_each_ranks_events_keep_to_its_topic_and_its_own_numbering(controller, a
         high.request("hello", client="high", rank=4097)
         for _ in range(2):
             low.request("pause")
+        # the agent's events travel apart from its replies: the server has
+        # published both pauses once it has noted them, and only then the output
+        wait_until(lambda: len(controller.paused) == 2)
         controller.run(lambda: server.publish("output", {"line": "from 4096"}, 4096))
         high.request("pause")
         seen = high.next_event("paused", timeout_s=10)
