@@ -6,6 +6,7 @@ its concepts part, not at a line count)."""
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import warnings
@@ -152,3 +153,43 @@ def test_every_import_points_up_the_documented_layout():
         for dep in deps if dep != "prism_debug"
         if layers.index(dep.split(".")[1]) > layers.index(name.split(".")[1]))
     assert upward == []
+
+
+def folder_entries_in_layout_page() -> dict[str, str]:
+    """Each folder's entry on the layout page (its name, then what it holds,
+    continued on the indented lines below it)."""
+    text = LAYOUT_PAGE.read_text()
+    block = text[text.index("# Layout"):].split("```")[1]
+    entries: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        if line.startswith("  ") and line[2] != " ":
+            name, _, rest = line[2:].partition(" ")
+            current = name[:-1] if name.endswith("/") else None
+            if current is not None:
+                entries[current] = rest
+        elif line.startswith("    ") and current is not None:
+            entries[current] += " " + line.strip()
+        else:
+            current = None
+    return entries
+
+
+def unnamed_modules(entries: dict[str, str]) -> list[str]:
+    """The package's modules that their folder's entry does not name."""
+    return sorted(
+        f"{folder.name}/{module.name}"
+        for folder in PACKAGE.iterdir() if (folder / "__init__.py").is_file()
+        for module in folder.glob("*.py") if module.stem not in ("__init__", "__main__")
+        if not re.search(rf"(?<![\w/]){re.escape(module.stem)}(?!\w)",
+                         entries.get(folder.name, "")))
+
+
+def test_the_layout_page_names_every_module_of_every_folder():
+    assert unnamed_modules(folder_entries_in_layout_page()) == []
+
+
+def test_a_module_the_layout_page_leaves_out_would_be_found():
+    entries = folder_entries_in_layout_page()
+    entries["bus"] = entries["bus"].replace("socket_dir", "")
+    assert unnamed_modules(entries) == ["bus/socket_dir.py"]
