@@ -5,16 +5,16 @@ the kernel lets it go if a worker dies) and read by all."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from prism_debug.snapshot.store import exclusive_lock
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run real pytest sessions
 
@@ -28,17 +28,6 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     folder = base / name
     folder.mkdir(mode=0o700, exist_ok=True)
     return folder
-
-
-@contextlib.contextmanager
-def locked(lock: Path) -> Iterator[None]:
-    """Hold ``lock`` (one worker at a time makes what it guards)."""
-    fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -63,31 +52,24 @@ def profiled_graph(tmp_path_factory) -> Callable[..., Path]:
     the workers). Read-only: a test that changes a graph copies it first."""
     folder = shared_dir(tmp_path_factory, "profiled-graphs")
 
-    def get(*args: object, env: dict[str, str] | None = None) -> Path:
+    def get(*args: object) -> Path:
         words = [str(a) for a in args]
         key = hashlib.sha256("\0".join(words).encode()).hexdigest()[:16]
         path = folder / f"{key}.prism"
-        with locked(folder / f"{key}.lock"):
+        with exclusive_lock(folder / f"{key}.lock"):
             if not path.exists():
                 partial = folder / f"{key}.{os.getpid()}.partial.prism"
+                # (--out first: the words may end with "--" and the command)
                 proc = subprocess.run([sys.executable, "-m", "prism_debug.cli", "profile",
-                                       *_with_out(words, partial)],
+                                       "--out", str(partial), *words],
                                       capture_output=True, text=True, timeout=600,
-                                      stdin=subprocess.DEVNULL, env=env)
+                                      stdin=subprocess.DEVNULL)
                 assert proc.returncode == 0, proc.stdout + proc.stderr
                 (folder / f"{key}.out").write_text(proc.stdout + proc.stderr)
                 partial.rename(path)
         return path
 
     return get
-
-
-def _with_out(args: list[str], out: Path) -> list[str]:
-    """``args`` with ``--out`` given before the command (after ``--``)."""
-    if "--" in args:
-        at = args.index("--")
-        return [*args[:at], "--out", str(out), *args[at:]]
-    return [*args, "--out", str(out)]
 
 
 def profile_output(graph: Path) -> str:

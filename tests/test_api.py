@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import pytest
 from prism_debug import api
 from prism_debug.errors import ConfigError, ScenarioError
 from prism_debug.snapshot.store import Store
+from tests.cli import cli
 from tests.snapshot.test_store import manifest
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -64,11 +64,9 @@ def test_the_api_with_its_defaults_runs_what_prism_debug_run_runs(tmp_path):
     # Virtual rank 2 arrives 0.2 s late at each op, so the last arrival at every world
     # all-reduce is a peer's, not the real rank's compute noise
     script = [sys.executable, str(SCRIPTS / "train_steps.py"), "--iterations", "4"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "prism_debug.cli", "run", "--world-size", "64", "--rank", "5",
-         "--perturb", "delay 2 0.2", "--run-dir", str(tmp_path / "cli"), "--report",
-         str(tmp_path / "cli.json"), "--", *script],
-        capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    proc = cli("run", "--world-size", "64", "--rank", "5", "--perturb", "delay 2 0.2",
+               "--run-dir", str(tmp_path / "cli"), "--report", str(tmp_path / "cli.json"),
+               "--", *script)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     shell = json.loads((tmp_path / "cli.json").read_text())
     result = api.run(api.RunOptions(command=script, rank=5, world_size=64,

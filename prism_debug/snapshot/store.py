@@ -24,6 +24,7 @@ fill with images of their making) is refused.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -34,6 +35,7 @@ import secrets
 import shutil
 import stat
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 
@@ -100,6 +102,19 @@ def make_private_dir(path: Path) -> None:
         except FileExistsError:
             continue  # made meanwhile by someone else: theirs to have set
         os.chmod(folder, 0o700)
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock: Path) -> Iterator[None]:
+    """Hold the lock file ``lock`` (made 0600 if need be) for the block: one
+    process (or thread) at a time makes what it guards.  ``flock``, so the
+    kernel lets it go if its holder dies."""
+    fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 class Store:

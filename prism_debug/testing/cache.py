@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -34,7 +33,7 @@ from prism_debug import api
 from prism_debug.errors import ConfigError, SnapshotError
 from prism_debug.process.paths import PACKAGE_ROOT, open_store, user_cache_dir
 from prism_debug.snapshot.manifest import Manifest
-from prism_debug.snapshot.store import make_private_dir, sha256_file
+from prism_debug.snapshot.store import exclusive_lock, make_private_dir, sha256_file
 from prism_debug.workflows.graph_cache import PROFILE_ITERATIONS, cache_key, package_version
 
 CACHE_ENV = "PRISM_DEBUG_TEST_CACHE"
@@ -137,12 +136,8 @@ class SnapshotCache:
     @contextlib.contextmanager
     def _locked(self, key: str) -> Iterator[None]:
         make_private_dir(self.root)
-        fd = os.open(self.root / f"{key}.lock", os.O_CREAT | os.O_RDWR, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # the kernel lets it go if this worker dies
+        with exclusive_lock(self.root / f"{key}.lock"):  # let go if this worker dies
             yield
-        finally:
-            os.close(fd)
 
     def _lookup(self, key: str) -> Manifest | None:
         entry = self.root / f"{key}.json"

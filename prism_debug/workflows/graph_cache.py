@@ -15,16 +15,14 @@ remembered too, with why, so later runs do not profile it again.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import importlib.metadata
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import prism_debug
@@ -32,7 +30,7 @@ from prism_debug.errors import ConfigError, GraphError
 from prism_debug.graph.execution import GRAPH_VERSION
 from prism_debug.process.options import RunOptions, check_command, script_of
 from prism_debug.process.paths import default_run_dir, user_cache_dir
-from prism_debug.snapshot.store import sha256_file
+from prism_debug.snapshot.store import exclusive_lock, make_private_dir, sha256_file
 from prism_debug.workflows.profiling import ProfileOptions, profile
 
 CACHE_ENV = "PRISM_DEBUG_GRAPH_CACHE"
@@ -83,10 +81,10 @@ def cached_graph(command: list[str], world_size: int, gpus_per_node: int, *,
     path = cache / f"{key}.prism"
     refused = cache / f"{key}.unprofilable"
     if not path.is_file() and not refused.is_file():
-        _private_dirs(cache)
+        make_private_dir(cache)
         # runs of one job started together profile it once: the others wait
         # for the first one's graph (the kernel lets the lock go if it dies)
-        with _key_lock(cache / f"{key}.lock"):
+        with exclusive_lock(cache / f"{key}.lock"):
             if not path.is_file() and not refused.is_file():
                 _profile_into(command, world_size, gpus_per_node, path, refused,
                               run_dir=run_dir, message=message)
@@ -96,16 +94,6 @@ def cached_graph(command: list[str], world_size: int, gpus_per_node: int, *,
         return path
     raise GraphError(f"{_reason(refused)} (profiled before; remove {refused} to profile "
                      "again)")
-
-
-@contextlib.contextmanager
-def _key_lock(lock: Path) -> Iterator[None]:
-    fd = os.open(lock, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def _profile_into(command: list[str], world_size: int, gpus_per_node: int, path: Path,
@@ -182,17 +170,6 @@ def _publish(partial: Path, path: Path) -> None:
         pass
     except OSError:  # a file system without hard links: the last run's stays
         os.replace(partial, path)
-
-
-def _private_dirs(folder: Path) -> None:
-    """Make ``folder`` and the parents it lacks, readable by the user only."""
-    missing = []
-    while not folder.exists():
-        missing.append(folder)
-        folder = folder.parent
-    for made in reversed(missing):
-        made.mkdir(mode=0o700, exist_ok=True)
-        made.chmod(0o700)  # whatever the umask took away
 
 
 def package_version(package: str) -> str:
