@@ -517,7 +517,8 @@ class Agent:
                     "variability": self.config.variability, "time_s": self.clock.now()})
         self.config = dataclasses.replace(
             self.config, iterations=control.iterations, record_ops=control.record_ops,
-            snapshot_at=control.snapshot_at, snapshot_every=control.snapshot_every,
+            # (the original run's snapshot iterations are not the copy's)
+            snapshot_at=(), snapshot_every=None,
             history=control.history, bus=control.bus, bus_curve=control.bus_curve,
             bus_secret=control.bus_secret)
         self.tracker.record_ops = self.config.record_ops

@@ -103,10 +103,10 @@ class RunOptions:
         self._check_job()
         self._check_replay()
         self._check_snapshots()
-        if self.faults and not self.replayed:
+        if self.faults and self.lockstep:
             raise ConfigError("--perturb needs a graph, not --lockstep: perturbations act on "
                               "virtual peers replayed from an execution graph")
-        if self.variability is not None and not self.replayed:
+        if self.variability is not None and self.lockstep:
             raise ConfigError(VARIABILITY_NEEDS_GRAPH)
         if self.collective_timeout_s is not None \
                 and not 0 < self.collective_timeout_s <= MAX_TIMEOUT_S:  # (NaN too)
@@ -146,7 +146,7 @@ class RunOptions:
                               "virtual peers from a graph, --lockstep lets them arrive with "
                               "the real rank")
         if self.trace_ranks:
-            if not self.replayed or self.trace_path is None:
+            if self.lockstep or self.trace_path is None:
                 raise ConfigError("--trace-ranks needs a graph (not --lockstep) and --trace: "
                                   "in lockstep virtual peers simply do what the real rank does")
             outside = [r for r in self.trace_ranks if not 0 <= r < self.world_size]
@@ -166,11 +166,6 @@ class RunOptions:
         if self.history is not None and self.bind is None:
             raise ConfigError("--history keeps snapshots for the console's back and "
                               "reverse-continue, which --no-bus rules out")
-
-    @property
-    def replayed(self) -> bool:
-        """Whether virtual peers replay a graph (given, or profiled first)."""
-        return not self.lockstep
 
     @property
     def profile_graph(self) -> bool:

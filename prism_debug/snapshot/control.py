@@ -45,8 +45,6 @@ class RestoreControl:
     bus_secret: str | None = None
     pause: bool = False  # it stays paused where the snapshot was taken
     history: bool = False  # it goes on stopping after every iteration (--history)
-    snapshot_at: tuple[int, ...] = ()
-    snapshot_every: int | None = None
     faults: tuple[dict[str, Any], ...] = ()  # Fault.to_dict() of each, put in force at once
     watch_nonfinite: bool = False
     side_store: dict[str, Any] | None = None  # SideStore.to_dict(): a cut's other ranks
@@ -100,9 +98,6 @@ def _restore(content: dict[str, Any]) -> RestoreControl:
     if reload is not None and not (isinstance(reload, list)
                                    and all(isinstance(r, dict) for r in reload)):
         raise TypeError("reload")
-    snapshot_at = content.get("snapshot_at", [])
-    if not isinstance(snapshot_at, list):
-        raise TypeError("snapshot_at")
     return RestoreControl(
         snapshot=_str(content["snapshot"]),
         stop_at=_int(content["stop_at"]),
@@ -112,8 +107,6 @@ def _restore(content: dict[str, Any]) -> RestoreControl:
         bus_curve=_optional(content.get("bus_curve"), dict),
         bus_secret=_optional(content.get("bus_secret"), str),
         pause=bool(content.get("pause")), history=bool(content.get("history")),
-        snapshot_at=tuple(_int(k) for k in snapshot_at),
-        snapshot_every=_optional(content.get("snapshot_every"), int),
         faults=tuple(faults), watch_nonfinite=bool(content.get("watch_nonfinite")),
         side_store=_optional(content.get("side_store"), dict), reload=reload)
 

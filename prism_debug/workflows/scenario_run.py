@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 from xml.sax.saxutils import escape, quoteattr
@@ -112,9 +112,7 @@ def run_scenario(scenario: Scenario, message: Message = lambda line: None, *,
     predicted, ratios = _predicted_ratios(scenario, job, message)
     predicted_times = None
     if plan.needs_distribution(scenario):
-        graph = _graph_to_predict(scenario, job)
-        predicted_times = _predicted_times(scenario, graph, job.profile, job.faults,
-                                           scenario.run, job.manifest)
+        predicted_times = _predicted_times(scenario, job)
         message(f"scenario: prism-debug predict: {predicted_times.size} iterations of rank "
                 f"{scenario.world.rank} over {len(predicted_times)} samples")
     message(f"scenario: {scenario.name}: run with the faults")
@@ -278,18 +276,17 @@ def _graph_to_predict(scenario: Scenario, job: _Job) -> ExecutionGraph:
     return job.graph
 
 
-def _predicted_times(scenario: Scenario, graph: ExecutionGraph, profile: HardwareProfile,
-                     faults: Sequence[Fault], spec: Run,
-                     manifest: Manifest | None) -> NDArray[np.float64]:
+def _predicted_times(scenario: Scenario, job: _Job) -> NDArray[np.float64]:
     """The real rank's iteration times prism-debug predict gives for the
     scenario's world — its graph, variability, faults and seed — over the
     iterations the run's percentile counts (after the first, or after the
     snapshot a restored run resumes from): an array (samples, iterations)."""
+    spec, manifest, graph = scenario.run, job.manifest, _graph_to_predict(scenario, job)
     first = manifest.iteration if manifest is not None else 1
     horizon = spec.last_iteration or first + (spec.iterations or 4) - (manifest is None)
     injections = [(fault_text(f), resolve(f, graph.world_size, graph.gpus_per_node, graph))
-                  for f in faults]
-    prediction = predict(graph, CostModel(profile).op_time_s,
+                  for f in job.faults]
+    prediction = predict(graph, CostModel(job.profile).op_time_s,
                          scenario.variability or Variability(()),
                          samples=PREDICT_SAMPLES, iterations=max(1, horizon - first),
                          rank=scenario.world.real_ranks[0], seed=scenario.seed,

@@ -19,7 +19,7 @@ from prism_debug.snapshot.control import (
 RESTORE = RestoreControl(
     snapshot="20261128-1200-ab12", stop_at=2, iterations=4, record_ops=True,
     bus="ipc:///run/x.c", bus_curve={"server": "k", "public": "p", "secret": "s"},
-    bus_secret="f00d", pause=True, history=False, snapshot_at=(3,), snapshot_every=None,
+    bus_secret="f00d", pause=True, history=False,
     faults=({"action": "delay", "select": {"kind": "ranks", "ranks": [3]}},),
     watch_nonfinite=True, side_store={"host": "127.0.0.1", "port": 5, "prefix": "p/"},
     reload=[{"path": "train.py", "functions": ["step"]}])
