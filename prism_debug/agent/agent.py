@@ -31,6 +31,7 @@ from torch.optim.optimizer import (
 )
 
 from prism_debug.agent import no_gpu
+from prism_debug.agent.agreed import AgreedBoundaries, Change
 from prism_debug.agent.config import ENV_VAR, AgentConfig, claim_bus
 from prism_debug.agent.debugger import Debugger
 from prism_debug.agent.handshake import Handshake
@@ -117,6 +118,8 @@ class Agent:
         # boundary (the engine is the main thread's)
         self.faults: list[InForce] = []
         self.faults_due: list[Callable[[], object]] = []
+        # a console's changes that every real rank makes at one boundary (agreed.py)
+        self.agreed = AgreedBoundaries(lambda: self.tracker.iteration)
         if self.graph_engine is not None:
             self._inject_all(config.faults)
         if config.record_program:
@@ -429,11 +432,13 @@ class Agent:
             while self.faults_due:  # the engine is the main thread's
                 self.faults_due.pop(0)()
         iteration = record["iteration"]
+        agreed = self._agreed_changes(iteration)
         debugger = self.debugger
         if debugger is not None:
             self._publish("iteration.end", {k: record[k] for k in _ITERATION_FIELDS})
         # (a console's request may have been read just as the iteration ended)
         asked = debugger is not None and any(k <= iteration for k in self._snapshots_asked)
+        asked = asked or any(change.kind == "snapshot" for change in agreed)
         if self.config.snapshot_due(iteration) or asked:
             self.stop_for_snapshot(iteration)
         elif self.config.history:
@@ -447,6 +452,21 @@ class Agent:
         if limit is not None and iteration >= limit:
             self._stop_pending = True
             self.runtime.stop_requested = True
+
+    def _agreed_changes(self, iteration: int) -> list[Change]:
+        """What every real rank does at the end of ``iteration``, agreed by the
+        controller (waited for while it is being agreed): changes to the
+        virtual peers made here, by every replica at once; the snapshots
+        returned, for the caller to take."""
+        changes = self.agreed.at_boundary(iteration)
+        for change in changes:
+            if change.apply is None:
+                continue
+            if self.several is not None:
+                self.several.agree(iteration, change.apply)
+            else:
+                change.apply()
+        return changes
 
     def ask_snapshot(self, iteration: int) -> None:
         """Snapshot the rank at the end of ``iteration``: the console's

@@ -10,6 +10,7 @@ import linecache
 import sys
 import threading
 
+from prism_debug.agent.agreed import Change
 from prism_debug.agent.debugger import DebuggerError
 from prism_debug.bus.protocol import BadArguments, InvalidState
 from prism_debug.errors import ConfigError
@@ -183,6 +184,51 @@ class Commands:
             return "now"
         agent.faults_due.append(change)
         return f"at the end of iteration {agent.tracker.iteration}"
+
+    # -- changes every real rank makes at one boundary (agreed.py) --------------------
+
+    def do_hold_boundary(self) -> dict:
+        """The controller's first step: the boundary this rank reaches next
+        (the end of that iteration), held there until the second."""
+        return {"iteration": self._agent.agreed.hold()}
+
+    def do_agree_boundary(self, iteration: int, change: str, fault: dict | None = None,
+                          text: str | None = None, index: int | None = None) -> dict:
+        """The second step: at the end of ``iteration``, ``change`` — "snapshot"
+        (this rank's part of a cut), "perturb" or "unperturb" (as their verbs
+        take them), or "none" (let the hold go: the agreement failed)."""
+        agent = self._agent
+        if change == "none":
+            agent.agreed.agree(iteration, None)
+            return {"iteration": iteration}
+        try:
+            planned = self._agreed_change(change, fault, text, index)
+        except Exception:
+            agent.agreed.agree(iteration, None)  # refused: the hold goes all the same
+            raise
+        agent.agreed.agree(iteration, planned)
+        return {"iteration": iteration,
+                "state": "paused" if self._debugger.paused_at is not None else "running"}
+
+    def _agreed_change(self, change: str, fault: dict | None, text: str | None,
+                       index: int | None) -> Change:
+        agent = self._agent
+        if change == "snapshot":
+            return Change("snapshot")
+        self._need_graph()
+        if change == "perturb" and fault is not None:
+            parsed = fault_from_dict(fault)
+            injection = agent.resolve(parsed)  # whom it hits: refused here, not later
+            written = text or fault_text(parsed)
+            return Change("faults", lambda: agent.inject(parsed, written, injection))
+        if change == "unperturb":
+            if index is not None and not 0 <= index < len(agent.faults):
+                raise BadArguments(f"no perturbation {index}: perturb list shows "
+                                   f"{len(agent.faults)}")
+            chosen = None if index is None else [agent.faults[index]]
+            return Change("faults", lambda: agent.withdraw(chosen))
+        raise BadArguments(f"no change {change!r} at an agreed boundary (snapshot, perturb "
+                           "with its fault, unperturb, none)")
 
     # -- snapshots --------------------------------------------------------------------
 

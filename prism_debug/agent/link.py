@@ -43,6 +43,7 @@ from typing import Any
 import zmq
 
 from prism_debug.bus.protocol import (
+    AGENT_VERBS,
     MAX_FRAME_BYTES,
     MAX_WIRE_BYTES,
     BusError,
@@ -170,7 +171,7 @@ class BusLink:
         """A command from the controller (replies to our own heartbeats and
         hello need nothing)."""
         try:
-            request = decode_request(frame)
+            request = decode_request(frame, AGENT_VERBS)
         except BusError as exc:
             if b'"verb"' not in frame:  # a reply to us, not a request
                 refusal = _refusal(frame)

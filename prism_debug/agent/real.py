@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import datetime
 import threading
+from collections.abc import Callable
 from typing import cast
+
+import torch.distributed as dist
 
 from prism_debug.backend.exchange import ISSUE, ArrivalExchange
 from prism_debug.backend.real_comms import SideStore
@@ -137,13 +140,34 @@ class OneTimeline:
         ``iteration`` are in this replica (at a cut none has any past it),
         then stop the exchange, its connections closed.  :class:`TimeoutError`
         if some rank never gets there."""
+        self._drain(iteration, "no consistent cut")
+        self.exchange.stop()
+
+    def _drain(self, iteration: int, why: str = "no agreed change") -> None:
+        """Wait until every other rank's end of ``iteration`` is in this replica."""
         with self._fed:
             if not self._fed.wait_for(lambda: min(self._ended.values(), default=iteration)
                                       >= iteration, CUT_TIMEOUT.total_seconds()):
                 late = sorted(r for r, ended in self._ended.items() if ended < iteration)
                 raise TimeoutError(f"ranks {late} did not end iteration {iteration} within "
-                                   f"{CUT_TIMEOUT}: no consistent cut")
-        self.exchange.stop()
+                                   f"{CUT_TIMEOUT}: {why}")
+
+    def agree(self, iteration: int, apply: Callable[[], object]) -> None:
+        """At the boundary that ended ``iteration``, a change every replica
+        makes at the same point (agent/agreed.py): drain (every other rank's
+        events up to its end of ``iteration`` in this replica), ``apply``,
+        then a barrier, so that no replica hears an op of the next iteration
+        before each has applied it.  :class:`TimeoutError` if some rank never
+        gets there."""
+        self._drain(iteration)
+        with self._lock:  # (no receiver feeds meanwhile: nobody is past the barrier)
+            apply()
+        side = self.exchange.side
+        store = dist.PrefixStore(f"{side.prefix}agreed/{iteration}/", dist.TCPStore(
+            side.host, side.port, is_master=False, timeout=CUT_TIMEOUT))
+        store.set(str(self._runtime.rank), "1")
+        store.wait([str(rank) for rank in self._ended], CUT_TIMEOUT)
+        del store  # (its connection closed: a snapshot may follow)
 
     def resume(self, side: SideStore) -> None:
         """After a cut: a new exchange on ``side``, its event numbers from 0."""
@@ -181,6 +205,18 @@ class SeveralRanks:
                 self._fatal(PrismError(str(exc)))
         if self._runtime.real_comms is not None:
             self._runtime.real_comms.disconnect()
+
+    def agree(self, iteration: int, apply: Callable[[], object]) -> None:
+        """A change to the virtual peers at the boundary that ended
+        ``iteration``, made by every replica at the same point of the job."""
+        if self.timeline is None:  # (peers in lockstep: nothing to agree on)
+            apply()
+            return
+        try:
+            self.timeline.agree(iteration, apply)
+        except (TimeoutError, RuntimeError) as exc:  # (torch's store errors are RuntimeErrors)
+            self._fatal(PrismError(f"at the end of iteration {iteration} the other real "
+                                   f"ranks did not meet to change their peers: {exc}"))
 
     def after_cut(self, iteration: int, control: RestoreControl | None) -> None:
         """Connect to the other real ranks again: the original under its run's

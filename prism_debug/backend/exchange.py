@@ -54,6 +54,11 @@ class ArrivalExchange:
         self._receivers: dict[int, threading.Thread] = {}
         self._next = {rank: 0 for rank in self._others}  # the event each receiver waits for
 
+    @property
+    def side(self) -> SideStore:
+        """The store (and the run's namespace on it) the events travel by."""
+        return self._side
+
     def _store(self) -> dist.Store:
         return dist.PrefixStore(self._side.prefix + "x/", dist.TCPStore(
             self._side.host, self._side.port, is_master=False, timeout=self._timeout))

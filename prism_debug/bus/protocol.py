@@ -130,6 +130,18 @@ VERBS: Mapping[str, ArgSchema] = types.MappingProxyType({
     "agent.heartbeat": _NO_ARGS,
 })
 
+# what only a controller asks of its ranks' agents: never a client's (the server
+# does not take them), so no console can hold a rank at a boundary
+CONTROLLER_VERBS: Mapping[str, ArgSchema] = types.MappingProxyType({
+    # a change every real rank makes at one boundary (agent/agreed.py): the
+    # boundary each reaches next, held; then the latest of them and the change
+    "hold_boundary": _NO_ARGS,
+    "agree_boundary": {"iteration": ((int,), True), "change": ((str,), True),
+                       "fault": ((dict,), False), "text": ((str,), False),
+                       "index": ((int,), False)},
+})
+AGENT_VERBS: Mapping[str, ArgSchema] = types.MappingProxyType({**VERBS, **CONTROLLER_VERBS})
+
 _EXPECTED = {int: "an int", str: "a str", bool: "a bool", float: "a float", _NONE: "null",
              list: "a list", dict: "an object"}
 _GOT = {int: "int", str: "str", bool: "bool", float: "float", _NONE: "null", list: "list",

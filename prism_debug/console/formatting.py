@@ -7,6 +7,7 @@ import datetime
 import json
 
 from prism_debug.bus.words import describe_collective, describe_pause, format_group, how_to_resume
+from prism_debug.graph.selectors import ranks_text
 
 
 def format_status(status: dict) -> str:
@@ -186,6 +187,10 @@ def format_deleted(deleted: list[int]) -> str:
 
 
 def format_snapshot(snapshot: dict) -> str:
+    if snapshot.get("when") == "scheduled" and snapshot.get("cut"):
+        return (f"cut {snapshot['cut']} of ranks {ranks_text(snapshot['ranks'])} scheduled for "
+                f"the end of iteration {snapshot['iteration']}: taken as every rank gets there; "
+                "announced when taken, and snapshots lists its parts")
     if snapshot.get("when") == "scheduled":
         then = ("once continued (continue, next or step), as the rank is paused mid-iteration"
                 if snapshot.get("state") == "paused" else "as the rank gets there")

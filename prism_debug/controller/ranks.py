@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import datetime
 import hashlib
+import itertools
 import json
 import os
 import secrets
@@ -44,8 +45,8 @@ from prism_debug.capture.snapshots import (
     restore_tools,
 )
 from prism_debug.controller.no_session import NoSession, RankSnapshots
-from prism_debug.controller.ranks_session import RanksSession
-from prism_debug.errors import ConfigError, InvalidState, SnapshotError
+from prism_debug.controller.ranks_session import RanksSession, RestoreDue
+from prism_debug.errors import ConfigError, InvalidState, PrismError, SnapshotError
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.selectors import ranks_text
 from prism_debug.process.children import (
@@ -150,20 +151,22 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
     message(f"command: {shlex.join(options.command)}")
     session = None if options.bind is None else _session(
         ranks, options.world_size, options.bind, options.real_ranks,
-        (host.node_rank, host.nnodes) if host is not None else None, message)
+        (host.node_rank, host.nnodes) if host is not None else None, message, store)
     # as torchrun does for several processes on a host, unless the user set it
     extra_env = {} if "OMP_NUM_THREADS" in os.environ or any(
         k == "OMP_NUM_THREADS" for k, _ in options.env) else {"OMP_NUM_THREADS": "1"}
 
     def start(side: dict) -> Iterator[_Rank]:
         cut_run = cut_run_of(side["prefix"])
+        if session is not None:
+            session.cut_run = cut_run  # (a console's snapshot is a cut of this run too)
         for rank in ranks:
             def snapshotter(rank: int = rank) -> Snapshotter:
                 return Snapshotter.for_run(options, store, message, rank=rank, cut_run=cut_run)
             yield _start(options, graph, run_dir, rank, session, side, extra_env, message,
                          snapshotter)
 
-    started, exit_code = _run_all(start, host, session, message)
+    started, exit_code = _run_all(start, host, session, message, store)
     result = _results(options.world_size, options.command, options.profile.name,
                       options.report_path, started, exit_code, message)
     for rank, each in started.items():
@@ -180,26 +183,35 @@ def _cuts(store: Store, ranks: dict[int, _Rank]) -> list[str]:
 
 
 def _session(ranks: tuple[int, ...], world_size: int, bind: str, job_ranks: tuple[int, ...],
-             node: tuple[int, int] | None, message: Message) -> RanksSession:
+             node: tuple[int, int] | None, message: Message,
+             store: Store | None = None) -> RanksSession:
     session = RanksSession(ranks=ranks, world_size=world_size, host=bind, job_ranks=job_ranks,
-                           node=node)
+                           node=node, store=store)
     message(f"debugger: prism-debug attach --rank R, R one of {ranks_text(ranks)} "
             f"(session {session.info.session})")
     return session
 
 
 def _run_all(start: Callable[[dict], Iterator[_Rank]], host: Host | None,
-             session: RanksSession | None, message: Message) -> tuple[dict[int, _Rank], int]:
+             session: RanksSession | None, message: Message,
+             store: Store | None = None) -> tuple[dict[int, _Rank], int]:
     """Start every rank (``start`` is given where they meet) and follow them
     to their ends; the ranks, and the first failure's exit code.  Whatever
-    happens, no rank outlives this and every snapshot dumped is recorded."""
+    happens, no rank outlives this and every snapshot dumped is recorded.
+    ``store``: where a console's restore finds the run's cuts."""
     ranks: dict[int, _Rank] = {}
     try:
         with side_store(host) as side:
+            restores = itertools.count(1)
+
+            def restore(due: RestoreDue) -> None:
+                assert session is not None and store is not None  # (a restore is a console's)
+                where = {**side, "prefix": f"{side['prefix']}restored-{next(restores)}/"}
+                _replace_by_cut(ranks, due, where, session, store, message)
             try:
                 for each in start(side):
                     ranks[each.rank] = each
-                exit_code = _supervise(ranks, session, message)
+                exit_code = _supervise(ranks, session, message, restore)
             finally:
                 for each in ranks.values():
                     if each.child.poll() is None:
@@ -250,59 +262,115 @@ def _followed(rank: int, files: dict[str, Path], child: Child | RestoredChild,
                  restored_from=restored_from)
 
 
-def _supervise(ranks: dict[int, _Rank], session: RanksSession | None,
-               message: Message) -> int:
+def _supervise(ranks: dict[int, _Rank], session: RanksSession | None, message: Message,
+               restore: Callable[[RestoreDue], None]) -> int:
     """Wait for every rank, relaying their output; the first failure's exit
     code (0 when none failed).  Ctrl-C, SIGTERM and SIGHUP go to every rank
-    (a second Ctrl-C kills); once a rank fails, the others are stopped."""
+    (a second Ctrl-C kills); once a rank fails, the others are stopped.  A
+    console's restore (checked by the session) is done here, by
+    ``restore``, between two looks at the ranks."""
     stopping = False  # (bound before the handler that sets it)
 
     def forward(signum: int, frame: FrameType | None) -> None:
         nonlocal stopping
         stopping = True  # the ranks end as they were told: no failure of theirs
-        for each in running():
+        for each in _running(ranks):
             each.child.signal(signum)
-
-    def running() -> list[_Rank]:
-        return [each for each in ranks.values() if each.exit_code is None]
 
     failure: int | None = None
     interrupted = 0
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        while running():
+        while _running(ranks):
             try:
-                for each in running():
-                    code = each.child.poll()
-                    each.follower.poll()
-                    if code is None:
-                        continue
-                    each.exit_code = code if code >= 0 else 128 - code
-                    if session is not None:
-                        session.exited(each.rank, each.exit_code)
-                    if each.exit_code != 0 and failure is None:
-                        failure = each.exit_code
-                        others = [r.rank for r in running()]
-                        if others and not stopping:
-                            which = "rank" if len(others) == 1 else "ranks"
-                            message(f"prism-debug: rank {each.rank} exited with code "
-                                    f"{each.exit_code}: stopping {which} {ranks_text(others)}, "
-                                    "as torchrun stops a job's other workers")
-                            for other in running():
-                                other.child.signal(signal.SIGTERM)
+                failure = _look(ranks, session, message, failure, stopping)
                 if session is not None:
                     session.poll(POLL_S)  # the bus, for the loop's sleep
+                    if (due := session.take_restore()) is not None and not stopping:
+                        restore(due)
                 else:
                     time.sleep(POLL_S)
             except KeyboardInterrupt:
                 interrupted += 1
                 stopping = True
-                for each in running():
+                for each in _running(ranks):
                     each.child.signal(signal.SIGINT if interrupted == 1 else signal.SIGKILL)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return failure or 0
+
+
+def _running(ranks: dict[int, _Rank]) -> list[_Rank]:
+    return [each for each in ranks.values() if each.exit_code is None]
+
+
+def _look(ranks: dict[int, _Rank], session: RanksSession | None, message: Message,
+          failure: int | None, stopping: bool) -> int | None:
+    """One look at every running rank: its output relayed, its end noted; the
+    run's first failure (the others are stopped once a rank fails, unless
+    the run is being stopped already)."""
+    for each in _running(ranks):
+        code = each.child.poll()
+        each.follower.poll()
+        if code is None:
+            continue
+        each.exit_code = code if code >= 0 else 128 - code
+        if session is not None:
+            session.exited(each.rank, each.exit_code)
+        if each.exit_code == 0 or failure is not None:
+            continue
+        failure = each.exit_code
+        others = [r.rank for r in _running(ranks)]
+        if others and not stopping:
+            which = "rank" if len(others) == 1 else "ranks"
+            message(f"prism-debug: rank {each.rank} exited with code {each.exit_code}: "
+                    f"stopping {which} {ranks_text(others)}, as torchrun stops a job's other "
+                    "workers")
+            for other in _running(ranks):
+                other.child.signal(signal.SIGTERM)
+    return failure
+
+
+def _replace_by_cut(ranks: dict[int, _Rank], due: RestoreDue, side: dict,
+                    session: RanksSession, store: Store, message: Message) -> None:
+    """A console's restore of a cut of this run: every rank's process ended
+    (the copies need their pids), then each rank restored from its part of
+    the cut, meeting the others on ``side`` (a namespace of its own), and
+    followed on in the same files; the asking console's rank stays paused
+    where it was cut.  A copy that fails to restore ends the run."""
+    for each in ranks.values():
+        if each.child.poll() is None:
+            each.child.kill()
+    for each in ranks.values():
+        each.child.wait()
+        each.follower.poll()  # (what it wrote before it ended)
+        if each.snapshots is not None:
+            each.snapshots.close()  # its cuts stay the run's: recorded, listed at the end
+    session.replacing()
+    pids: dict[int, int] = {}
+    try:
+        for manifest in due.members:
+            each = ranks[manifest.rank]
+            os.chmod(each.files["control"], 0o600)  # it carries the store's prefix, the secret
+            pids[each.rank] = restore_process(
+                store, manifest, each.files, due.criu, bus=session.commands_endpoint,
+                bus_curve=session.agent_curve, bus_secret=session.agent_secret,
+                pause=each.rank == due.bound, side_store=side,
+                message=_labelled(each.rank, message))
+            each.child = session.children[each.rank] = RestoredChild(pids[each.rank])
+            each.restored_from = manifest.id
+    except (PrismError, OSError) as exc:
+        session.restore_failed(due, exc)
+        for each in ranks.values():
+            if each.rank in pids:
+                each.child.kill()  # (the others ended already: the loop sees them all end)
+        return
+    session.restored(due, pids)
+
+
+def _labelled(rank: int, message: Message) -> Message:
+    return lambda line: message(f"[rank {rank}] {line}")
 
 
 def _results(world_size: int, command: list[str], hardware: str, report_path: Path | None,

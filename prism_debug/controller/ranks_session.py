@@ -6,44 +6,63 @@ lowest, if it named none), and it hears that rank's events only.  A rank
 paused by its console holds the others back only as the job would: they
 wait, their clocks held, at their next op that needs its arrival.
 
-What would set the replicas apart or needs a consistent cut is refused with
-one line, before it reaches any rank: a console's ``perturb`` (it would
-change one replica's virtual peers and not the others'), and a console's
-snapshots and restores (one rank's snapshot is no cut: the run's
-``--snapshot-at`` takes cuts, ``prism-debug snapshot restore CUT`` restores
-one).  The ranks' parts of the run's cuts are dumped here as they come.
+What must be the same on every replica is agreed with every rank first
+(agent/agreed.py): a console's ``snapshot`` is a consistent cut of every
+real rank at the next boundary they all reach, and ``perturb`` (and its
+``clear``) changes every replica's virtual peers at one boundary.  A
+console's ``restore CUT`` replaces every rank by its part of a cut of this
+run (checked off the loop, then done by the controller's loop, which
+follows the ranks: controller/ranks.py), the console's own rank paused where
+the cut was taken.  Stepping back is refused with one line: it needs a
+history of cuts.  The ranks' parts of the run's cuts are dumped here as
+they come.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import dataclasses
+import threading
 from collections.abc import Callable
 
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Handler, Pending, result_of
+from prism_debug.capture.snapshots import check_unchanged, restore_tools
 from prism_debug.controller.no_session import RankSnapshots
 from prism_debug.controller.session import session_info
-from prism_debug.errors import BusError, InvalidState, PrismError
+from prism_debug.errors import (
+    BusError,
+    InvalidState,
+    PrismError,
+    SnapshotError,
+    SnapshotFailed,
+)
+from prism_debug.graph.selectors import ranks_text
 from prism_debug.process.children import RankProcess
+from prism_debug.snapshot.criu import Criu
+from prism_debug.snapshot.manifest import Manifest
+from prism_debug.snapshot.store import Store
 
 NOT_YET = ("{verb}: not yet in a run of several real ranks ({why}); the ranks run on as "
            "they are")
 REFUSED = {
-    "perturb": "a console's perturbation would reach this rank's replica of the virtual "
-               "peers and not the others': give --perturb to the run",
-    "unperturb": "the run's perturbations are every replica's",
-    "snapshot": "a cut of every real rank is taken at the boundaries the run's "
-                "--snapshot-at names",
-    "restore": "a cut is restored as a run of its own: prism-debug snapshot restore CUT",
-    "back": "stepping back needs snapshots",
-    "reverse-continue": "stepping back needs snapshots",
+    "back": "stepping back needs a history of cuts",
+    "reverse-continue": "stepping back needs a history of cuts",
 }
 
 
 class RanksSession:
     def __init__(self, *, ranks: tuple[int, ...], world_size: int, host: str,
-                 job_ranks: tuple[int, ...], node: tuple[int, int] | None) -> None:
+                 job_ranks: tuple[int, ...], node: tuple[int, int] | None,
+                 store: Store | None = None) -> None:
         self.ranks = ranks
+        # the store the run's cuts go to (None: a restored cut's copies, which take none)
+        self.store = store
+        self.cut_run: str | None = None  # the part of the cut ids naming this run, once known
+        self._snapshots: dict[int, RankSnapshots] = {}
+        self._announced: set[str] = set()  # the cuts told to the consoles
+        self._parts: dict[str, Manifest] = {}  # the ranks' parts of them, by snapshot id
         self.world_size = world_size
         self.server = BusServer(ranks, host)
         self.commands_endpoint = self.server.commands
@@ -63,7 +82,14 @@ class RanksSession:
         server.handle("status", lambda client, args: self._ask(client, "status"))
         server.handle("detach", self._detach)
         server.handle("leave", self._leave)
-        server.handle("snapshots", lambda client, args: {"snapshots": []})
+        server.handle("snapshots", self._snapshots_listed)
+        server.handle("snapshot", self._snapshot)
+        server.handle("perturb", self._perturb)
+        server.handle("unperturb", self._unperturb)
+        server.handle("restore", self._restore)
+        # a console's restore: who asked, the checks running off the loop, its rank
+        self._checking: tuple[Pending, concurrent.futures.Future, int] | None = None
+        self.node = node
         for verb, why in REFUSED.items():
             server.handle(verb, _refuse(verb, why))
         server.on_last_client_gone = self._nobody_left
@@ -72,6 +98,7 @@ class RanksSession:
 
     def poll(self, timeout_s: float) -> None:
         self.server.poll(timeout_s)
+        self._announce_cuts()
 
     def output(self, rank: int, line: str) -> None:
         self.server.publish("output", {"line": line}, rank)
@@ -89,6 +116,8 @@ class RanksSession:
         """What a rank's output relay tells the session (children.RunSession);
         ``snapshots`` takes the rank's part of each cut (None: a run that
         takes none)."""
+        if snapshots is not None:
+            self._snapshots[rank] = snapshots
         return _RankSide(self, rank, snapshots)
 
     # -- verbs ---------------------------------------------------------------------------
@@ -126,6 +155,172 @@ class RanksSession:
         then(result)
         return result
 
+    # -- what every rank does at one boundary -----------------------------------------
+
+    def _snapshot(self, client: bytes, args: dict) -> dict:
+        """A cut of every real rank at the next boundary they all reach,
+        announced (``snapshot`` event) once every rank's part is recorded."""
+        if self.cut_run is None or len(self._snapshots) < len(self.ranks):
+            raise InvalidState("snapshot: a restored cut's copies take no snapshots (restore "
+                               "the cut again to go back to it)")
+
+        def scheduled(boundary: int, answers: dict[int, dict]) -> dict:
+            return {"iteration": boundary, "when": "scheduled", "cut": self._cut_id(boundary),
+                    "ranks": list(self.ranks),
+                    "state": answers[self.server.client_rank(client)].get("state")}
+        return self._agreed(client, "snapshot", {"change": "snapshot"}, scheduled)
+
+    def _perturb(self, client: bytes, args: dict) -> dict:
+        text = args.get("text") or "the perturbation"
+
+        def applied(boundary: int, answers: dict[int, dict]) -> dict:
+            return {"perturbation": text, "cleared": False, "when": self._when(boundary)}
+        return self._agreed(client, "perturb", {"change": "perturb", **args}, applied)
+
+    def _unperturb(self, client: bytes, args: dict) -> dict:
+        index = args.get("index")
+        what = "every perturbation" if index is None else f"perturbation {index}"
+
+        def cleared(boundary: int, answers: dict[int, dict]) -> dict:
+            return {"perturbation": what, "cleared": True, "when": self._when(boundary)}
+        return self._agreed(client, "perturb clear", {"change": "unperturb", **args}, cleared)
+
+    def _when(self, boundary: int) -> str:
+        return f"at the end of iteration {boundary} on every real rank ({ranks_text(self.ranks)})"
+
+    def _agreed(self, client: bytes, verb: str, change: dict,
+                answer: Callable[[int, dict[int, dict]], dict]) -> dict:
+        """``change`` made by every rank at one boundary (agent/agreed.py):
+        each names the boundary it reaches next and holds there; the latest of
+        them is the one; the client is answered with ``answer(boundary, each
+        rank's answer)`` once every rank has agreed."""
+        away = [rank for rank in self.ranks if not self.server.agents[rank].connected]
+        if away:
+            which = "rank" if len(away) == 1 else "ranks"
+            raise InvalidState(f"{verb}: every real rank takes part, and {which} "
+                               f"{ranks_text(away)} {'is' if len(away) == 1 else 'are'} off "
+                               "the bus (starting, in a snapshot, or exited): ask again once "
+                               "status shows every rank running")
+        raise Deferred(lambda pending: _Agreement(self.server, self.ranks, pending, change,
+                                                  answer).start())
+
+    # -- a console's restore of a cut -------------------------------------------------
+
+    def _restore(self, client: bytes, args: dict) -> dict:
+        """Every real rank replaced by its part of cut ``id`` (checked off the
+        loop first; the loop restores, :meth:`take_restore`); answered once
+        every copy runs, the asking console's rank paused where it was cut."""
+        if self.store is None or self.cut_run is None:
+            raise InvalidState("restore: a restored cut is restored again as a run of its own "
+                               "(prism-debug snapshot restore CUT)")
+        if self.node is not None:
+            raise InvalidState("restore: a cut of ranks on several hosts is restored as a run "
+                               "of its own (prism-debug snapshot restore CUT, its parts copied "
+                               "to one store)")
+        if self._checking is not None:
+            raise InvalidState("a restore is under way: wait for its answer")
+        bound = self.server.client_rank(client)
+        raise Deferred(lambda pending: self._check_restore(pending, args["id"], bound))
+
+    def _check_restore(self, pending: Pending, cut: str, bound: int) -> None:
+        checks: concurrent.futures.Future = concurrent.futures.Future()
+
+        def check() -> None:
+            try:
+                checks.set_result(self._restorable(cut))
+            except BaseException as exc:  # handed to the loop, which answers with it
+                checks.set_exception(exc)
+
+        self._checking = (pending, checks, bound)
+        threading.Thread(target=check, name="prism-restore-checks", daemon=True).start()
+
+    def _restorable(self, cut: str) -> tuple[list[Manifest], Criu]:
+        """Every part of ``cut`` verified (its images' checksums), of this
+        session's ranks, from unchanged code; and the CRIU to restore with."""
+        assert self.store is not None  # (_restore refuses a session without one)
+        members = [self.store.verify(m.id) for m in self.store.cut(cut)]
+        ranks = tuple(m.rank for m in members)
+        if ranks != self.ranks:
+            raise SnapshotError(f"cut {cut} is of ranks {ranks_text(ranks)}; this session runs "
+                                f"ranks {ranks_text(self.ranks)}: prism-debug snapshot restore "
+                                f"{cut} restores it as a run of its own")
+        for manifest in members:
+            check_unchanged(manifest, self.store)
+        return members, restore_tools(members[0])
+
+    def take_restore(self) -> RestoreDue | None:
+        """For the controller's loop: a console's restore whose checks passed
+        (one that failed is answered here; the ranks run on as they were)."""
+        if self._checking is None or not self._checking[1].done():
+            return None
+        pending, checks, bound = self._checking
+        self._checking = None
+        try:
+            members, criu = checks.result()
+        except PrismError as exc:
+            self.server.fail(pending, SnapshotFailed(f"{exc}; the ranks run on as they were"))
+            return None
+        return RestoreDue(pending, members, criu, bound)
+
+    def replacing(self) -> None:
+        """The ranks are ended for a restore: what they owe fails, and what is
+        asked of them waits for their copies."""
+        for rank in self.ranks:
+            self.server.agent_gone(rank)
+            self.server.agent_away(rank)
+        self._snapshots.clear()  # (the copies take none: a console's snapshot is refused)
+
+    def restored(self, due: RestoreDue, pids: dict[int, int]) -> None:
+        first = due.members[0]
+        self.server.reply(due.pending, {"id": first.cut, "iteration": first.iteration,
+                                        "pid": pids[due.bound], "ranks": list(self.ranks),
+                                        "pids": {str(r): pid for r, pid in pids.items()}})
+        for rank in self.ranks:
+            self.server.publish("restored", {"id": first.cut}, rank)
+
+    def restore_failed(self, due: RestoreDue, error: Exception) -> None:
+        self.server.fail(due.pending, SnapshotFailed(
+            f"{error}; every rank had ended first, as the copies need their pids: the run "
+            "ends"))
+
+    def _cut_id(self, boundary: int) -> str:
+        return f"c{self.cut_run}-it{boundary}"
+
+    def _snapshots_listed(self, client: bytes, args: dict) -> dict:
+        """Every rank's part of this run's cuts, recorded so far."""
+        if self.store is None or self.cut_run is None:
+            return {"snapshots": []}
+        prefix = f"c{self.cut_run}-"
+        return {"snapshots": [{"id": m.id, "iteration": m.iteration, "parent": m.parent,
+                               "image_bytes": m.image_bytes, "created": m.created,
+                               "rank": m.rank, "world_size": m.world_size, "cut": m.cut,
+                               "history": m.history}
+                              for m in self.store.list() if (m.cut or "").startswith(prefix)]}
+
+    def _announce_cuts(self) -> None:
+        """Tell every console of each cut once every rank's part is recorded."""
+        if self.store is None or len(self._snapshots) < len(self.ranks):
+            return
+        taken = [each.taken for each in self._snapshots.values()]
+        if min(map(len, taken)) <= len(self._announced):
+            return  # (each snapshot of a rank here is its part of one cut)
+        members: dict[str, list[Manifest]] = {}
+        for snapshot_id in (i for ids in taken for i in ids):
+            if snapshot_id not in self._parts:  # (read once: a manifest never changes)
+                self._parts[snapshot_id] = self.store.get(snapshot_id)
+            manifest = self._parts[snapshot_id]
+            if manifest.cut is not None and manifest.cut not in self._announced:
+                members.setdefault(manifest.cut, []).append(manifest)
+        for cut, parts in members.items():
+            if len(parts) < len(self.ranks):
+                continue
+            self._announced.add(cut)
+            data = {"id": cut, "cut": cut, "iteration": parts[0].iteration,
+                    "bytes": sum(m.image_bytes for m in parts),
+                    "dump_s": max(m.dump_s for m in parts), "ranks": list(self.ranks)}
+            for rank in self.ranks:
+                self.server.publish("snapshot", data, rank)
+
     def _detach(self, client: bytes, args: dict) -> dict:
         """The client releases its rank (breakpoints deleted, a pause resumed) and leaves."""
         return self._ask(client, "detach", lambda result: self.server.forget_client(client))
@@ -141,6 +336,82 @@ class RanksSession:
                 with contextlib.suppress(BusError):
                     self.server.ask_agent("events", {"on": False}, lambda message: None,
                                           rank=rank)
+
+
+@dataclasses.dataclass(frozen=True)
+class RestoreDue:
+    """A console's restore of a cut, checked, for the controller's loop to do:
+    who asked, the cut's parts by rank, the CRIU to use, and the rank whose
+    console asked (its copy waits paused)."""
+
+    pending: Pending
+    members: list[Manifest]
+    criu: Criu
+    bound: int
+
+
+class _Agreement:
+    """One change agreed with every rank: holds, then the boundary and the
+    change, then the client's answer (or the first refusal, every hold let go)."""
+
+    def __init__(self, server: BusServer, ranks: tuple[int, ...], pending: Pending,
+                 change: dict, answer: Callable[[int, dict[int, dict]], dict]) -> None:
+        self._server = server
+        self._ranks = ranks
+        self._pending = pending
+        self._change = change
+        self._answer = answer
+        self._held: dict[int, int] = {}
+        self._agreed: dict[int, dict] = {}
+        self._errors: list[PrismError] = []
+        self._boundary = 0
+
+    def start(self) -> None:
+        for rank in self._ranks:
+            self._ask(rank, "hold_boundary", {}, self._on_held)
+
+    def _ask(self, rank: int, verb: str, args: dict,
+             then: Callable[[int, dict | None], None]) -> None:
+        def reply(message: dict) -> None:
+            try:
+                result = result_of(message)
+            except PrismError as exc:
+                self._errors.append(exc)
+                result = None
+            then(rank, result)
+        try:
+            self._server.ask_agent(verb, args, reply, rank=rank)
+        except PrismError as exc:  # gone just now, or a table full
+            self._errors.append(exc)
+            then(rank, None)
+
+    def _on_held(self, rank: int, result: dict | None) -> None:
+        if result is not None:
+            self._held[rank] = int(result["iteration"])
+        if len(self._held) + len(self._errors) < len(self._ranks):
+            return
+        if self._errors:  # every hold let go, nothing changed anywhere
+            for held, boundary in self._held.items():
+                self._ask(held, "agree_boundary", {"iteration": boundary, "change": "none"},
+                          lambda rank, result: None)
+            self._server.fail(self._pending, self._errors[0])
+            return
+        # no rank is past the latest boundary held: each is held at or before it
+        self._boundary = max(self._held.values())
+        for each in self._ranks:
+            self._ask(each, "agree_boundary", {"iteration": self._boundary, **self._change},
+                      self._on_agreed)
+
+    def _on_agreed(self, rank: int, result: dict | None) -> None:
+        if result is not None:
+            self._agreed[rank] = result
+        if len(self._agreed) + len(self._errors) < len(self._ranks):
+            return
+        if self._errors:
+            # (each replica refuses a change as every other does: same world, same graph)
+            self._server.fail(self._pending, self._errors[0])
+        else:
+            self._server.reply(self._pending, self._answer(self._boundary, self._agreed))
 
 
 def _refuse(verb: str, why: str) -> Handler:

@@ -535,14 +535,18 @@ class Session:
         except PrismError:
             return
         if where is not None:
-            self._paused(where)
+            # nobody was attached when the rank was asked; a console that
+            # attached while the answer travelled does not unsay that (its own
+            # leaving would ask again, too late if the run ends meanwhile)
+            self._paused(where, nobody_attached=True)
 
-    def _paused(self, where: dict) -> None:
+    def _paused(self, where: dict, *, nobody_attached: bool = False) -> None:
         """The rank paused, or is paused as the last client leaves: with nobody
         attached, say so on the controller's terminal (once a pause), or the
         run just looks stuck."""
         number = where.get("number", 0)
-        if self.server.clients or number <= self._told_pause:
+        attached = bool(self.server.clients) and not nobody_attached
+        if attached or number <= self._told_pause:
             return
         self._told_pause = number
         if where.get("reason") == "start":

@@ -1,5 +1,6 @@
 """The debugger bus of a run of several real ranks: one session, a console
-per rank, and what would set the replicas apart refused."""
+per rank, what every replica must do alike agreed with every rank, and
+stepping back refused."""
 
 from __future__ import annotations
 
@@ -52,12 +53,14 @@ def test_a_console_drives_one_rank_of_several(tmp_path, session_dir):
         second = replies(attach(0, "status"))[-1]
         assert (first["rank"], first["state"]) == (0, "running")
         assert second["iteration"] == first["iteration"] <= status["iteration"] + 1
-        # what would set the replicas apart, or needs a cut of both, is refused
-        for verb, why in (("perturb slow 5 2", "perturbation would reach this rank's replica"),
-                          ("snapshot", "a cut of every real rank is taken at the boundaries "
-                                       "the run's --snapshot-at names")):
-            refused = attach(1, verb)
-            assert why in refused.stdout + refused.stderr
+        # what every replica must do alike is agreed with both ranks first: in
+        # lockstep (no virtual peers to perturb) both refuse, and both let their hold go
+        refused = attach(1, "perturb slow 5 2")
+        assert ("perturbations need virtual peers replayed from a graph"
+                in refused.stdout + refused.stderr)
+        refused = attach(1, "back")
+        assert ("back: not yet in a run of several real ranks (stepping back needs a history "
+                "of cuts)") in refused.stdout + refused.stderr
         elsewhere = attach(7, "status")
         assert elsewhere.returncode != 0
         assert ("no running session holds rank 7: session "
