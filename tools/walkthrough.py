@@ -25,7 +25,9 @@ Paths print as a newcomer's would: that folder is ``~/my-job``, the checkout
 ``~/prism-debug`` (and this Python's environment ``~/prism-debug/.venv``).
 
 What legitimately varies is normalised on both sides before comparing (see
-``normalise_line``): decimal numbers (times, sizes, percentages), sizes in
+``normalise_line``): value digests (labelled by first appearance, so a
+restore must still show the original's: ``DigestLabels`` says why),
+decimal numbers (times, sizes, percentages), sizes in
 bytes and RSS, snapshot ids' random suffix, session ids, pids, run folders,
 timestamps and graph-cache keys; a table row's ``longest wait`` under 50 ms
 (which op and which rank come last is then a race, not a fact of the job),
@@ -77,6 +79,8 @@ _TITLE = re.compile(r'^title="([^"]+)"$')  # a code block's title: the file it i
 _RANK_LINE = re.compile(r"^\[rank \d+\] ")
 _LONGEST_WAIT = re.compile(r"longest wait (\d+(?:\.\d+)?) ms(?:: .*)?$")
 # a console timeline row: seq, op, group[i], bytes, start, duration, wait ms, last rank
+# an iteration row's value digest: iteration, times, collectives, then the digest
+_DIGEST = re.compile(r"^(\s*\d+\s+(?:\d+\.\d+\s+){3}\d+\s+)([0-9a-f]{16})(\s|$)")
 _TIMELINE_LAST = re.compile(r"^(\s*\d+\s+\S+\s+\S+\[\d+\]\s.*\s)(\d+\.\d+)(\s+)(\S+)\s*$")
 _RULES = (  # (pattern, replacement) in order, after the longest wait
     (re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[+-]\d{2}:?\d{2}|Z)?"), "<when>"),
@@ -113,9 +117,32 @@ def normalise_line(line: str) -> str:
     return line.strip()
 
 
-def streams(lines: list[str]) -> tuple[list[str], list[str]]:
-    """(prism-debug's lines normalised, the rank's relayed lines exactly), each in order."""
-    own = [normalise_line(line) for line in lines if not _RANK_LINE.match(line)]
+class DigestLabels:
+    """Value digests by the order they first appear, across a whole walk-through
+    (one side's: the page's or the run's).  A digest hashes the bytes the
+    rank's collectives carried, and this CPU's math kernels (MKL picks its
+    code path by instruction set) compute a float model's values with other
+    roundings than another CPU's, so the page's digests are not this
+    machine's.  What does not vary is which digests repeat: a restore or a
+    perturbed run shows the original's, and a labelled row still says so."""
+
+    def __init__(self) -> None:
+        self._labels: dict[str, str] = {}
+
+    def __call__(self, line: str) -> str:
+        return _DIGEST.sub(self._label, line)
+
+    def _label(self, match: re.Match) -> str:
+        label = self._labels.setdefault(match.group(2), f"<digest {len(self._labels) + 1}>")
+        return match.group(1) + label + match.group(3)
+
+
+def streams(lines: list[str], digests: DigestLabels | None = None
+            ) -> tuple[list[str], list[str]]:
+    """(prism-debug's lines normalised, the rank's relayed lines exactly), each in order;
+    ``digests`` labels the value digests of the iteration rows (a fresh labelling if None)."""
+    digests = digests or DigestLabels()
+    own = [normalise_line(digests(line)) for line in lines if not _RANK_LINE.match(line)]
     rank = [line.rstrip() for line in lines if _RANK_LINE.match(line)]
     return [line for line in own if line], rank
 
@@ -310,8 +337,12 @@ class Outcome:
     output: list[str]  # as shown: this machine's paths replaced
     seconds: float
 
-    def diff(self, source: str = "the page") -> list[str]:
-        want, got = streams(list(self.step.expected)), streams(self.output)
+    def diff(self, source: str = "the page", labels: tuple[DigestLabels, DigestLabels] | None
+             = None) -> list[str]:
+        """The differences, normalised; ``labels``: the page's and the run's
+        digest labels, shared by every command of the walk-through."""
+        page, real = labels or (DigestLabels(), DigestLabels())
+        want, got = streams(list(self.step.expected), page), streams(self.output, real)
         lines = []
         for name, expected, actual in zip(("prism-debug", "the rank"), want, got, strict=True):
             lines += difflib.unified_diff(expected, actual, f"{source} ({name}, normalised)",
@@ -438,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"walkthrough: rewrote {len(outcomes)} commands' output in {args.page} "
               f"({total:.1f} s); review it with git diff")
         return 0
-    diffs = [outcome.diff(section.source) for outcome in outcomes]
+    labels = (DigestLabels(), DigestLabels())  # (digests repeat across commands)
+    diffs = [outcome.diff(section.source, labels) for outcome in outcomes]
     failed = [diff for diff in diffs if diff]
     for diff in failed:
         print("\n".join(diff))
