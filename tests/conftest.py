@@ -18,6 +18,13 @@ from prism_debug.snapshot.store import exclusive_lock
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run real pytest sessions
 
+# Every process the tests start runs torch on one thread, as torchrun runs
+# several processes on one host (unless the environment sets it): two xdist
+# workers share two cores, and torch's OpenMP threads spin while they wait,
+# so ranks of two threads each measured each other's spinning
+# (tests/runner/test_graph_run.py: 101 s on two threads, 72 s on one).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
     """A folder of this test session that all its xdist workers share (a

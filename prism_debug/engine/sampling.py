@@ -31,7 +31,6 @@ from typing import cast, overload
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy.special import ndtr, ndtri
 
 from prism_debug.engine.compute import Gaps
 from prism_debug.engine.layout import Layout
@@ -85,7 +84,11 @@ def unsampled_max(per_column: NDArray[np.float64], layout: Layout, draws: Draws
         z: Time = math.sqrt(rho) * together + math.sqrt(1.0 - rho) * alone
     else:
         z = together
-    # (scipy's special functions come untyped: ndtri of an array is one)
+    # (imported here: scipy costs every rank and controller 0.15 s to import, and
+    # only stochastic peers beyond the sampled columns need it; its special
+    # functions come untyped: ndtri of an array is one)
+    from scipy.special import ndtr, ndtri
+
     maxima: NDArray[np.float64] = mean + sd * ndtri(ndtr(z) ** (1.0 / layout.unsampled))
     return maxima
 
