@@ -182,7 +182,8 @@ class Console(Completion, Shell):
     do_perturb.__doc__ = f"""perturb ACTION RANKS ... | list | clear [N]
 
         Perturb virtual peers (not in a --lockstep run).  Applied now when
-        paused, else at the end of the iteration in progress.
+        paused, else at the end of the iteration in progress; with several
+        real ranks, by every rank at the next boundary they all reach.
 
 {textwrap.indent(USAGE_TEXT, " " * 10)}
 
@@ -488,7 +489,9 @@ class Console(Completion, Shell):
         Otherwise it is scheduled for the end of the iteration in progress
         (a paused rank gets there once continued): the answer comes at once,
         and the snapshot is announced when taken (snapshots lists it).  Every
-        console prints the snapshots taken while it is attached.
+        console prints the snapshots taken while it is attached.  With
+        several real ranks it is a cut of them all, at the next boundary
+        every rank reaches.
         """
         if self._require_live():
             args = {"name": arg.strip()} if arg.strip() else {}
@@ -513,7 +516,9 @@ class Console(Completion, Shell):
         """restore ID
 
         Replace the rank's process by snapshot ID; it is then paused at the
-        iteration boundary where the snapshot was taken.
+        iteration boundary where the snapshot was taken.  With several real
+        ranks ID is a cut of this run: every rank is replaced, and this
+        console's rank waits paused.
         """
         words = arg.split()
         if len(words) != 1:
