@@ -201,7 +201,7 @@ class RanksSession:
                                f"{ranks_text(away)} {'is' if len(away) == 1 else 'are'} off "
                                "the bus (starting, in a snapshot, or exited): ask again once "
                                "status shows every rank running")
-        raise Deferred(lambda pending: _Agreement(self.server, self.ranks, pending, change,
+        raise Deferred(lambda pending: Agreement(self.server, self.ranks, pending, change,
                                                   answer).start())
 
     # -- a console's restore of a cut -------------------------------------------------
@@ -350,7 +350,7 @@ class RestoreDue:
     bound: int
 
 
-class _Agreement:
+class Agreement:
     """One change agreed with every rank: holds, then the boundary and the
     change, then the client's answer (or the first refusal, every hold let go)."""
 
