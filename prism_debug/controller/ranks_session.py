@@ -62,7 +62,7 @@ class RanksSession:
         self.cut_run: str | None = None  # the part of the cut ids naming this run, once known
         self._snapshots: dict[int, RankSnapshots] = {}
         self._announced: set[str] = set()  # the cuts told to the consoles
-        self._parts: dict[str, Manifest] = {}  # the ranks' parts of them, by snapshot id
+        self._parts: dict[str, Manifest | None] = {}  # the ranks' parts of them, by id
         self.world_size = world_size
         self.server = BusServer(ranks, host)
         self.commands_endpoint = self.server.commands
@@ -307,9 +307,13 @@ class RanksSession:
         members: dict[str, list[Manifest]] = {}
         for snapshot_id in (i for ids in taken for i in ids):
             if snapshot_id not in self._parts:  # (read once: a manifest never changes)
-                self._parts[snapshot_id] = self.store.get(snapshot_id)
+                try:
+                    self._parts[snapshot_id] = self.store.get(snapshot_id)
+                except SnapshotError:  # (removed meanwhile: its cut is never whole here)
+                    self._parts[snapshot_id] = None
             manifest = self._parts[snapshot_id]
-            if manifest.cut is not None and manifest.cut not in self._announced:
+            if manifest is not None and manifest.cut is not None \
+                    and manifest.cut not in self._announced:
                 members.setdefault(manifest.cut, []).append(manifest)
         for cut, parts in members.items():
             if len(parts) < len(self.ranks):

@@ -7,7 +7,7 @@ Two real ranks of an 8,192-rank job (the bundled example, tp 2 x dp
 rank 0's console pauses it, asks for a snapshot (a cut of both ranks at
 the next boundary both reach) and lets it run to a breakpoint three
 iterations on; then restores the cut, delays virtual rank 2 (in rank 0's
-data-parallel group) by 0.3 s a collective from the next agreed boundary,
+data-parallel group) by 0.5 s a collective from the next agreed boundary,
 and runs the same iterations again.  What is compared comes from the
 ranks' own event logs: their value digests (which differ between ranks and
 iterations, so the comparison can fail), and each replica's completions
@@ -33,7 +33,7 @@ from tests.runner.test_multi_rank_attach import attach, replies
 
 pytestmark = pytest.mark.slow
 
-DELAY_S = 0.3
+DELAY_S = 0.5  # (against iterations of tens of ms: a loaded machine's noise is far below)
 
 
 def records(run_dir: Path, rank: int) -> list[dict]:
@@ -116,4 +116,4 @@ def test_a_console_cuts_restores_and_perturbs_both_ranks_alike(tmp_path, session
     for rank in (0, 1):
         before = copies[rank][boundary + 1]["time_s"]
         after = [copies[rank][i]["time_s"] for i in (boundary + 2, boundary + 3)]
-        assert all(t - before > DELAY_S * 0.8 for t in after), (rank, before, after)
+        assert all(t - before > DELAY_S / 2 for t in after), (rank, before, after)
