@@ -23,14 +23,13 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
-import threading
 from collections.abc import Callable
 
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Handler, Pending, result_of
 from prism_debug.capture.snapshots import check_unchanged, restore_tools
 from prism_debug.controller.no_session import RankSnapshots
-from prism_debug.controller.session import session_info
+from prism_debug.controller.session import off_the_loop, session_info
 from prism_debug.errors import (
     BusError,
     InvalidState,
@@ -223,16 +222,7 @@ class RanksSession:
         raise Deferred(lambda pending: self._check_restore(pending, args["id"], bound))
 
     def _check_restore(self, pending: Pending, cut: str, bound: int) -> None:
-        checks: concurrent.futures.Future = concurrent.futures.Future()
-
-        def check() -> None:
-            try:
-                checks.set_result(self._restorable(cut))
-            except BaseException as exc:  # handed to the loop, which answers with it
-                checks.set_exception(exc)
-
-        self._checking = (pending, checks, bound)
-        threading.Thread(target=check, name="prism-restore-checks", daemon=True).start()
+        self._checking = (pending, off_the_loop(lambda: self._restorable(cut)), bound)
 
     def _restorable(self, cut: str) -> tuple[list[Manifest], Criu]:
         """Every part of ``cut`` verified (its images' checksums), of this

@@ -30,6 +30,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
@@ -51,6 +52,8 @@ from prism_debug.process.children import RankProcess, RestoredChild
 from prism_debug.snapshot import criu as criu_api
 from prism_debug.snapshot.manifest import Manifest
 from prism_debug.snapshot.store import Store, now_text
+
+T = TypeVar("T")
 
 MAX_SNAPSHOT_WAITERS = 64  # clients waiting for snapshots to be taken, all together
 
@@ -314,16 +317,7 @@ class Session:
 
     def _start_restore(self, pending: Pending, snapshot_id: str) -> None:
         """The checks of a restore, off the loop; the loop restores once they pass."""
-        checks: concurrent.futures.Future = concurrent.futures.Future()
-
-        def check() -> None:
-            try:
-                checks.set_result(self._restorable(snapshot_id))
-            except BaseException as exc:  # handed to the loop, which answers with it
-                checks.set_exception(exc)
-
-        self._checking = (pending, checks)
-        threading.Thread(target=check, name="prism-restore-checks", daemon=True).start()
+        self._checking = (pending, off_the_loop(lambda: self._restorable(snapshot_id)))
 
     def _restorable(self, snapshot_id: str) -> tuple[Manifest, criu_api.Criu, set[int]]:
         """Everything a restore needs, checked before anything is given up (off
@@ -556,6 +550,22 @@ class Session:
         else:
             self._message(f"prism-debug: no console is attached and rank {self.rank} stays "
                           f"{describe_pause(where)}: {how_to_resume(self.rank)}")
+
+
+def off_the_loop(checks: Callable[[], T]) -> concurrent.futures.Future[T]:
+    """A restore's ``checks`` run on a thread of their own (every image's
+    checksum: seconds for a large rank), so the bus goes on answering; the
+    loop looks at the future and answers with its result or its error."""
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(checks())
+        except BaseException as exc:  # handed to the loop, which answers with it
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="prism-restore-checks", daemon=True).start()
+    return future
 
 
 def _ids(pids: set[int]) -> str:
