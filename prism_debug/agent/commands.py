@@ -159,15 +159,20 @@ class Commands:
         """Take back fault ``index`` (``faults`` numbers them), or every one."""
         agent = self._agent
         self._need_graph()
-        if index is not None and not 0 <= index < len(agent.faults):
-            raise BadArguments(f"no perturbation {index}: perturb list shows "
-                               f"{len(agent.faults)}")
         # the entry is chosen now: a clear asked twice before the boundary
         # takes back the fault it named, once
-        chosen = None if index is None else [agent.faults[index]]
+        chosen = self._chosen(index)
         what = "every perturbation" if chosen is None else chosen[0].text
         return {"perturbation": what, "cleared": True,
                 "when": self._at_boundary(lambda: agent.withdraw(chosen))}
+
+    def _chosen(self, index: int | None) -> list | None:
+        """The fault in force numbered ``index`` (``faults`` numbers them), or
+        None for every one."""
+        faults = self._agent.faults
+        if index is not None and not 0 <= index < len(faults):
+            raise BadArguments(f"no perturbation {index}: perturb list shows {len(faults)}")
+        return None if index is None else [faults[index]]
 
     def _need_graph(self) -> None:
         if self._agent.graph_engine is None:
@@ -222,10 +227,7 @@ class Commands:
             written = text or fault_text(parsed)
             return Change("faults", lambda: agent.inject(parsed, written, injection))
         if change == "unperturb":
-            if index is not None and not 0 <= index < len(agent.faults):
-                raise BadArguments(f"no perturbation {index}: perturb list shows "
-                                   f"{len(agent.faults)}")
-            chosen = None if index is None else [agent.faults[index]]
+            chosen = self._chosen(index)
             return Change("faults", lambda: agent.withdraw(chosen))
         raise BadArguments(f"no change {change!r} at an agreed boundary (snapshot, perturb "
                            "with its fault, unperturb, none)")
