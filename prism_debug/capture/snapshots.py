@@ -62,7 +62,7 @@ from prism_debug.snapshot import incremental
 from prism_debug.snapshot import lazy as lazy_pages
 from prism_debug.snapshot.control import Control, Go, RestoreControl
 from prism_debug.snapshot.control import encode as encode_control
-from prism_debug.snapshot.manifest import Manifest, new_id
+from prism_debug.snapshot.manifest import Manifest, cut_id, new_id
 from prism_debug.snapshot.store import SnapshotError, Store, now_text, sha256_file
 
 
@@ -142,6 +142,11 @@ class Snapshotter:
     def recorded(self) -> list[str]:
         """The ids taken, in order, once every record submitted so far is over."""
         self.recorder.wait()
+        return list(self.taken)
+
+    def recorded_so_far(self) -> list[str]:
+        """The ids recorded by now, in order, without waiting for a record in
+        progress (the controller's loop asks: a record takes seconds a GiB)."""
         return list(self.taken)
 
     def take(self, pid: int, iteration: int, cuda: bool = False,
@@ -252,7 +257,7 @@ class Snapshotter:
             parent = self._increment(staging, snapshot_id, parent, phases)
         manifest = Manifest(
             id=snapshot_id, parent=parent, iteration=iteration, **self.base,
-            cut=None if self.cut_run is None else f"c{self.cut_run}-it{iteration}",
+            cut=None if self.cut_run is None else cut_id(self.cut_run, iteration),
             open_files={role: str(path.resolve()) for role, path in self.open_files.items()},
             image_bytes=0, dump_s=dump_s, created=now_text(), cuda=cuda,
             sources=kept_sources.keep(staging, sources),

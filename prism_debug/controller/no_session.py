@@ -52,6 +52,15 @@ class RankSnapshots:
         """The snapshots taken, in order, once recorded."""
         return [] if self._snapshotter is None else self._snapshotter.recorded()
 
+    def wait_recorded(self) -> None:
+        """Until every snapshot dumped so far is recorded."""
+        if self._snapshotter is not None:
+            self._snapshotter.recorder.wait()
+
+    def recorded_so_far(self) -> list[str]:
+        """The snapshots recorded by now, in order (no wait for one in progress)."""
+        return [] if self._snapshotter is None else self._snapshotter.recorded_so_far()
+
 
 class NoSession:
 

@@ -299,11 +299,7 @@ class Session:
     def _snapshots(self, client: bytes, args: dict) -> dict:
         self._records_done()  # those dumped already are listed (a record: ≈0.4 s/GiB)
         manifests = self.store.list()
-        return {"snapshots": [{"id": m.id, "iteration": m.iteration, "parent": m.parent,
-                               "image_bytes": m.image_bytes, "created": m.created,
-                               "rank": m.rank, "world_size": m.world_size,
-                               "history": m.history}
-                              for m in manifests]}
+        return {"snapshots": [listed(m) for m in manifests]}
 
     def _restore(self, client: bytes, args: dict) -> dict:
         """Replace the rank by a copy restored from a snapshot, paused where
@@ -550,6 +546,15 @@ class Session:
         else:
             self._message(f"prism-debug: no console is attached and rank {self.rank} stays "
                           f"{describe_pause(where)}: {how_to_resume(self.rank)}")
+
+
+def listed(manifest: Manifest) -> dict:
+    """A snapshot as the ``snapshots`` verb lists it (a cut's part names its cut)."""
+    m = manifest
+    row = {"id": m.id, "iteration": m.iteration, "parent": m.parent,
+           "image_bytes": m.image_bytes, "created": m.created, "rank": m.rank,
+           "world_size": m.world_size, "history": m.history}
+    return {**row, "cut": m.cut} if m.cut is not None else row
 
 
 def off_the_loop(checks: Callable[[], T]) -> concurrent.futures.Future[T]:

@@ -36,6 +36,16 @@ _IMAGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,200}\.(img|idx)")
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
+def cut_prefix(cut_run: str) -> str:
+    """What every cut id of the run ``cut_run`` (8 hex digits) starts with."""
+    return f"c{cut_run}-it"
+
+
+def cut_id(cut_run: str, iteration: int) -> str:
+    """The id of the run's cut at the boundary that ended ``iteration``."""
+    return f"{cut_prefix(cut_run)}{iteration}"
+
+
 def check_id(snapshot_id: object) -> str:
     """``snapshot_id`` if it has the form :func:`new_id` gives, else
     :class:`SnapshotError` saying what an id looks like."""
