@@ -5,6 +5,7 @@ the kernel lets it go if a worker dies) and read by all."""
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from prism_debug.snapshot.store import exclusive_lock
+from tests.shared import shared_dir
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run real pytest sessions
 
@@ -24,17 +26,6 @@ pytest_plugins = ["pytester"]  # the pytest plugin's tests run real pytest sessi
 # so ranks of two threads each measured each other's spinning
 # (tests/runner/test_graph_run.py: 101 s on two threads, 72 s on one).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-
-def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
-    """A folder of this test session that all its xdist workers share (a
-    worker's base temp is a folder of the session's)."""
-    base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        base = base.parent
-    folder = base / name
-    folder.mkdir(mode=0o700, exist_ok=True)
-    return folder
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -94,7 +85,12 @@ def example_graph(profiled_graph):
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that needs a profiled graph runs real ranks to get it: slow
-    (``make test-fast`` leaves it out)."""
+    (``make test-fast`` leaves it out).  Then the modules with the most slow
+    tests go first, each module's tests kept together and in their order:
+    ``make test`` hands the workers a module at a time (``--dist loadfile``),
+    so the long ones start early and the quick ones even out the end."""
     for item in items:
         if {"example_graph", "profiled_graph"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])  # (a stable sort: the order within stays)

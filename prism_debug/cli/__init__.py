@@ -25,7 +25,6 @@ from prism_debug.cost import DEFAULT_PROFILE, load_profile
 from prism_debug.errors import ConfigError, ExitCode
 from prism_debug.graph.selectors import number_list, rank_list
 from prism_debug.process.options import example_command
-from prism_debug.variability import parse_variability
 
 
 @click.group(cls=ErrorsAsLines, context_settings={"help_option_names": ["-h", "--help"]})
@@ -158,7 +157,7 @@ def run(rank, ranks_text, world_size, gpus_per_node, hardware, iterations, repor
         snapshot_every=snapshot_every, incremental=incremental, history=history,
         isolate=isolate, store=store,
         bind=None if no_bus else bind, paused=paused, faults=faults,
-        variability=parse_variability(variability_terms) if variability_terms else None,
+        variability=_variability(variability_terms),
         collective_timeout_s=collective_timeout)
     result = api.run(options, click.echo)
     store_option = f" --store {store}" if store else ""
@@ -185,6 +184,16 @@ def _store(store: Path | None):
     from prism_debug.process.paths import open_store
 
     return open_store(store, lambda line: click.echo(line, err=True))
+
+
+def _variability(terms: tuple[str, ...]):
+    """``--variability`` terms parsed (None: none given); the statistics load
+    only for a run that has some."""
+    if not terms:
+        return None
+    from prism_debug.variability import parse_variability
+
+    return parse_variability(terms)
 
 
 def _private() -> None:

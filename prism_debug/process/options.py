@@ -11,6 +11,7 @@ import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prism_debug.checked import (
     MAX_GPUS_PER_NODE,
@@ -24,11 +25,13 @@ from prism_debug.cost import DEFAULT_PROFILE, HardwareProfile, load_profile
 from prism_debug.errors import ConfigError
 from prism_debug.example import RUN_DEFAULTS, RUN_FLAGS
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
-from prism_debug.faults import Fault
-from prism_debug.graph import ExecutionGraph
 from prism_debug.process.interpreter import is_python
 from prism_debug.process.torchrun import Host, host_of, under_torchrun
-from prism_debug.variability import Variability
+
+if TYPE_CHECKING:  # (types only: every command's start would import numpy for them)
+    from prism_debug.faults import Fault
+    from prism_debug.graph import ExecutionGraph
+    from prism_debug.variability import Variability
 
 # snapshots a --history ring keeps: each is a dump of the rank on disk
 MAX_HISTORY = 1000

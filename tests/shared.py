@@ -1,0 +1,47 @@
+"""What the tests' session fixtures make once and share with every
+pytest-xdist worker of the session: a folder they all see, and products
+made in it once, under a lock (``flock``: the kernel lets it go if a worker
+dies)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from prism_debug.snapshot.store import exclusive_lock
+
+T = TypeVar("T")
+
+
+def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+    """A folder of this test session that all its xdist workers share (a
+    worker's base temp is a folder of the session's)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    folder = base / name
+    folder.mkdir(mode=0o700, exist_ok=True)
+    return folder
+
+
+def made_once(tmp_path_factory: pytest.TempPathFactory, name: str,
+              make: Callable[[Path], T]) -> T:
+    """What ``make(folder)`` returns, made once for the whole session (every
+    xdist worker's) in a shared ``folder``: the first worker to ask makes it
+    under a lock and keeps its pickle; the others wait and read that.  For
+    products that are read only (a test that changes one copies it first)."""
+    folder = shared_dir(tmp_path_factory, name)
+    made = folder / "made.pickle"
+    with exclusive_lock(folder / "lock"):
+        if not made.exists():
+            product = make(folder)
+            partial = made.with_suffix(f".{os.getpid()}.partial")
+            partial.write_bytes(pickle.dumps(product))
+            partial.rename(made)
+            return product
+    return pickle.loads(made.read_bytes())
