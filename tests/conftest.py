@@ -5,7 +5,6 @@ the kernel lets it go if a worker dies) and read by all."""
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import os
 import subprocess
@@ -85,12 +84,7 @@ def example_graph(profiled_graph):
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that needs a profiled graph runs real ranks to get it: slow
-    (``make test-fast`` leaves it out).  Then the modules with the most slow
-    tests go first, each module's tests kept together and in their order:
-    ``make test`` hands the workers a module at a time (``--dist loadfile``),
-    so the long ones start early and the quick ones even out the end."""
+    (``make test-fast`` leaves it out)."""
     for item in items:
         if {"example_graph", "profiled_graph"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    slow = collections.Counter(item.path for item in items if item.get_closest_marker("slow"))
-    items.sort(key=lambda item: -slow[item.path])  # (a stable sort: the order within stays)

@@ -22,10 +22,8 @@ phase() {  # phase NAME PYTEST-ARGS...: run one, remember its counts and status
     return "$status"
 }
 
-# (a module at a time, in the order tests/conftest.py sorts them: the
-# module's fixtures are made once, and the longest modules start first)
 phase "every test but the serial ones, on $workers workers" \
-    -n "$workers" --dist loadfile --no-loadscope-reorder -m "not serial" --durations=25 "$@"
+    -n "$workers" -m "not serial" --durations=25 "$@"
 parallel=$?
 phase "the serial tests, alone" -p no:xdist -m serial --durations=25 "$@"
 serial=$?

@@ -1,5 +1,8 @@
 """``prism-debug run`` end to end: real scripts, real torch, at 8,192 and 65,536 ranks,
-with lockstep peers: the values and the ops (graphs: test_graph_run, test_graph_default)."""
+with lockstep peers: the values and the ops (graphs: test_graph_run, test_graph_default).
+
+A run that several tests read (their checks only read its output and
+report) is made once for the module: ``shared(script, *options)``."""
 
 from __future__ import annotations
 
@@ -33,6 +36,29 @@ def run_script(tmp_path, script, *options, world=8192, rank=4097):
     return proc, report
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """``shared(script, *options, world=, rank=)``: ``run_script``'s (proc,
+    report), run once for the module for each set of arguments (``script``
+    None: the bundled example).  Read only."""
+    made: dict[tuple, tuple] = {}
+
+    def get(script, *options, world=8192, rank=4097):
+        key = (script, options, world, rank)
+        if key not in made:
+            where = tmp_path_factory.mktemp("shared-run")
+            if script is None:
+                report = where / "report.json"
+                proc = prism("run", "--world-size", str(world), "--report", str(report),
+                             *options, tmp_path=where)
+                made[key] = proc, json.loads(report.read_text()) if report.exists() else None
+            else:
+                made[key] = run_script(where, script, *options, world=world, rank=rank)
+        return made[key]
+
+    return get
+
+
 def families(report) -> dict:
     return {f["name"]: (f["num_groups"], f["group_size"]) for f in report["families"]}
 
@@ -51,8 +77,8 @@ def result_line(proc) -> dict:
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_every_op_has_mirror_values_and_nccl_stays_nccl(tmp_path, world):
-    proc, report = run_script(tmp_path, "collectives.py", world=world)
+def test_every_op_has_mirror_values_and_nccl_stays_nccl(shared, world):
+    proc, report = shared("collectives.py", "--seed", "3", world=world)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     r = result_line(proc)
     assert (r["backend"], r["tp_backend"], r["tp_rank"]) == ("nccl", "nccl", 1)
@@ -83,8 +109,8 @@ def test_every_op_has_mirror_values_and_nccl_stays_nccl(tmp_path, world):
     assert report["backend"] == "nccl"
 
 
-def test_seeded_values_for_data_no_peer_model_knows(tmp_path):
-    first, _ = run_script(tmp_path, "collectives.py", "--seed", "3")
+def test_seeded_values_for_data_no_peer_model_knows(tmp_path, shared):
+    first, _ = shared("collectives.py", "--seed", "3")
     second, _ = run_script(tmp_path, "collectives.py", "--seed", "3")
     other, _ = run_script(tmp_path, "collectives.py", "--seed", "4")
     a, b, c = (result_line(p) for p in (first, second, other))
@@ -107,11 +133,9 @@ def test_zero_peers(tmp_path):
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_bundled_example(tmp_path, world):
-    proc = prism("run", "--world-size", str(world), "--report", str(tmp_path / "r.json"),
-                 tmp_path=tmp_path)
+def test_bundled_example(shared, world):
+    proc, report = shared(None, "--seed", "1", world=world)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads((tmp_path / "r.json").read_text())
     assert families(report) == {"world": (1, world), "tp": (world // 8, 8),
                                 "dp": (32, world // 32), "pp": (world // 4, 4)}
     assert [it["iteration"] for it in report["iterations"]] == [1, 2, 3, 4]
@@ -125,30 +149,31 @@ def test_bundled_example(tmp_path, world):
     (None, 4097), ("ddp.py", 4097), ("fsdp2.py", 1), ("fsdp2_tp.py", 3),
     ("pipeline_1f1b.py", 4097),
 ], ids=["bundled", "ddp", "fsdp2", "fsdp2_tp", "pipeline"])
-def test_digests_are_stable_with_a_seed_and_change_with_another(tmp_path, script, rank):
+def test_digests_are_stable_with_a_seed_and_change_with_another(tmp_path, shared, script,
+                                                               rank):
     def run(seed):
         if script is not None:
             return run_script(tmp_path, script, "--seed", seed, rank=rank)[1]
         path = tmp_path / f"bundled{seed}-{len(list(tmp_path.iterdir()))}.json"
-        prism("run", "--seed", seed, "--iterations", "3", "--report", str(path),
-              tmp_path=tmp_path)
+        prism("run", "--seed", seed, "--report", str(path), tmp_path=tmp_path)
         return json.loads(path.read_text())
 
-    a, b, c = run("1"), run("1"), run("2")
+    # (the first run is the one the framework's own test below reads)
+    a, b, c = shared(script, "--seed", "1", rank=rank)[1], run("1"), run("2")
     assert len(digests(a)) >= 3
     assert digests(a) == digests(b)
     assert all(x != y for x, y in zip(digests(a), digests(c), strict=True))
     assert len(set(digests(a))) == len(digests(a))  # training changes values every step
 
 
-def test_ddp_under_mirror_values_trains_exactly_like_one_process(tmp_path):
+def test_ddp_under_mirror_values_trains_exactly_like_one_process(shared):
     """Mirrored peers hold the same gradients, so DDP's averaged all-reduce
     leaves them unchanged: rank 4097 of 8192 must follow plain local training."""
     import torch
 
-    proc, _ = run_script(tmp_path, "ddp.py", "--seed", "5")
+    proc, _ = shared("ddp.py", "--seed", "1")
     emulated = re.findall(r"step \d loss ([\d.]+)", proc.stdout)
-    torch.manual_seed(5)  # what the agent does before the script runs
+    torch.manual_seed(1)  # what the agent does before the script runs
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     local = []
@@ -163,8 +188,8 @@ def test_ddp_under_mirror_values_trains_exactly_like_one_process(tmp_path):
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_ddp(tmp_path, world):
-    proc, report = run_script(tmp_path, "ddp.py", world=world)
+def test_ddp(shared, world):
+    proc, report = shared("ddp.py", "--seed", "1", world=world)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert families(report) == {"world": (1, world)}
     losses = re.findall(r"step \d loss ([\d.]+)", proc.stdout)
@@ -177,9 +202,9 @@ def test_ddp(tmp_path, world):
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_fsdp2(tmp_path, world):
+def test_fsdp2(shared, world):
     # rank 1 holds a real shard: FSDP pads the shards of high ranks with zeros
-    proc, report = run_script(tmp_path, "fsdp2.py", world=world, rank=1)
+    proc, report = shared("fsdp2.py", "--seed", "1", world=world, rank=1)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert families(report) == {"world": (1, world)}
     assert len(report["iterations"]) == 3
@@ -187,8 +212,8 @@ def test_fsdp2(tmp_path, world):
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_fsdp2_with_tensor_parallel_on_a_2d_mesh(tmp_path, world):
-    proc, report = run_script(tmp_path, "fsdp2_tp.py", world=world, rank=3)
+def test_fsdp2_with_tensor_parallel_on_a_2d_mesh(shared, world):
+    proc, report = shared("fsdp2_tp.py", "--seed", "1", world=world, rank=3)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert families(report) == {"world": (1, world), "dp": (8, world // 8),
                                 "tp": (world // 8, 8)}
@@ -210,8 +235,8 @@ def test_hsdp_reduces_within_shard_groups_and_all_reduces_across_replicas(tmp_pa
 
 
 @pytest.mark.parametrize("world", WORLDS)
-def test_pipelining_schedule_1f1b(tmp_path, world):
-    proc, report = run_script(tmp_path, "pipeline_1f1b.py", world=world)
+def test_pipelining_schedule_1f1b(shared, world):
+    proc, report = shared("pipeline_1f1b.py", "--seed", "1", world=world)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     stage = 4097 // (world // 4)
     assert f"step 2 stage {stage} weights" in proc.stdout
