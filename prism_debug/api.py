@@ -65,13 +65,18 @@ _ON_FIRST_USE = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _ON_FIRST_USE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # (found directly from now on)
-    return value
+if not TYPE_CHECKING:  # (mypy reads the imports above: a misspelt name stays an error)
+    def __getattr__(name: str) -> Any:
+        module = _ON_FIRST_USE.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # (found directly from now on)
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted(globals().keys() | _ON_FIRST_USE.keys())
 
 
 def run(options: RunOptions, message: Callable[[str], None] = lambda line: None) -> RunResult:

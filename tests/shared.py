@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -32,14 +33,16 @@ def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
 def made_once(tmp_path_factory: pytest.TempPathFactory, name: str,
               make: Callable[[Path], T]) -> T:
     """What ``make(folder)`` returns, made once for the whole session (every
-    xdist worker's) in a shared ``folder``: the first worker to ask makes it
+    xdist worker's) in a folder they share: the first worker to ask makes it
     under a lock and keeps its pickle; the others wait and read that.  For
-    products that are read only (a test that changes one copies it first)."""
-    folder = shared_dir(tmp_path_factory, name)
-    made = folder / "made.pickle"
-    with exclusive_lock(folder / "lock"):
+    products that are read only (a test that changes one copies it first).
+    Each attempt gets an empty folder of its own, so a worker that tries
+    again after another's failure finds nothing the failed one left."""
+    shared = shared_dir(tmp_path_factory, name)
+    made = shared / "made.pickle"
+    with exclusive_lock(shared / "lock"):
         if not made.exists():
-            product = make(folder)
+            product = make(Path(tempfile.mkdtemp(dir=shared, prefix="made-")))
             partial = made.with_suffix(f".{os.getpid()}.partial")
             partial.write_bytes(pickle.dumps(product))
             partial.rename(made)

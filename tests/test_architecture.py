@@ -34,6 +34,25 @@ def test_core_modules_import_no_adapters():
     assert loaded & FORBIDDEN == set()
 
 
+# what the commands' start leaves out: every command imports the CLI module,
+# every run the API, and these would add a fifth of a second to each start
+# (the commands that need them load them)
+NOT_AT_START = {
+    "prism_debug.cli": {"numpy", "prism_debug.variability", "prism_debug.scenario",
+                        "prism_debug.workflows.incident", "prism_debug.workflows.scenario_run"},
+    "prism_debug.api": {"prism_debug.scenario", "prism_debug.workflows.incident",
+                        "prism_debug.workflows.scenario_run"},
+}
+
+
+def test_the_commands_start_without_what_only_some_of_them_use():
+    for module, left_out in NOT_AT_START.items():
+        code = f"import json, sys, {module}\nprint(json.dumps(sorted(sys.modules)))"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True)
+        assert set(json.loads(out.stdout)) & left_out == set(), module
+
+
 def module_name(path: Path) -> str:
     parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)

@@ -28,7 +28,7 @@ from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
 from prism_debug.process.interpreter import is_python
 from prism_debug.process.torchrun import Host, host_of, under_torchrun
 
-if TYPE_CHECKING:  # (types only: every command's start would import numpy for them)
+if TYPE_CHECKING:  # (types only: Variability would import numpy at every command's start)
     from prism_debug.faults import Fault
     from prism_debug.graph import ExecutionGraph
     from prism_debug.variability import Variability

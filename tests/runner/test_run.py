@@ -49,8 +49,8 @@ def shared(tmp_path_factory):
             where = tmp_path_factory.mktemp("shared-run")
             if script is None:
                 report = where / "report.json"
-                proc = prism("run", "--world-size", str(world), "--report", str(report),
-                             *options, tmp_path=where)
+                proc = prism("run", "--world-size", str(world), "--rank", str(rank),
+                             "--report", str(report), *options, tmp_path=where)
                 made[key] = proc, json.loads(report.read_text()) if report.exists() else None
             else:
                 made[key] = run_script(where, script, *options, world=world, rank=rank)
@@ -158,7 +158,8 @@ def test_digests_are_stable_with_a_seed_and_change_with_another(tmp_path, shared
         prism("run", "--seed", seed, "--report", str(path), tmp_path=tmp_path)
         return json.loads(path.read_text())
 
-    # (the first run is the one the framework's own test below reads)
+    # (the first run is the one each framework's own test reads: test_bundled_example,
+    # test_ddp, test_fsdp2, …)
     a, b, c = shared(script, "--seed", "1", rank=rank)[1], run("1"), run("2")
     assert len(digests(a)) >= 3
     assert digests(a) == digests(b)

@@ -22,36 +22,47 @@ def env(monkeypatch):
         [str(SOURCE_ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
 
 
+EVERY_SCENARIO = ["degraded_link", "desync_peer", "dp_peer_fail_stop", "late_peer_of_a_pair",
+                  "nan_peer", "slow_node_other_stage", "stochastic_stragglers"]
 # The scenarios whose verdicts compare a faulted run's measured times with
 # a baseline run's: alone on the machine (``serial``), as another test's
 # load would stretch one run and not the other.  The others' bounds hold on
 # a busy machine.
 TIMED_AGAINST_A_BASELINE = ("degraded_link", "slow_node_other_stage")
-EVERY_SCENARIO = ["degraded_link", "desync_peer", "dp_peer_fail_stop", "late_peer_of_a_pair",
-                  "nan_peer", "slow_node_other_stage", "stochastic_stragglers"]
 
 
-def run_items(pytester, names) -> dict[str, set[str]]:
-    """``pytest`` on the example scenarios ``names``; each case's verdicts
-    and properties, from the JUnit report."""
-    assert sorted(p.stem for p in SCENARIOS.glob("*.yaml")) == EVERY_SCENARIO
+def run_items(pytester, *args: str) -> tuple[pytest.RunResult, dict[str, set[str]]]:
+    """``pytest *args`` with the plugin; its result, and each case's
+    verdicts and properties from the JUnit report (every verdict a PASS)."""
     junit = pytester.path / "junit.xml"
-    result = pytester.runpytest_subprocess(*PLUGIN, *(str(SCENARIOS / f"{n}.yaml") for n in names),
-                                           "-v", "--junitxml", str(junit), timeout=1800)
-    result.assert_outcomes(passed=len(names))
+    result = pytester.runpytest_subprocess(*PLUGIN, *args, "-v", "--junitxml", str(junit),
+                                           timeout=1800)
     cases = {case.get("name"): {p.get("name") + ":" + p.get("value") if p.get("name") != "expect"
                                 else p.get("value") for p in case.iter("property")}
              for case in ElementTree.parse(junit).getroot().iter("testcase")}
-    assert sorted(cases) == sorted(names)
     verdicts = [v for props in cases.values() for v in props if v.startswith(("PASS", "FAIL"))]
     assert all(v.startswith("PASS  ") for v in verdicts), verdicts
-    return cases
+    return result, cases
+
+
+def test_the_serial_ones_are_those_a_baseline_run_times():
+    from prism_debug.scenario import load_scenario
+    from prism_debug.scenario.plan import needs_baseline
+
+    assert sorted(p.stem for p in SCENARIOS.glob("*.yaml")) == EVERY_SCENARIO
+    assert tuple(n for n in EVERY_SCENARIO
+                 if needs_baseline(load_scenario(SCENARIOS / f"{n}.yaml"))) \
+        == TIMED_AGAINST_A_BASELINE
 
 
 @pytest.mark.slow
 def test_pytest_runs_the_example_scenarios_and_each_passes(pytester, env):
-    names = [n for n in EVERY_SCENARIO if n not in TIMED_AGAINST_A_BASELINE]
-    cases = run_items(pytester, names)
+    """The folder, less the scenarios timed against a baseline (the next test's)."""
+    result, cases = run_items(pytester, str(SCENARIOS), "-k", " and ".join(
+        f"not {name}" for name in TIMED_AGAINST_A_BASELINE))
+    result.assert_outcomes(passed=5, deselected=2)
+    result.stdout.fnmatch_lines(["*nan_peer.yaml::nan_peer PASSED*"])
+    assert sorted(cases) == [n for n in EVERY_SCENARIO if n not in TIMED_AGAINST_A_BASELINE]
     assert sum(v.startswith("PASS  ") for props in cases.values() for v in props) == 14
     assert any(v.startswith("PASS  p95 of iteration times >= 100.0 ms and <= 400.0 ms: got ")
                for v in cases["stochastic_stragglers"])
@@ -77,7 +88,10 @@ def test_pytest_runs_the_example_scenarios_and_each_passes(pytester, env):
 @pytest.mark.slow
 @pytest.mark.serial  # relative expectations: a faulted run's times against a baseline's
 def test_pytest_runs_the_scenarios_timed_against_a_baseline_and_each_passes(pytester, env):
-    cases = run_items(pytester, TIMED_AGAINST_A_BASELINE)
+    result, cases = run_items(pytester, *(str(SCENARIOS / f"{name}.yaml")
+                                          for name in TIMED_AGAINST_A_BASELINE))
+    result.assert_outcomes(passed=2)
+    assert sorted(cases) == list(TIMED_AGAINST_A_BASELINE)
     assert sum(v.startswith("PASS  ") for props in cases.values() for v in props) == 4
     for name in TIMED_AGAINST_A_BASELINE:
         (ratio,) = [p for p in cases[name] if p.startswith("predicted_ratio:")]
