@@ -72,6 +72,9 @@ SHOWN_CHECKOUT = "~/prism-debug"
 WORK_NAME = "my-job"
 COMMAND_TIMEOUT_S = 300
 QUIET_S = 2.0  # a background command that has printed nothing for this long waits for you
+# ... unless the page shows more lines than it has printed yet: a slow
+# machine's rank may take longer than QUIET_S to get where it prints them
+SHORT_QUIET_S = 20.0
 WAIT_NOISE_MS = 50.0  # a longest wait shorter than this names a race, not a fact of the job
 
 SNAPSHOT_ID = re.compile(r"\b(r\d+-it\d+-)([0-9a-f]{6})\b")
@@ -260,7 +263,8 @@ class Background:
             quiet = time.monotonic() - self.last_output
             if expected and len(self.lines) >= self.shown + expected and quiet > 0.3:
                 break
-            if len(self.lines) > self.shown and quiet > QUIET_S:
+            short = expected and len(self.lines) < self.shown + expected
+            if len(self.lines) > self.shown and quiet > (SHORT_QUIET_S if short else QUIET_S):
                 break
             time.sleep(0.05)
         return self.take()
