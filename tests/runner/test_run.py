@@ -314,7 +314,7 @@ def test_a_report_path_in_a_missing_directory_is_refused_before_running(tmp_path
                            f"directory {tmp_path / 'nope'} does not exist\n")
 
 
-@pytest.mark.serial  # the script must reach future.wait() within the op's 1.2 ms
+@pytest.mark.serial  # the script must reach future.wait() within the op's 0.6 ms
 def test_future_waits_count_only_while_the_script_blocks_on_them(tmp_path):
     proc, report = run_script(tmp_path, "future_wait.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
