@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from prism_debug.snapshot.store import exclusive_lock
-from tests.shared import shared_dir
+from tests.shared import made_once, shared_dir
 
 pytest_plugins = ["pytester"]  # the pytest plugin's tests run real pytest sessions
 
@@ -47,26 +46,25 @@ def profiled_graph(tmp_path_factory) -> Callable[..., Path]:
     """``profiled_graph(*args)``: the graph ``prism-debug profile --out FILE
     *args`` writes, profiled once per session for each ``args`` (and shared by
     the workers). Read-only: a test that changes a graph copies it first."""
-    folder = shared_dir(tmp_path_factory, "profiled-graphs")
 
     def get(*args: object) -> Path:
         words = [str(a) for a in args]
         key = hashlib.sha256("\0".join(words).encode()).hexdigest()[:16]
-        path = folder / f"{key}.prism"
-        with exclusive_lock(folder / f"{key}.lock"):
-            if not path.exists():
-                partial = folder / f"{key}.{os.getpid()}.partial.prism"
-                # (--out first: the words may end with "--" and the command)
-                proc = subprocess.run([sys.executable, "-m", "prism_debug.cli", "profile",
-                                       "--out", str(partial), *words],
-                                      capture_output=True, text=True, timeout=600,
-                                      stdin=subprocess.DEVNULL)
-                assert proc.returncode == 0, proc.stdout + proc.stderr
-                (folder / f"{key}.out").write_text(proc.stdout + proc.stderr)
-                partial.rename(path)
-        return path
+        return made_once(tmp_path_factory, f"profiled-{key}",
+                         lambda folder: _profiled(folder / "graph.prism", words))
 
     return get
+
+
+def _profiled(graph: Path, words: list[str]) -> Path:
+    """``graph`` as ``prism-debug profile`` writes it, what it printed beside it."""
+    # (--out first: the words may end with "--" and the command)
+    proc = subprocess.run([sys.executable, "-m", "prism_debug.cli", "profile",
+                           "--out", str(graph), *words],
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    graph.with_suffix(".out").write_text(proc.stdout + proc.stderr)
+    return graph
 
 
 def profile_output(graph: Path) -> str:
