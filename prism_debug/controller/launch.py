@@ -23,7 +23,9 @@ from prism_debug.capture.snapshots import (
     restore_tools,
     snapshot_tools,
 )
+from prism_debug.controller.follow import FollowedRank, follow
 from prism_debug.controller.ranks import restore_cut, run_ranks
+from prism_debug.controller.replace import RestoreDue, replace_ranks
 from prism_debug.controller.session import NoSession, Session, open_session
 from prism_debug.errors import (
     ConfigError,
@@ -37,9 +39,9 @@ from prism_debug.process.children import (
     Child,
     Follower,
     IsolatedChild,
+    RankProcess,
     RestoredChild,
     run_files,
-    supervise,
 )
 from prism_debug.process.interpreter import check_interpreter, with_interpreter
 from prism_debug.process.options import (
@@ -166,14 +168,27 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
                     f"{session.info.remote_commands} (CURVE, your keys)")
 
     popen = start_rank(options, options.rank, files, config_path)
-    session.child = IsolatedChild(popen) if options.isolate else Child(popen)
-    follower = Follower(files["log"], files["events"], options.rank, message, session)
-    exit_code = supervise(session, follower)
+    child = IsolatedChild(popen) if options.isolate else Child(popen)
+    follower, exit_code = _follow(session, options.rank, files, child, message)
     events, report = finish(follower, files["events"], exit_code, options.world_size,
                             options.rank, options.command, profile.name, options.report_path,
                             options.trace_path, message)
     check_rank_events(options, options.rank, events, exit_code, files["log"])
     return RunResult(report, exit_code, run_dir, session.snapshots_taken, events)
+
+
+def _follow(session: Session | NoSession, rank: int, files: dict[str, Path],
+            child: RankProcess, message: Message) -> tuple[Follower, int]:
+    """Follow the run's one rank to its end (the loop of several ranks, with
+    one): its follower, and its exit code."""
+    follower = Follower(files["log"], files["events"], rank, message, session)
+    followed = {rank: FollowedRank(rank, files, child, follower)}
+    session.follows(rank, child)
+
+    def replace(due: RestoreDue) -> None:
+        assert isinstance(session, Session)  # (a restore is a console's)
+        replace_ranks(followed, due, session, session.store, message)
+    return follower, follow(followed, session, message, replace)
 
 
 @private
@@ -213,9 +228,8 @@ def restore(options: RestoreOptions, message: Message = _quiet) -> RunResult:
                               watch_nonfinite=options.watch_nonfinite,
                               lazy=options.lazy, message=message, reload=reload)
         # needing no pids here, the copy is the init of a pid namespace of its own
-        session.child = RestoredChild(pid, isolated=isolated)
-        follower = Follower(files["log"], files["events"], manifest.rank, message, session)
-        exit_code = supervise(session, follower)
+        child = RestoredChild(pid, isolated=isolated)
+        follower, exit_code = _follow(session, manifest.rank, files, child, message)
         events, report = finish(
             follower, files["events"], exit_code, manifest.world_size, manifest.rank,
             manifest.command, manifest.hardware, options.report_path, options.trace_path,

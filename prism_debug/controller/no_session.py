@@ -62,12 +62,29 @@ class RankSnapshots:
         return [] if self._snapshotter is None else self._snapshotter.recorded_so_far()
 
 
-class NoSession:
+class NoBus:
+    """What the controller's loop serves when a run has no bus: nothing but
+    its sleep (no console, so no restore)."""
+
+    restoring = False
+
+    def poll(self, timeout_s: float) -> None:
+        time.sleep(timeout_s)
+
+    def exited(self, rank: int, exit_code: int) -> None:
+        pass
+
+    def take_restore(self) -> None:
+        return None
+
+
+class NoSession(NoBus):
+    """A rank's side of a run without a bus: its relay, which takes its
+    snapshots, and the bus's ends it has not got."""
 
     commands_endpoint = None
     agent_curve = None
     agent_secret = None
-    restoring = False
 
     def __init__(self, snapshotter_factory: Callable[[], Snapshotter],
                  run_files: dict[str, Path], snapshots: RankSnapshots | None = None) -> None:
@@ -75,14 +92,12 @@ class NoSession:
         self.child: RankProcess | None = None
         self.run_files = run_files
 
-    def poll(self, timeout_s: float) -> None:
-        time.sleep(timeout_s)
+    def follows(self, rank: int, child: RankProcess) -> None:
+        """``child`` is the rank's process now."""
+        self.child = child
 
     def output(self, line: str) -> None:
         pass
-
-    def exited(self, exit_code: int) -> None:
-        self.close()
 
     def close(self) -> None:
         self.snapshots.close()

@@ -32,11 +32,8 @@ import json
 import os
 import secrets
 import shlex
-import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 
 from prism_debug.capture.snapshots import (
     Snapshotter,
@@ -44,17 +41,18 @@ from prism_debug.capture.snapshots import (
     restore_process,
     restore_tools,
 )
-from prism_debug.controller.no_session import NoSession, RankSnapshots
-from prism_debug.controller.ranks_session import RanksSession, RestoreDue
-from prism_debug.errors import ConfigError, InvalidState, PrismError, SnapshotError
+from prism_debug.controller.follow import FollowedRank, follow
+from prism_debug.controller.no_session import NoBus, NoSession, RankSnapshots
+from prism_debug.controller.ranks_session import RanksSession
+from prism_debug.controller.replace import RestoreDue, replace_ranks
+from prism_debug.errors import ConfigError, InvalidState, SnapshotError
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.selectors import ranks_text
 from prism_debug.process.children import (
-    POLL_S,
     Child,
     Follower,
+    Relay,
     RestoredChild,
-    RunSession,
     run_files,
 )
 from prism_debug.process.options import RestoreOptions, RunOptions, RunResult
@@ -114,27 +112,6 @@ def cut_run_of(prefix: str) -> str:
     return hashlib.sha256(prefix.encode()).hexdigest()[:8]
 
 
-class _Rank:
-    """One real rank's process, files and relay."""
-
-    def __init__(self, rank: int, files: dict[str, Path], child: Child | RestoredChild,
-                 follower: Follower, snapshots: RankSnapshots | None = None,
-                 restored_from: str | None = None) -> None:
-        self.rank = rank
-        self.files = files
-        self.child = child
-        self.follower = follower
-        self.snapshots = snapshots
-        self.restored_from = restored_from  # the snapshot a restored copy came from
-        self.exit_code: int | None = None
-
-    @property
-    def taken(self) -> list[str]:
-        """The snapshots the rank took, in order, once recorded (a restored
-        cut's copy is asked for none)."""
-        return self.snapshots.taken if self.snapshots is not None else []
-
-
 def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
               message: Message, store: Store) -> RunResult:
     """Run every rank of ``options.ranks`` to its end; the lowest rank's
@@ -156,7 +133,7 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
     extra_env = {} if "OMP_NUM_THREADS" in os.environ or any(
         k == "OMP_NUM_THREADS" for k, _ in options.env) else {"OMP_NUM_THREADS": "1"}
 
-    def start(side: dict) -> Iterator[_Rank]:
+    def start(side: dict) -> Iterator[FollowedRank]:
         cut_run = cut_run_of(side["prefix"])
         if session is not None:
             session.cut_run = cut_run  # (a console's snapshot is a cut of this run too)
@@ -175,7 +152,7 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
     return dataclasses.replace(result, snapshots=_cuts(store, started))
 
 
-def _cuts(store: Store, ranks: dict[int, _Rank]) -> list[str]:
+def _cuts(store: Store, ranks: dict[int, FollowedRank]) -> list[str]:
     """The cuts every rank here took a snapshot of, in the order taken."""
     taken = {rank: [store.get(i).cut for i in each.taken] for rank, each in ranks.items()}
     first = next(iter(taken.values()), [])
@@ -192,14 +169,15 @@ def _session(ranks: tuple[int, ...], world_size: int, bind: str, job_ranks: tupl
     return session
 
 
-def _run_all(start: Callable[[dict], Iterator[_Rank]], host: Host | None,
+def _run_all(start: Callable[[dict], Iterator[FollowedRank]], host: Host | None,
              session: RanksSession | None, message: Message,
-             store: Store | None = None) -> tuple[dict[int, _Rank], int]:
+             store: Store | None = None) -> tuple[dict[int, FollowedRank], int]:
     """Start every rank (``start`` is given where they meet) and follow them
     to their ends; the ranks, and the first failure's exit code.  Whatever
     happens, no rank outlives this and every snapshot dumped is recorded.
     ``store``: where a console's restore finds the run's cuts."""
-    ranks: dict[int, _Rank] = {}
+    ranks: dict[int, FollowedRank] = {}
+    exit_code = 0
     try:
         with side_store(host) as side:
             restores = itertools.count(1)
@@ -207,11 +185,11 @@ def _run_all(start: Callable[[dict], Iterator[_Rank]], host: Host | None,
             def restore(due: RestoreDue) -> None:
                 assert session is not None and store is not None  # (a restore is a console's)
                 where = {**side, "prefix": f"{side['prefix']}restored-{next(restores)}/"}
-                _replace_by_cut(ranks, due, where, session, store, message)
+                replace_ranks(ranks, due, session, store, message, where)
             try:
                 for each in start(side):
                     ranks[each.rank] = each
-                exit_code = _supervise(ranks, session, message, restore)
+                exit_code = follow(ranks, session or NoBus(), message, restore)
             finally:
                 for each in ranks.values():
                     if each.child.poll() is None:
@@ -226,13 +204,13 @@ def _run_all(start: Callable[[dict], Iterator[_Rank]], host: Host | None,
 
 def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, rank: int,
            session: RanksSession | None, side: dict, extra_env: dict[str, str],
-           message: Message, snapshotter: Callable[[], Snapshotter]) -> _Rank:
+           message: Message, snapshotter: Callable[[], Snapshotter]) -> FollowedRank:
     """Start one real rank: its folder, its agent's config, its process and
     the relay of its output (to the session's bus, if any), which takes its
     snapshots."""
     files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
     snapshots = RankSnapshots(snapshotter, files, dumper=True)
-    relay: RunSession
+    relay: Relay
     bus: BusEnds  # the session's ends of the bus (a NoSession has none)
     if session is not None:
         relay, bus = session.follower_side(rank, snapshots), session
@@ -247,134 +225,23 @@ def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, ran
 
 
 def _followed(rank: int, files: dict[str, Path], child: Child | RestoredChild,
-              session: RanksSession | None, relay: RunSession, message: Message, *,
+              session: RanksSession | None, relay: Relay, message: Message, *,
               snapshots: RankSnapshots | None = None,
-              restored_from: str | None = None) -> _Rank:
+              restored_from: str | None = None) -> FollowedRank:
     """A rank's process, known to the session (or its relay) and followed."""
     if session is not None:
-        session.children[rank] = child
+        session.follows(rank, child)
     else:
         assert isinstance(relay, NoSession)  # without a session, a rank's relay is its own
-        relay.child = child
+        relay.follows(rank, child)
     follower = Follower(files["log"], files["events"], rank, message, relay,
                         table_prefix=f"[rank {rank}] ")
-    return _Rank(rank, files, child, follower, snapshots=snapshots,
-                 restored_from=restored_from)
-
-
-def _supervise(ranks: dict[int, _Rank], session: RanksSession | None, message: Message,
-               restore: Callable[[RestoreDue], None]) -> int:
-    """Wait for every rank, relaying their output; the first failure's exit
-    code (0 when none failed).  Ctrl-C, SIGTERM and SIGHUP go to every rank
-    (a second Ctrl-C kills); once a rank fails, the others are stopped.  A
-    console's restore (checked by the session) is done here, by
-    ``restore``, between two looks at the ranks."""
-    stopping = False  # (bound before the handler that sets it)
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True  # the ranks end as they were told: no failure of theirs
-        for each in _running(ranks):
-            each.child.signal(signum)
-
-    failure: int | None = None
-    interrupted = 0
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    try:
-        while _running(ranks):
-            try:
-                failure = _look(ranks, session, message, failure, stopping)
-                if session is not None:
-                    session.poll(POLL_S)  # the bus, for the loop's sleep
-                    if (due := session.take_restore()) is not None and not stopping:
-                        restore(due)
-                else:
-                    time.sleep(POLL_S)
-            except KeyboardInterrupt:
-                interrupted += 1
-                stopping = True
-                for each in _running(ranks):
-                    each.child.signal(signal.SIGINT if interrupted == 1 else signal.SIGKILL)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return failure or 0
-
-
-def _running(ranks: dict[int, _Rank]) -> list[_Rank]:
-    return [each for each in ranks.values() if each.exit_code is None]
-
-
-def _look(ranks: dict[int, _Rank], session: RanksSession | None, message: Message,
-          failure: int | None, stopping: bool) -> int | None:
-    """One look at every running rank: its output relayed, its end noted; the
-    run's first failure (the others are stopped once a rank fails, unless
-    the run is being stopped already)."""
-    for each in _running(ranks):
-        code = each.child.poll()
-        each.follower.poll()
-        if code is None:
-            continue
-        each.exit_code = code if code >= 0 else 128 - code
-        if session is not None:
-            session.exited(each.rank, each.exit_code)
-        if each.exit_code == 0 or failure is not None:
-            continue
-        failure = each.exit_code
-        others = [r.rank for r in _running(ranks)]
-        if others and not stopping:
-            which = "rank" if len(others) == 1 else "ranks"
-            message(f"prism-debug: rank {each.rank} exited with code {each.exit_code}: "
-                    f"stopping {which} {ranks_text(others)}, as torchrun stops a job's other "
-                    "workers")
-            for other in _running(ranks):
-                other.child.signal(signal.SIGTERM)
-    return failure
-
-
-def _replace_by_cut(ranks: dict[int, _Rank], due: RestoreDue, side: dict,
-                    session: RanksSession, store: Store, message: Message) -> None:
-    """A console's restore of a cut of this run: every rank's process ended
-    (the copies need their pids), then each rank restored from its part of
-    the cut, meeting the others on ``side`` (a namespace of its own), and
-    followed on in the same files; the asking console's rank stays paused
-    where it was cut.  A copy that fails to restore ends the run."""
-    for each in ranks.values():
-        if each.child.poll() is None:
-            each.child.kill()
-    for each in ranks.values():
-        each.child.wait()
-        each.follower.poll()  # (what it wrote before it ended)
-        if each.snapshots is not None:
-            each.snapshots.close()  # its cuts stay the run's: recorded, listed at the end
-    session.replacing()
-    pids: dict[int, int] = {}
-    try:
-        for manifest in due.members:
-            each = ranks[manifest.rank]
-            os.chmod(each.files["control"], 0o600)  # it carries the store's prefix, the secret
-            pids[each.rank] = restore_process(
-                store, manifest, each.files, due.criu, bus=session.commands_endpoint,
-                bus_curve=session.agent_curve, bus_secret=session.agent_secret,
-                pause=each.rank == due.bound, side_store=side,
-                message=_labelled(each.rank, message))
-            each.child = session.children[each.rank] = RestoredChild(pids[each.rank])
-            each.restored_from = manifest.id
-    except (PrismError, OSError) as exc:
-        session.restore_failed(due, exc)
-        for each in ranks.values():
-            if each.rank in pids:
-                each.child.kill()  # (the others ended already: the loop sees them all end)
-        return
-    session.restored(due, pids)
-
-
-def _labelled(rank: int, message: Message) -> Message:
-    return lambda line: message(f"[rank {rank}] {line}")
+    return FollowedRank(rank, files, child, follower, snapshots=snapshots,
+                        restored_from=restored_from)
 
 
 def _results(world_size: int, command: list[str], hardware: str, report_path: Path | None,
-             ranks: dict[int, _Rank], exit_code: int, message: Message) -> RunResult:
+             ranks: dict[int, FollowedRank], exit_code: int, message: Message) -> RunResult:
     """Each rank's report (its folder's report.json, and ``report_path`` for
     them all); the lowest rank's result, with each rank's in ``ranks``."""
     results: dict[int, RunResult] = {}
@@ -430,7 +297,7 @@ def restore_cut(options: RestoreOptions, store: Store, message: Message) -> RunR
     session = None if options.bind is None else _session(
         ranks, first.world_size, options.bind, ranks, None, message)
 
-    def start(side: dict) -> Iterator[_Rank]:
+    def start(side: dict) -> Iterator[FollowedRank]:
         for manifest in members:
             yield _restore(store, manifest, criu, options, run_dir, session, side, message)
 
@@ -448,7 +315,7 @@ def restore_cut(options: RestoreOptions, store: Store, message: Message) -> RunR
 
 def _restore(store: Store, manifest: Manifest, criu: Criu, options: RestoreOptions,
              run_dir: Path, session: RanksSession | None, side: dict,
-             message: Message) -> _Rank:
+             message: Message) -> FollowedRank:
     """Restore one rank of a cut, told to meet the others on ``side``."""
     rank = manifest.rank
     files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
@@ -457,7 +324,7 @@ def _restore(store: Store, manifest: Manifest, criu: Criu, options: RestoreOptio
     def no_snapshots() -> Snapshotter:  # (a restored cut's copies are asked for none)
         raise InvalidState(f"rank {rank} asked for a snapshot nobody asked of it")
 
-    relay: RunSession
+    relay: Relay
     bus: BusEnds  # the session's ends of the bus (a NoSession has none)
     if session is not None:
         relay, bus = session.follower_side(rank, None), session

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 from collections.abc import Callable
 
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Handler, Pending, result_of
 from prism_debug.capture.snapshots import check_unchanged, restore_tools
 from prism_debug.controller.no_session import RankSnapshots
+from prism_debug.controller.replace import RestoreDue
 from prism_debug.controller.session import listed, off_the_loop, session_info
 from prism_debug.errors import (
     BusError,
@@ -38,8 +38,8 @@ from prism_debug.errors import (
     SnapshotFailed,
 )
 from prism_debug.graph.selectors import ranks_text
-from prism_debug.process.children import RankProcess
-from prism_debug.snapshot.criu import Criu
+from prism_debug.process.children import RankProcess, RestoredChild
+from prism_debug.snapshot.criu import Criu, tree_pids
 from prism_debug.snapshot.manifest import Manifest, cut_id, cut_prefix
 from prism_debug.snapshot.store import Store
 
@@ -99,6 +99,10 @@ class RanksSession:
         self.server.poll(timeout_s)
         self._announce_cuts()
 
+    @property
+    def restoring(self) -> bool:
+        return self._checking is not None
+
     def output(self, rank: int, line: str) -> None:
         self.server.publish("output", {"line": line}, rank)
 
@@ -110,6 +114,10 @@ class RanksSession:
     def close(self) -> None:
         sessions.withdraw(self.info)
         self.server.close()
+
+    def follows(self, rank: int, child: RankProcess) -> None:
+        """``child`` is ``rank``'s process now (started, or restored)."""
+        self.children[rank] = child
 
     def follower_side(self, rank: int, snapshots: RankSnapshots | None) -> _RankSide:
         """What a rank's output relay tells the session (children.RunSession);
@@ -225,7 +233,7 @@ class RanksSession:
     def _check_restore(self, pending: Pending, cut: str, bound: int) -> None:
         self._checking = (pending, off_the_loop(lambda: self._restorable(cut)), bound)
 
-    def _restorable(self, cut: str) -> tuple[list[Manifest], Criu]:
+    def _restorable(self, cut: str) -> tuple[list[Manifest], Criu, set[int]]:
         """Every part of ``cut`` verified (its images' checksums), of this
         session's ranks, from unchanged code; and the CRIU to restore with."""
         assert self.store is not None  # (_restore refuses a session without one)
@@ -237,7 +245,8 @@ class RanksSession:
                                 f"{cut} restores it as a run of its own")
         for manifest in members:
             check_unchanged(manifest, self.store)
-        return members, restore_tools(members[0])
+        needed = {pid for m in members for pid in tree_pids(self.store.path(m.id))}
+        return members, restore_tools(members[0]), needed
 
     def take_restore(self) -> RestoreDue | None:
         """For the controller's loop: a console's restore whose checks passed
@@ -247,32 +256,37 @@ class RanksSession:
         pending, checks, bound = self._checking
         self._checking = None
         try:
-            members, criu = checks.result()
+            members, criu, needed = checks.result()
         except PrismError as exc:
             self.server.fail(pending, SnapshotFailed(f"{exc}; the ranks run on as they were"))
             return None
-        return RestoreDue(pending, members, criu, bound)
+        return RestoreDue(pending, tuple(members), criu, bound, frozenset(needed))
 
-    def replacing(self) -> None:
-        """The ranks are ended for a restore: what they owe fails, and what is
-        asked of them waits for their copies."""
+    def replacing(self, due: RestoreDue) -> None:
         for rank in self.ranks:
             self.server.agent_gone(rank)
             self.server.agent_away(rank)
         self._snapshots.clear()  # (the copies take none: a console's snapshot is refused)
 
-    def restored(self, due: RestoreDue, pids: dict[int, int]) -> None:
+    def restored(self, due: RestoreDue, copies: dict[int, RestoredChild]) -> None:
+        for rank, copy in copies.items():
+            self.follows(rank, copy)
         first = due.members[0]
+        pids = {rank: copy.pid for rank, copy in copies.items()}
         self.server.reply(due.pending, {"id": first.cut, "iteration": first.iteration,
                                         "pid": pids[due.bound], "ranks": list(self.ranks),
                                         "pids": {str(r): pid for r, pid in pids.items()}})
         for rank in self.ranks:
             self.server.publish("restored", {"id": first.cut}, rank)
 
-    def restore_failed(self, due: RestoreDue, error: Exception) -> None:
-        self.server.fail(due.pending, SnapshotFailed(
-            f"{error}; every rank had ended first, as the copies need their pids: the run "
-            "ends"))
+    def restore_failed(self, due: RestoreDue, error: Exception, *, kept: bool) -> None:
+        if kept:
+            self.server.fail(due.pending, SnapshotFailed(
+                f"{error}; the ranks run on as they were"))
+        else:
+            self.server.fail(due.pending, SnapshotFailed(
+                f"{error}; every rank had ended first, as the copies need their pids: the "
+                "run ends"))
 
     def _snapshots_listed(self, client: bytes, args: dict) -> dict:
         """Every rank's part of this run's cuts, recorded so far."""
@@ -328,18 +342,6 @@ class RanksSession:
                 with contextlib.suppress(BusError):
                     self.server.ask_agent("events", {"on": False}, lambda message: None,
                                           rank=rank)
-
-
-@dataclasses.dataclass(frozen=True)
-class RestoreDue:
-    """A console's restore of a cut, checked, for the controller's loop to do:
-    who asked, the cut's parts by rank, the CRIU to use, and the rank whose
-    console asked (its copy waits paused)."""
-
-    pending: Pending
-    members: list[Manifest]
-    criu: Criu
-    bound: int
 
 
 class Agreement:
@@ -413,9 +415,7 @@ def _refuse(verb: str, why: str) -> Handler:
 
 
 class _RankSide:
-    """One rank's relay's view of the session."""
-
-    restoring = False
+    """One rank's relay's view of the session (children.Relay)."""
 
     def __init__(self, session: RanksSession, rank: int,
                  snapshots: RankSnapshots | None) -> None:
@@ -423,22 +423,12 @@ class _RankSide:
         self._rank = rank
         self._snapshots = snapshots
 
-    @property
-    def child(self) -> RankProcess | None:
-        return self._session.children.get(self._rank)
-
     def output(self, line: str) -> None:
         self._session.output(self._rank, line)
 
     def take_snapshot(self, event: dict) -> None:
         if self._snapshots is None:  # (a restored cut's copies are asked for none)
             raise InvalidState(f"rank {self._rank} asked for a snapshot nobody asked of it")
-        child = self.child
+        child = self._session.children.get(self._rank)
         assert child is not None  # the rank announcing the snapshot is the one followed
         self._snapshots.take(child.pid, event)
-
-    def poll(self, timeout_s: float) -> None:
-        self._session.poll(timeout_s)
-
-    def exited(self, exit_code: int) -> None:
-        self._session.exited(self._rank, exit_code)

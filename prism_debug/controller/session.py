@@ -11,14 +11,10 @@ breakpoints, status, the rank's heartbeats — and the rank's next snapshot
 is dumped at once: the checks before a restore (every image's checksum:
 seconds for a large rank), and the record of each snapshot once the rank
 was let go (``capture/recorder.py``), whose askers are answered when it is
-over, in the order the snapshots were taken.  The restore
-itself comes back to the loop (its thread is the copy's parent, and the
-copy dies with that thread).  A restore never loses the running rank to a
-failure: a copy that can run beside it (its pids are free: a rank isolated in
-its own pid namespace, or another process's snapshot) is restored while the
-rank is held still, and the rank ends only once the copy is up; a copy that
-needs the rank's own pids is checked as far as anything can be before the
-rank is given up.
+over, in the order the snapshots were taken.  The restore itself is
+the loop's (``controller/replace.py``: the copy is the child of the thread
+that restores it), which :meth:`Session.take_restore` hands the checked
+restore to, and whose outcome the session is told and answers.
 """
 
 from __future__ import annotations
@@ -40,6 +36,7 @@ from prism_debug.capture.history import Plan, Position
 from prism_debug.capture.ring import Ring
 from prism_debug.capture.snapshots import Release, Snapshotter, release_rank
 from prism_debug.controller.no_session import NoSession
+from prism_debug.controller.replace import RestoreDue
 from prism_debug.errors import (
     BusError,
     Busy,
@@ -75,7 +72,8 @@ class Session:
         self._snapshotter_factory = snapshotter_factory
         self._snapshotter: Snapshotter | None = None
         self._message = message
-        self.child: RankProcess | None = None  # the rank's process, swapped by restores
+        # the rank's process, set by whoever starts it and swapped by restores
+        self.children: dict[int, RankProcess] = {}
         # the only process (with its descendants) whose agent.hello is believed
         self.server.rank_pid = lambda: self.child.pid if self.child is not None else None
         self.exit_code: int | None = None
@@ -112,13 +110,18 @@ class Session:
 
     # -- the loop's side ------------------------------------------------------------
 
+    @property
+    def child(self) -> RankProcess | None:
+        """The rank's process now."""
+        return self.children.get(self.rank)
+
+    def follows(self, rank: int, child: RankProcess) -> None:
+        """``child`` is ``rank``'s process now (started, or restored)."""
+        self.children[rank] = child
+
     def poll(self, timeout_s: float) -> None:
         self.server.poll(timeout_s)
         self._answer_recorded()
-        if self._checking is not None and self._checking[1].done():
-            pending, checks = self._checking
-            self._checking = None
-            self._replace_rank(pending, checks)
 
     @property
     def restoring(self) -> bool:
@@ -127,7 +130,7 @@ class Session:
     def output(self, line: str) -> None:
         self.server.publish("output", {"line": line})
 
-    def exited(self, exit_code: int) -> None:
+    def exited(self, rank: int, exit_code: int) -> None:
         self.exit_code = exit_code
         self._records_done()  # its last snapshots are answered for, and in the run's result
         self.server.agent_gone()
@@ -337,67 +340,55 @@ class Session:
             raise SnapshotFailed(str(exc)) from None
         return manifest, criu, needed
 
-    def _replace_rank(self, pending: Pending, checks: concurrent.futures.Future) -> None:
-        """The checks passed (or not): restore the copy, then give up the rank."""
+    def take_restore(self) -> RestoreDue | None:
+        """For the controller's loop: a console's restore whose checks passed
+        (one that failed is answered here; the rank runs on as it was)."""
+        if self._checking is None or not self._checking[1].done():
+            return None
+        pending, checks = self._checking
+        self._checking = None
         # snapshots the rank took meanwhile join its timeline before a restore cuts it
         self._records_done()
         try:
             manifest, criu, needed = checks.result()
         except PrismError as exc:
             self.server.fail(pending, exc)
-            return
+            return None
         except Exception as exc:  # a bug in the checks must not end the session
             self.server.fail(pending, SnapshotFailed(f"the checks before the restore failed: "
                                                      f"{exc}"))
-            return
-        old = self.child if self.child is not None and self.child.poll() is None else None
-        ours = old.process_ids() if old is not None else set()
-        taken = {pid for pid in needed if os.path.exists(f"/proc/{pid}")}
-        if taken - ours:
-            self.server.fail(pending, SnapshotFailed(
-                f"snapshot {manifest.id} needs pid(s) {_ids(taken - ours)}, which other "
-                "processes hold now (CRIU restores pids): end them, or take snapshots of a "
-                "run with --isolate, whose copies get pid namespaces of their own"))
-            return
-        beside = not taken  # else the copy needs the rank's own pids: it must end first
-        if old is not None:
-            if beside:
-                old.hold(True)  # no output or snapshot of its own while the copy starts
-            else:
-                old.kill()
-        try:
-            pid = snapshots.restore_process(
-                self.store, manifest, self.run_files, criu, bus=self.server.commands,
-                bus_curve=self.server.agent_curve, bus_secret=self.agent_secret, pause=True,
-                history=self.ring is not None, lazy=self._restore_lazy,
-                message=self._message)
-        except (PrismError, OSError) as exc:
-            if old is not None and beside:
-                old.hold(False)
-                self.server.fail(pending, SnapshotFailed(f"{exc}; the rank runs on as it was"))
-            else:
-                self.server.fail(pending, SnapshotFailed(
-                    f"{exc}; the rank had to end first, as the copy needs its pids (a run "
-                    "with --isolate keeps it through a failed restore)"))
-            return
-        # the copy is up: now, and only now, the rank it replaces goes
+            return None
+        return RestoreDue(pending, (manifest,), criu, self.rank, frozenset(needed),
+                          lazy=self._restore_lazy, history=self.ring is not None)
+
+    def replacing(self, due: RestoreDue) -> None:
         self.server.agent_gone()
         self._fail_snapshot_waiters("the rank was replaced by a restored copy")
         self._taken.clear()
-        if self.ring is not None:
-            plan, _ = self._plans.get(pending, (None, None))
-            self.ring.restored(manifest, plan.target if plan is not None else None)
-        if old is not None and beside:
-            old.kill()
         self.server.agent_away()  # the copy's agent connects as it resumes
-        self.child = RestoredChild(pid, isolated=not needed)  # none: its own pid namespace
+
+    def restored(self, due: RestoreDue, copies: dict[int, RestoredChild]) -> None:
+        (manifest,), copy = due.members, copies[self.rank]
+        if self.ring is not None:
+            plan, _ = self._plans.get(due.pending, (None, None))
+            self.ring.restored(manifest, plan.target if plan is not None else None)
+        self.follows(self.rank, copy)
         self.exit_code = None
-        result = {"id": manifest.id, "iteration": manifest.iteration, "pid": pid}
+        result = {"id": manifest.id, "iteration": manifest.iteration, "pid": copy.pid}
         self.server.publish("restored", result)
         self._message(f"prism-debug: restored snapshot {manifest.id} (after iteration "
-                      f"{manifest.iteration}) as pid {pid}")
+                      f"{manifest.iteration}) as pid {copy.pid}")
         # answered when the copy is back on the bus, so the next command reaches it
-        self._restores.append((pending, result))
+        self._restores.append((due.pending, result))
+
+    def restore_failed(self, due: RestoreDue, error: Exception, *, kept: bool) -> None:
+        self._plans.pop(due.pending, None)
+        if kept:
+            self.server.fail(due.pending, SnapshotFailed(f"{error}; the rank runs on as it was"))
+        else:
+            self.server.fail(due.pending, SnapshotFailed(
+                f"{error}; the rank had to end first, as the copy needs its pids (a run with "
+                "--isolate keeps it through a failed restore)"))
 
     def _agent_back(self, pid: int) -> None:
         for pending, result in self._restores:
@@ -571,10 +562,6 @@ def off_the_loop(checks: Callable[[], T]) -> concurrent.futures.Future[T]:
 
     threading.Thread(target=run, name="prism-restore-checks", daemon=True).start()
     return future
-
-
-def _ids(pids: set[int]) -> str:
-    return ", ".join(map(str, sorted(pids)))
 
 
 def session_info(server: BusServer, world_size: int, ranks: tuple[int, ...], *,

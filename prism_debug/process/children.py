@@ -1,6 +1,7 @@
-"""Supervising the rank's process: the forms it takes (a plain child, the init
-of its own pid namespace, a copy CRIU restored), its files, relaying its
-output and events, and the loop that waits for it.
+"""A rank's process: the forms it takes (a plain child, the init of its own
+pid namespace, a copy CRIU restored), its files, and relaying its output
+and events (the loop that waits for the ranks is the controller's:
+``controller/follow.py``).
 
 The rank runs in its own session (CRIU needs that), with stdin from
 /dev/null and its output in an append-only file the controller relays, so a
@@ -28,7 +29,6 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Protocol
 
 from prism_debug.process import report as reporting
@@ -238,17 +238,9 @@ def continue_rank(pid: int) -> None:
 # -- following the rank ---------------------------------------------------------------------
 
 
-class RunSession(Protocol):
-    """What the waiting loop serves besides the rank: the debugger bus (or
-    nothing), snapshots, and who the rank is now (a restore replaces it)."""
-
-    @property
-    def child(self) -> RankProcess | None:
-        """The rank's process now (the loop only reads it: whoever starts or
-        replaces the rank sets it on its own session)."""
-
-    def poll(self, timeout_s: float) -> None:
-        """Serve the bus for up to ``timeout_s`` (the loop's sleep)."""
+class Relay(Protocol):
+    """Where a rank's follower sends what the rank says: its output (to the
+    debugger bus, or nowhere) and its requests for snapshots."""
 
     def output(self, line: str) -> None:
         """A line of the rank's output."""
@@ -256,21 +248,13 @@ class RunSession(Protocol):
     def take_snapshot(self, event: dict) -> None:
         """The rank idles at a boundary for a snapshot: dump it and let it go."""
 
-    @property
-    def restoring(self) -> bool:
-        """A restore is under way: the rank it will replace may end meanwhile
-        without ending the session."""
-
-    def exited(self, exit_code: int) -> None:
-        """The rank is gone."""
-
 
 class Follower:
     """Relays the rank's output and prints a table row per finished iteration;
     the output goes to the session too (the bus), and snapshot requests."""
 
     def __init__(self, log_path: Path, events_path: Path, rank: int,
-                 message: Callable[[str], None], session: RunSession,
+                 message: Callable[[str], None], session: Relay,
                  table_prefix: str = "") -> None:
         self._log = Tail(log_path)
         self._events = Tail(events_path)
@@ -321,43 +305,3 @@ class Tail:
             complete.append(self._partial)
             self._partial = b""
         return [line.decode("utf-8", "replace") for line in complete]
-
-
-def supervise(session: RunSession, follower: Follower) -> int:
-    """Wait for the rank, relaying as it goes and serving the session; its exit code.
-
-    The rank runs in its own session, so signals aimed at the controller do
-    not reach it by themselves: Ctrl-C, SIGTERM and SIGHUP are passed on (a
-    second Ctrl-C kills), and if the controller itself fails the rank goes
-    down with it rather than running on orphaned.  The rank may be replaced
-    meanwhile (a restore from the console): ``session.child`` is always the
-    one to follow.
-    """
-    def forward(signum: int, frame: FrameType | None) -> None:
-        child = session.child
-        assert child is not None  # the handlers are set once the rank is started
-        child.signal(signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
-    interrupted = 0
-    try:
-        while True:
-            try:
-                child = session.child
-                assert child is not None  # a session follows a rank from its start
-                code = child.poll()
-                follower.poll()
-                if code is not None and child is session.child and not session.restoring:
-                    code = code if code >= 0 else 128 - code
-                    session.exited(code)
-                    return code
-                session.poll(POLL_S)
-            except KeyboardInterrupt:
-                interrupted += 1
-                assert session.child is not None
-                session.child.signal(signal.SIGINT if interrupted == 1 else signal.SIGKILL)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if session.child is not None and session.child.poll() is None:
-            session.child.kill()
