@@ -39,7 +39,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from prism_debug.controller import launch
-from prism_debug.controller.launch import restore
+from prism_debug.controller.restore import restore
 from prism_debug.cost import HardwareProfile, load_profile
 from prism_debug.errors import PrismError
 from prism_debug.faults import Fault, fault_from_dict, fault_text, parse_fault

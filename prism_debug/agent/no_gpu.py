@@ -6,7 +6,7 @@ prism-debug emulates the other ranks, not a GPU: a script that calls
 torch's words for "built without CUDA", which name neither the cause nor the
 user's line.  The rank's excepthook recognises torch's no-GPU failures and
 writes a ``no_gpu`` event naming the user's file, line and the call; the
-controller turns it into one line (``controller/launch.py``).  The hook only
+controller turns it into one line (``process/start.py``).  The hook only
 looks: the exception is reported by the hooks before it as ever.
 """
 

@@ -8,17 +8,16 @@ random bits that only the ranks' 0600 config files carry (a TCPStore has no
 access control and cannot list its keys): there the agents build the real
 gloo communicators of the groups they share (backend/real_comms.py).
 
-Like torchrun, the controller waits for every rank and, once one fails,
-stops the others: a real job whose rank dies does not run on.  The run's
-exit code is the first failure's.
+The ranks are followed by the controller's one loop (``controller/follow.py``),
+which, like torchrun, stops the others once one fails.
 
 Snapshots of several real ranks are consistent cuts: at a ``--snapshot-at``
 boundary every rank waits for the others' replicas to match its own, drops
 its connections to them (agent/real.py, backend/real_comms.py) and is
 dumped by this controller like a rank of its own; each snapshot names its
 cut, ``c<run>-it<iteration>``, the same on every host of the run.
-:func:`restore_cut` restores all of a cut's ranks together, on a store of
-its own, where they connect to each other again and run on.
+``controller/restore.py`` restores all of a cut's ranks together, on a
+store of its own, where they connect to each other again and run on.
 """
 
 from __future__ import annotations
@@ -37,15 +36,11 @@ from pathlib import Path
 
 from prism_debug.capture.snapshots import (
     Snapshotter,
-    check_unchanged,
-    restore_process,
-    restore_tools,
 )
 from prism_debug.controller.follow import FollowedRank, follow
 from prism_debug.controller.no_session import NoBus, NoSession, RankSnapshots
 from prism_debug.controller.ranks_session import RanksSession
 from prism_debug.controller.replace import RestoreDue, replace_ranks
-from prism_debug.errors import ConfigError, InvalidState, SnapshotError
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.selectors import ranks_text
 from prism_debug.process.children import (
@@ -55,19 +50,16 @@ from prism_debug.process.children import (
     RestoredChild,
     run_files,
 )
-from prism_debug.process.options import RestoreOptions, RunOptions, RunResult
-from prism_debug.process.paths import default_run_dir, make_run_dir
+from prism_debug.process.options import RunOptions, RunResult
+from prism_debug.process.paths import make_run_dir
 from prism_debug.process.start import (
     BusEnds,
     agent_config,
-    check_gpu_calls,
     check_rank_events,
     finish,
     start_rank,
 )
 from prism_debug.process.torchrun import WORKER_ONLY, Host
-from prism_debug.snapshot.criu import Criu, tree_pids
-from prism_debug.snapshot.manifest import Manifest
 from prism_debug.snapshot.store import Store
 
 Message = Callable[[str], None]
@@ -126,7 +118,7 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
         message(f"host {host.node_rank} of {host.nnodes} under torchrun: the job's real ranks "
                 f"are {ranks_text(host.job_ranks)}")
     message(f"command: {shlex.join(options.command)}")
-    session = None if options.bind is None else _session(
+    session = None if options.bind is None else ranks_session(
         ranks, options.world_size, options.bind, options.real_ranks,
         (host.node_rank, host.nnodes) if host is not None else None, message, store)
     # as torchrun does for several processes on a host, unless the user set it
@@ -143,8 +135,8 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
             yield _start(options, graph, run_dir, rank, session, side, extra_env, message,
                          snapshotter)
 
-    started, exit_code = _run_all(start, host, session, message, store)
-    result = _results(options.world_size, options.command, options.profile.name,
+    started, exit_code = run_all(start, host, session, message, store)
+    result = ranks_results(options.world_size, options.command, options.profile.name,
                       options.report_path, started, exit_code, message)
     for rank, each in started.items():
         check_rank_events(options, rank, result.ranks[rank].events, each.exit_code or 0,
@@ -159,9 +151,11 @@ def _cuts(store: Store, ranks: dict[int, FollowedRank]) -> list[str]:
     return [cut for cut in first if cut and all(cut in cuts for cuts in taken.values())]
 
 
-def _session(ranks: tuple[int, ...], world_size: int, bind: str, job_ranks: tuple[int, ...],
-             node: tuple[int, int] | None, message: Message,
-             store: Store | None = None) -> RanksSession:
+def ranks_session(ranks: tuple[int, ...], world_size: int, bind: str,
+                  job_ranks: tuple[int, ...], node: tuple[int, int] | None, message: Message,
+                  store: Store | None = None) -> RanksSession:
+    """The bus of a run of several real ranks (``node``: this host's share of
+    a job on several, as node rank and count)."""
     session = RanksSession(ranks=ranks, world_size=world_size, host=bind, job_ranks=job_ranks,
                            node=node, store=store)
     message(f"debugger: prism-debug attach --rank R, R one of {ranks_text(ranks)} "
@@ -169,9 +163,9 @@ def _session(ranks: tuple[int, ...], world_size: int, bind: str, job_ranks: tupl
     return session
 
 
-def _run_all(start: Callable[[dict], Iterator[FollowedRank]], host: Host | None,
-             session: RanksSession | None, message: Message,
-             store: Store | None = None) -> tuple[dict[int, FollowedRank], int]:
+def run_all(start: Callable[[dict], Iterator[FollowedRank]], host: Host | None,
+            session: RanksSession | None, message: Message,
+            store: Store | None = None) -> tuple[dict[int, FollowedRank], int]:
     """Start every rank (``start`` is given where they meet) and follow them
     to their ends; the ranks, and the first failure's exit code.  Whatever
     happens, no rank outlives this and every snapshot dumped is recorded.
@@ -221,10 +215,10 @@ def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, ran
                  side_store=side).write(config_path)  # 0600: the bus's and the store's secrets
     child = Child(start_rank(options, rank, files, config_path, extra_env,
                              drop_env=WORKER_ONLY if options.host else ()))
-    return _followed(rank, files, child, session, relay, message, snapshots=snapshots)
+    return followed(rank, files, child, session, relay, message, snapshots=snapshots)
 
 
-def _followed(rank: int, files: dict[str, Path], child: Child | RestoredChild,
+def followed(rank: int, files: dict[str, Path], child: Child | RestoredChild,
               session: RanksSession | None, relay: Relay, message: Message, *,
               snapshots: RankSnapshots | None = None,
               restored_from: str | None = None) -> FollowedRank:
@@ -240,7 +234,7 @@ def _followed(rank: int, files: dict[str, Path], child: Child | RestoredChild,
                         restored_from=restored_from)
 
 
-def _results(world_size: int, command: list[str], hardware: str, report_path: Path | None,
+def ranks_results(world_size: int, command: list[str], hardware: str, report_path: Path | None,
              ranks: dict[int, FollowedRank], exit_code: int, message: Message) -> RunResult:
     """Each rank's report (its folder's report.json, and ``report_path`` for
     them all); the lowest rank's result, with each rank's in ``ranks``."""
@@ -263,78 +257,3 @@ def _results(world_size: int, command: list[str], hardware: str, report_path: Pa
     lowest = results[min(results)]
     return RunResult(lowest.report, exit_code, lowest.run_dir.parent, [], lowest.events,
                      ranks=results)
-
-
-# -- restoring a cut -------------------------------------------------------------------
-
-
-def restore_cut(options: RestoreOptions, store: Store, message: Message) -> RunResult:
-    """A new run from the cut ``options.snapshot_id``: every rank of it
-    restored, on a store of this controller's where they meet again, and
-    followed to its end as :func:`run_ranks` follows a run."""
-    members = [store.verify(m.id) for m in store.cut(options.snapshot_id)]
-    first = members[0]
-    cut, ranks = first.cut, tuple(m.rank for m in members)
-    missing = sorted(set(first.cut_ranks) - set(ranks))
-    if missing:
-        raise SnapshotError(f"cut {cut} is of ranks {ranks_text(first.cut_ranks)}; this store "
-                            f"({store.root}) holds ranks {ranks_text(ranks)} only, the others "
-                            "were snapshotted on other hosts: copy their snapshots (their "
-                            "store's folders of this cut) here and restore the cut again")
-    if options.reload:
-        raise ConfigError("--reload restores one rank; a cut of several real ranks is "
-                          "restored without it (take the snapshots again from the changed code)")
-    for manifest in members:
-        check_unchanged(manifest, store)
-        if options.faults and manifest.graph_digest is None:
-            raise ConfigError(f"faults act on virtual peers replayed from a graph; cut {cut} "
-                              "was taken from a run whose peers arrived in lockstep")
-    criu = restore_tools(first)
-    run_dir = options.run_dir or default_run_dir()
-    make_run_dir(run_dir)
-    message(f"prism-debug: restoring cut {cut} (ranks {ranks_text(ranks)} of "
-            f"{first.world_size}, after iteration {first.iteration})")
-    session = None if options.bind is None else _session(
-        ranks, first.world_size, options.bind, ranks, None, message)
-
-    def start(side: dict) -> Iterator[FollowedRank]:
-        for manifest in members:
-            yield _restore(store, manifest, criu, options, run_dir, session, side, message)
-
-    restored, exit_code = _run_all(start, None, session, message)
-    result = _results(first.world_size, first.command, first.hardware, options.report_path,
-                      restored, exit_code, message)
-    for rank, each in restored.items():
-        check_gpu_calls(result.ranks[rank].events, each.exit_code or 0, each.files["log"])
-        error = next((e["message"] for e in result.ranks[rank].events if e["kind"] == "error"),
-                     None)
-        if error is not None:
-            raise ConfigError(f"the restored rank {rank} refused: {error}")
-    return result
-
-
-def _restore(store: Store, manifest: Manifest, criu: Criu, options: RestoreOptions,
-             run_dir: Path, session: RanksSession | None, side: dict,
-             message: Message) -> FollowedRank:
-    """Restore one rank of a cut, told to meet the others on ``side``."""
-    rank = manifest.rank
-    files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
-    os.chmod(files["control"], 0o600)  # it carries the store's prefix and the bus secret
-
-    def no_snapshots() -> Snapshotter:  # (a restored cut's copies are asked for none)
-        raise InvalidState(f"rank {rank} asked for a snapshot nobody asked of it")
-
-    relay: Relay
-    bus: BusEnds  # the session's ends of the bus (a NoSession has none)
-    if session is not None:
-        relay, bus = session.follower_side(rank, None), session
-    else:
-        relay = bus = NoSession(no_snapshots, files)
-    isolated = not tree_pids(store.path(manifest.id))  # (read before the copy runs)
-    pid = restore_process(
-        store, manifest, files, criu, iterations=options.iterations,
-        bus=bus.commands_endpoint, bus_curve=bus.agent_curve, bus_secret=bus.agent_secret,
-        faults=options.faults, watch_nonfinite=options.watch_nonfinite, lazy=options.lazy,
-        message=lambda line: message(f"[rank {rank}] {line}"), side_store=side)
-    return _followed(rank, files, RestoredChild(pid, isolated=isolated), session, relay,
-                     message, restored_from=manifest.id)

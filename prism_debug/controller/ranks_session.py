@@ -120,7 +120,7 @@ class RanksSession:
         self.children[rank] = child
 
     def follower_side(self, rank: int, snapshots: RankSnapshots | None) -> _RankSide:
-        """What a rank's output relay tells the session (children.RunSession);
+        """What a rank's output relay tells the session (children.Relay);
         ``snapshots`` takes the rank's part of each cut (None: a run that
         takes none)."""
         if snapshots is not None:

@@ -56,7 +56,7 @@ MAX_SNAPSHOT_WAITERS = 64  # clients waiting for snapshots to be taken, all toge
 
 
 class Session:
-    """A run's debugging session on the bus (serves children.RunSession)."""
+    """A run's debugging session on the bus (the relay of its rank's output: children.Relay)."""
 
     def __init__(self, *, rank: int, world_size: int, host: str, run_files: dict[str, Path],
                  store: Store, snapshotter_factory: Callable[[], Snapshotter],

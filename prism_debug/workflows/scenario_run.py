@@ -21,7 +21,8 @@ from xml.sax.saxutils import escape, quoteattr
 import numpy as np
 from numpy.typing import NDArray
 
-from prism_debug.controller.launch import restore, run
+from prism_debug.controller.launch import run
+from prism_debug.controller.restore import restore
 from prism_debug.cost import DEFAULT_PROFILE, CostModel, HardwareProfile, load_profile
 from prism_debug.errors import ConfigError
 from prism_debug.example import SCRIPT as EXAMPLE_SCRIPT
