@@ -22,9 +22,11 @@ from prism_debug.capture.snapshots import (
     snapshot_tools,
 )
 from prism_debug.controller.follow import FollowedRank, follow
+from prism_debug.controller.no_session import NoSession
+from prism_debug.controller.rank_verbs import open_rank_session
 from prism_debug.controller.ranks import run_ranks
 from prism_debug.controller.replace import RestoreDue, replace_ranks
-from prism_debug.controller.session import NoSession, Session, open_session
+from prism_debug.controller.session import Session
 from prism_debug.errors import (
     ConfigError,
     GraphError,
@@ -59,6 +61,7 @@ from prism_debug.process.start import (
     start_rank,
 )
 from prism_debug.snapshot import lazy as lazy_pages
+from prism_debug.snapshot.store import Store
 
 Message = Callable[[str], None]
 
@@ -107,11 +110,12 @@ def run(options: RunOptions, message: Message = _quiet,
         return run_ranks(options, graph, run_dir, message, store)
     files = run_files(run_dir)
     os.chmod(files["control"], 0o600)  # it carries the bus secret to restored copies
-    session = open_session(options.rank, options.world_size, options.bind, files, store,
-                           lambda: snapshotter or Snapshotter.for_run(options, store, message),
-                           message, history=options.history)
+    session = open_rank_session(
+        options.rank, options.world_size, options.bind, files, store,
+        lambda: snapshotter or Snapshotter.for_run(options, store, message), message,
+        history=options.history)
     try:
-        return _run(options, graph, session, files, message)
+        return _run(options, graph, session, files, store, message)
     finally:
         session.close()
         lazy_pages.reap()  # of copies the console restored
@@ -139,7 +143,7 @@ def load_graph(options: RunOptions) -> ExecutionGraph | None:
 
 
 def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | NoSession,
-         files: dict[str, Path], message: Message) -> RunResult:
+         files: dict[str, Path], store: Store, message: Message) -> RunResult:
     profile = options.profile
     run_dir = files["log"].parent
     config_path = run_dir / "agent.json"
@@ -160,7 +164,7 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
 
     popen = start_rank(options, options.rank, files, config_path)
     child = IsolatedChild(popen) if options.isolate else Child(popen)
-    follower, exit_code = follow_rank(session, options.rank, files, child, message)
+    follower, exit_code = follow_rank(session, options.rank, files, child, store, message)
     events, report = finish(follower, files["events"], exit_code, options.world_size,
                             options.rank, options.command, profile.name, options.report_path,
                             options.trace_path, message)
@@ -169,14 +173,14 @@ def _run(options: RunOptions, graph: ExecutionGraph | None, session: Session | N
 
 
 def follow_rank(session: Session | NoSession, rank: int, files: dict[str, Path],
-            child: RankProcess, message: Message) -> tuple[Follower, int]:
+                child: RankProcess, store: Store, message: Message) -> tuple[Follower, int]:
     """Follow the run's one rank to its end (the loop of several ranks, with
     one): its follower, and its exit code."""
-    follower = Follower(files["log"], files["events"], rank, message, session)
+    follower = Follower(files["log"], files["events"], rank, message, session.relay(rank))
     followed = {rank: FollowedRank(rank, files, child, follower)}
     session.follows(rank, child)
 
     def replace(due: RestoreDue) -> None:
         assert isinstance(session, Session)  # (a restore is a console's)
-        replace_ranks(followed, due, session, session.store, message)
+        replace_ranks(followed, due, session, store, message)
     return follower, follow(followed, session, message, replace)

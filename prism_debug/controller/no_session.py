@@ -96,6 +96,10 @@ class NoSession(NoBus):
         """``child`` is the rank's process now."""
         self.child = child
 
+    def relay(self, rank: int, snapshots: RankSnapshots | None = None) -> NoSession:
+        """The rank's relay: this stand-in itself, which takes its snapshots."""
+        return self
+
     def output(self, line: str) -> None:
         pass
 

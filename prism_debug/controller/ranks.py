@@ -37,10 +37,11 @@ from pathlib import Path
 from prism_debug.capture.snapshots import (
     Snapshotter,
 )
+from prism_debug.controller.cut_verbs import cuts_session
 from prism_debug.controller.follow import FollowedRank, follow
 from prism_debug.controller.no_session import NoBus, NoSession, RankSnapshots
-from prism_debug.controller.ranks_session import RanksSession
 from prism_debug.controller.replace import RestoreDue, replace_ranks
+from prism_debug.controller.session import Session
 from prism_debug.graph import ExecutionGraph
 from prism_debug.graph.selectors import ranks_text
 from prism_debug.process.children import (
@@ -118,7 +119,7 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
         message(f"host {host.node_rank} of {host.nnodes} under torchrun: the job's real ranks "
                 f"are {ranks_text(host.job_ranks)}")
     message(f"command: {shlex.join(options.command)}")
-    session = None if options.bind is None else ranks_session(
+    session = None if options.bind is None else cuts_session(
         ranks, options.world_size, options.bind, options.real_ranks,
         (host.node_rank, host.nnodes) if host is not None else None, message, store)
     # as torchrun does for several processes on a host, unless the user set it
@@ -151,20 +152,8 @@ def _cuts(store: Store, ranks: dict[int, FollowedRank]) -> list[str]:
     return [cut for cut in first if cut and all(cut in cuts for cuts in taken.values())]
 
 
-def ranks_session(ranks: tuple[int, ...], world_size: int, bind: str,
-                  job_ranks: tuple[int, ...], node: tuple[int, int] | None, message: Message,
-                  store: Store | None = None) -> RanksSession:
-    """The bus of a run of several real ranks (``node``: this host's share of
-    a job on several, as node rank and count)."""
-    session = RanksSession(ranks=ranks, world_size=world_size, host=bind, job_ranks=job_ranks,
-                           node=node, store=store)
-    message(f"debugger: prism-debug attach --rank R, R one of {ranks_text(ranks)} "
-            f"(session {session.info.session})")
-    return session
-
-
 def run_all(start: Callable[[dict], Iterator[FollowedRank]], host: Host | None,
-            session: RanksSession | None, message: Message,
+            session: Session | None, message: Message,
             store: Store | None = None) -> tuple[dict[int, FollowedRank], int]:
     """Start every rank (``start`` is given where they meet) and follow them
     to their ends; the ranks, and the first failure's exit code.  Whatever
@@ -197,7 +186,7 @@ def run_all(start: Callable[[dict], Iterator[FollowedRank]], host: Host | None,
 
 
 def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, rank: int,
-           session: RanksSession | None, side: dict, extra_env: dict[str, str],
+           session: Session | None, side: dict, extra_env: dict[str, str],
            message: Message, snapshotter: Callable[[], Snapshotter]) -> FollowedRank:
     """Start one real rank: its folder, its agent's config, its process and
     the relay of its output (to the session's bus, if any), which takes its
@@ -207,7 +196,7 @@ def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, ran
     relay: Relay
     bus: BusEnds  # the session's ends of the bus (a NoSession has none)
     if session is not None:
-        relay, bus = session.follower_side(rank, snapshots), session
+        relay, bus = session.relay(rank, snapshots), session
     else:
         relay = bus = NoSession(snapshotter, files, snapshots)
     config_path = files["log"].parent / "agent.json"
@@ -219,7 +208,7 @@ def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, ran
 
 
 def followed(rank: int, files: dict[str, Path], child: Child | RestoredChild,
-              session: RanksSession | None, relay: Relay, message: Message, *,
+              session: Session | None, relay: Relay, message: Message, *,
               snapshots: RankSnapshots | None = None,
               restored_from: str | None = None) -> FollowedRank:
     """A rank's process, known to the session (or its relay) and followed."""

@@ -22,11 +22,12 @@ from prism_debug.capture.snapshots import (
     restore_process,
     restore_tools,
 )
+from prism_debug.controller.cut_verbs import cuts_session
 from prism_debug.controller.follow import FollowedRank
 from prism_debug.controller.launch import follow_rank
 from prism_debug.controller.no_session import NoSession
-from prism_debug.controller.ranks import followed, ranks_results, ranks_session, run_all
-from prism_debug.controller.session import open_session
+from prism_debug.controller.rank_verbs import open_rank_session
+from prism_debug.controller.ranks import followed, ranks_results, run_all
 from prism_debug.errors import ConfigError, InvalidState, SnapshotError
 from prism_debug.graph.selectors import ranks_text
 from prism_debug.process.children import Relay, RestoredChild, run_files
@@ -125,12 +126,13 @@ def _restore_rank(options: RestoreOptions, store: Store, manifest: Manifest, cri
     files = run_files(run_dir)
     message(f"prism-debug: restoring snapshot {manifest.id} (rank {manifest.rank} of "
             f"{manifest.world_size}, after iteration {manifest.iteration})")
-    session = open_session(manifest.rank, manifest.world_size, options.bind, files, store,
-                           lambda: Snapshotter.continuing(manifest, store, message), message)
+    session = open_rank_session(manifest.rank, manifest.world_size, options.bind, files,
+                                store, lambda: Snapshotter.continuing(manifest, store, message),
+                                message)
     try:
         child = restored_copy(store, manifest, criu, options, files, session, message,
                               reload=reload)
-        follower, exit_code = follow_rank(session, manifest.rank, files, child, message)
+        follower, exit_code = follow_rank(session, manifest.rank, files, child, store, message)
         events, report = finish(
             follower, files["events"], exit_code, manifest.world_size, manifest.rank,
             manifest.command, manifest.hardware, options.report_path, options.trace_path,
@@ -150,7 +152,7 @@ def _restore_cut(options: RestoreOptions, store: Store, members: list[Manifest],
     ranks = tuple(m.rank for m in members)
     message(f"prism-debug: restoring cut {first.cut} (ranks {ranks_text(ranks)} of "
             f"{first.world_size}, after iteration {first.iteration})")
-    session = None if options.bind is None else ranks_session(
+    session = None if options.bind is None else cuts_session(
         ranks, first.world_size, options.bind, ranks, None, message)
 
     def start(side: dict) -> Iterator[FollowedRank]:
@@ -160,7 +162,7 @@ def _restore_cut(options: RestoreOptions, store: Store, members: list[Manifest],
             relay: Relay
             bus: BusEnds  # the session's ends of the bus (a NoSession has none)
             if session is not None:
-                relay, bus = session.follower_side(rank, None), session
+                relay, bus = session.relay(rank), session
             else:
                 relay = bus = NoSession(_no_snapshots(rank), files)
             child = restored_copy(store, manifest, criu, options, files, bus,

@@ -1,516 +1,272 @@
-"""The controller's debugging session: the bus server, the session file that
-``prism-debug ps`` and ``attach`` find, and the verbs only the controller can
-answer — snapshots (it is the rank's parent and drives CRIU), restores (it
-replaces the rank by a restored copy and follows that instead), and what is
-left to say once the rank is gone.
+"""The controller's debugging session, one type for a run of one real rank
+or several: the bus server, the session file that ``prism-debug ps`` and
+``attach`` find, the ranks' processes as the loop follows them, and the
+verbs every session answers alike — hello, status, detach, leave — each for
+the rank its console drives.
 
-Everything here runs on the controller's main loop, between relaying the
-rank's output and reading its events: :meth:`Session.poll` stands in for the
-loop's sleep.  Two things run beside it, so the bus goes on answering —
-breakpoints, status, the rank's heartbeats — and the rank's next snapshot
-is dumped at once: the checks before a restore (every image's checksum:
-seconds for a large rank), and the record of each snapshot once the rank
-was let go (``capture/recorder.py``), whose askers are answered when it is
-over, in the order the snapshots were taken.  The restore itself is
-the loop's (``controller/replace.py``: the copy is the child of the thread
-that restores it), which :meth:`Session.take_restore` hands the checked
-restore to, and whose outcome the session is told and answers.
+What a snapshot is differs, and is the session's *verbs* part: for one rank
+a snapshot of it, restored in place and stepped back through under
+``--history`` (``controller/rank_verbs.py``); for several a consistent cut of
+every rank, with perturbations every rank agrees on
+(``controller/cut_verbs.py``).
+
+Everything here runs on the controller's main loop (``controller/follow.py``),
+between two looks at the ranks: :meth:`Session.poll` stands in for the
+loop's sleep.  A console's restore is checked off the loop, handed to the
+loop by :meth:`Session.take_restore` and done there
+(``controller/replace.py``: a copy is the child of the thread that restores
+it); the session is told how it went and answers its console.
 """
 
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Callable
-from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
 from prism_debug.bus.words import describe_pause, how_to_resume
-from prism_debug.capture import snapshots
-from prism_debug.capture.history import Plan, Position
-from prism_debug.capture.ring import Ring
-from prism_debug.capture.snapshots import Release, Snapshotter, release_rank
-from prism_debug.controller.no_session import NoSession
+from prism_debug.controller.no_session import RankSnapshots
 from prism_debug.controller.replace import RestoreDue
-from prism_debug.errors import (
-    BusError,
-    Busy,
-    InvalidState,
-    PrismError,
-    RankUnavailable,
-    SnapshotFailed,
-)
-from prism_debug.process.children import RankProcess, RestoredChild
-from prism_debug.snapshot import criu as criu_api
+from prism_debug.errors import BusError, PrismError
+from prism_debug.process.children import RankProcess, Relay, RestoredChild
 from prism_debug.snapshot.manifest import Manifest
-from prism_debug.snapshot.store import Store, now_text
+from prism_debug.snapshot.store import now_text
 
 T = TypeVar("T")
+Message = Callable[[str], None]
 
-MAX_SNAPSHOT_WAITERS = 64  # clients waiting for snapshots to be taken, all together
+
+class Verbs(Protocol):
+    """What a session does with snapshots — one rank's, or cuts of several —
+    the verbs it registers on the bus, and what the loop tells it."""
+
+    def poll(self) -> None:
+        """After the bus was served: what was recorded meanwhile, told."""
+
+    @property
+    def restoring(self) -> bool:
+        """A console's restore is being checked."""
+
+    def take_restore(self) -> RestoreDue | None:
+        """A console's restore whose checks passed, for the loop to do."""
+
+    def replacing(self, due: RestoreDue) -> None:
+        """The ranks are gone from the bus: what they owe fails."""
+
+    def restored(self, due: RestoreDue, copies: dict[int, RestoredChild]) -> None:
+        """Every copy is up, followed by the session already."""
+
+    def restore_failed(self, due: RestoreDue, error: Exception, *, kept: bool) -> None:
+        """No copy runs; ``kept``: the ranks run on as they were."""
+
+    def take_snapshot(self, rank: int, event: dict) -> None:
+        """``rank`` idles at a boundary for a snapshot: dump it and let it go."""
+
+    def snapshotting(self, rank: int) -> bool:
+        """``rank`` is off the bus for a dump."""
+
+    def exited(self, rank: int, exit_code: int) -> None:
+        """``rank`` is gone: what waits for it fails, its snapshots are told."""
+
+    def rank_back(self, rank: int) -> None:
+        """``rank``'s agent proved itself on the bus (a restored copy's, too)."""
+
+    def rank_paused(self, rank: int, where: dict) -> None:
+        """``rank`` paused (a breakpoint, a step, a console's pause)."""
+
+    def close(self) -> None:
+        """The run is over: every snapshot dumped is recorded."""
+
+    @property
+    def snapshots_taken(self) -> list[str]:
+        """The run's snapshots, in order, once recorded."""
 
 
 class Session:
-    """A run's debugging session on the bus (the relay of its rank's output: children.Relay)."""
+    """A run's debugging session on the bus, for its real ranks ``ranks``
+    (one, or several: ``job_ranks`` and ``node`` say this host's share of a
+    job on several hosts); ``verbs`` makes its snapshot part, given it."""
 
-    def __init__(self, *, rank: int, world_size: int, host: str, run_files: dict[str, Path],
-                 store: Store, snapshotter_factory: Callable[[], Snapshotter],
-                 message: Callable[[str], None], history: int | None = None) -> None:
-        self.rank = rank
+    def __init__(self, *, ranks: tuple[int, ...], world_size: int, host: str,
+                 message: Message, verbs: Callable[[Session], Verbs],
+                 job_ranks: tuple[int, ...] | None = None,
+                 node: tuple[int, int] | None = None) -> None:
+        self.ranks = ranks
+        self.rank = ranks[0]  # the rank a console that names none drives
         self.world_size = world_size
-        self.server = BusServer(rank, host)
+        self.node = node
+        self.message = message
+        self.server = BusServer(ranks, host)
         self.commands_endpoint = self.server.commands
         self.agent_curve = self.server.agent_curve
-        self.agent_secret = self.server.secret  # handed to the rank in 0600 files only
-        self.run_files = run_files  # log, events, control: what a restored copy writes to
-        self.store = store
-        self._snapshotter_factory = snapshotter_factory
-        self._snapshotter: Snapshotter | None = None
-        self._message = message
-        # the rank's process, set by whoever starts it and swapped by restores
+        self.agent_secret = self.server.secret  # handed to the ranks in 0600 files only
+        # each rank's process, set by whoever starts it and swapped by restores:
+        # with its descendants, the only process whose agent's hello is believed
         self.children: dict[int, RankProcess] = {}
-        # the only process (with its descendants) whose agent.hello is believed
-        self.server.rank_pid = lambda: self.child.pid if self.child is not None else None
-        self.exit_code: int | None = None
-        self._snapshot_waiters: dict[int, list[Pending]] = {}  # iteration -> clients
-        self.snapshotting = False
-        # restores answered once the restored copy's agent is back on the bus
-        self._restores: list[tuple[Pending, dict]] = []
-        # a restore whose checks run off the loop: who asked, and the checks
-        self._checking: tuple[Pending, concurrent.futures.Future] | None = None
-        self._restore_lazy: bool | None = None  # the restore under way's choice
-        self.info = session_info(self.server, world_size, (rank,))
+        self.server.agents.pid_of = lambda rank: (
+            self.children[rank].pid if rank in self.children else None)
+        self.exit_codes: dict[int, int] = {}
+        # a rank of several's part of each cut, as its controller takes it
+        self.rank_snapshots: dict[int, RankSnapshots] = {}
+        self.cut_run: str | None = None  # the part of the cut ids naming this run, once known
+        self._told_pause: dict[int, int] = {}  # the last pause told of, by rank (numbered)
+        node_rank, nnodes = node or (None, None)
+        self.info = session_info(self.server, world_size, ranks,
+                                 all_ranks=job_ranks if node is not None else None,
+                                 node_rank=node_rank, nnodes=nnodes)
         self.session_file = sessions.publish(self.info)
         server = self.server
         server.handle("hello", self._hello)
-        server.handle("status", self._status)
-        server.handle("snapshot", self._snapshot)
-        server.handle("snapshots", self._snapshots)
-        server.handle("restore", self._restore)
-        server.handle("back", self._back)
-        server.handle("reverse-continue", self._reverse_continue)
+        server.handle("status", lambda client, args: self.ask(client, "status"))
         server.handle("detach", self._detach)
         server.handle("leave", self._leave)
-        server.on_agent_hello = self._agent_back
+        server.on_rank_agent_hello = lambda rank, pid: self.verbs.rank_back(rank)
         server.on_last_client_gone = self._nobody_left
-        server.on_rank_paused = self._rank_paused
-        # run --history K: the last K iterations' snapshots, to step back to
-        self.ring = Ring(history, store, message) if history else None
-        # restores that step back: where to stop, and the breakpoints to hand over
-        self._plans: dict[Pending, tuple[Plan, list]] = {}
-        self._taken: dict[int, dict] = {}  # iteration -> the snapshot taken there, this rank
-        # snapshots dumped (the user's), answered once recorded: (iteration, future)
-        self._recording: collections.deque = collections.deque()
-        self._told_pause = 0  # the last pause this terminal was told of (they are numbered)
+        server.on_rank_paused_at = self._rank_paused
+        self.verbs = verbs(self)  # (it registers its own verbs)
 
     # -- the loop's side ------------------------------------------------------------
 
     @property
     def child(self) -> RankProcess | None:
-        """The rank's process now."""
+        """The lowest rank's process now (a session of one rank: its rank's)."""
         return self.children.get(self.rank)
 
     def follows(self, rank: int, child: RankProcess) -> None:
         """``child`` is ``rank``'s process now (started, or restored)."""
         self.children[rank] = child
 
+    def relay(self, rank: int, snapshots: RankSnapshots | None = None) -> Relay:
+        """Where ``rank``'s follower sends its output and snapshot requests
+        (``snapshots``: a rank of several's part of each cut)."""
+        if snapshots is not None:
+            self.rank_snapshots[rank] = snapshots
+        return _RankSide(self, rank)
+
+    def exit_code(self, rank: int) -> int | None:
+        return self.exit_codes.get(rank)
+
     def poll(self, timeout_s: float) -> None:
         self.server.poll(timeout_s)
-        self._answer_recorded()
+        self.verbs.poll()
 
     @property
     def restoring(self) -> bool:
-        return self._checking is not None
+        return self.verbs.restoring
 
-    def output(self, line: str) -> None:
-        self.server.publish("output", {"line": line})
+    def take_restore(self) -> RestoreDue | None:
+        return self.verbs.take_restore()
+
+    def replacing(self, due: RestoreDue) -> None:
+        self.verbs.replacing(due)
+
+    def restored(self, due: RestoreDue, copies: dict[int, RestoredChild]) -> None:
+        for rank, copy in copies.items():
+            self.follows(rank, copy)
+            self.exit_codes.pop(rank, None)
+        self.verbs.restored(due, copies)
+
+    def restore_failed(self, due: RestoreDue, error: Exception, *, kept: bool) -> None:
+        self.verbs.restore_failed(due, error, kept=kept)
+
+    def output(self, rank: int, line: str) -> None:
+        self.server.publish("output", {"line": line}, rank)
 
     def exited(self, rank: int, exit_code: int) -> None:
-        self.exit_code = exit_code
-        self._records_done()  # its last snapshots are answered for, and in the run's result
-        self.server.agent_gone()
-        for pending, _ in self._restores:
-            self.server.fail(pending, RankUnavailable(
-                f"the restored rank exited (code {exit_code}) before it reconnected"))
-        self._restores.clear()
-        self.server.publish("exited", {"exit_code": exit_code})
-        self._fail_snapshot_waiters(f"the rank exited (code {exit_code}) before the snapshot")
-
-    def _fail_snapshot_waiters(self, why: str) -> None:
-        for waiters in self._snapshot_waiters.values():
-            for pending in waiters:
-                self.server.fail(pending, RankUnavailable(why))
-        self._snapshot_waiters.clear()
+        self.exit_codes[rank] = exit_code
+        self.verbs.exited(rank, exit_code)  # its last snapshots answered for, its waiters failed
+        self.server.agent_gone(rank)
+        self.server.publish("exited", {"exit_code": exit_code}, rank)
 
     def close(self) -> None:
-        if self._snapshotter is not None:
-            self._snapshotter.recorder.wait()  # a snapshot dumped is a snapshot kept
+        self.verbs.close()  # a snapshot dumped is a snapshot kept
         sessions.withdraw(self.info)
         self.server.close()
 
     @property
-    def snapshotter(self) -> Snapshotter:
-        """Made on the first snapshot, so a run that takes none needs no CRIU."""
-        if self._snapshotter is None:
-            self._snapshotter = self._snapshotter_factory()
-            self._snapshotter.open_files = dict(self.run_files)
-        return self._snapshotter
-
-    @property
     def snapshots_taken(self) -> list[str]:
         """The run's snapshots (not its history's), in order, once recorded."""
-        return [] if self._snapshotter is None else self._snapshotter.recorded()
-
-    def take_snapshot(self, event: dict) -> None:
-        """The rank idles at a boundary for a snapshot: dump it and let it go;
-        who asked is told once it is recorded (off the loop, in order)."""
-        iteration = event["iteration"]
-        self.server.agent_away()  # it closed its end of the bus for the dump
-        self.snapshotting = True
-        # only the ring asked for it: its own, quietly (no event, no waiter)
-        ring = self.ring if event.get("history") else None
-        child = self.child
-        assert child is not None  # the rank announcing the snapshot is the one followed
-        try:
-            snapshotter = self.snapshotter
-        except PrismError as exc:
-            # no CRIU: the rank must still be let go
-            release_rank(child.pid, self.run_files["control"], Release.of(event),
-                         self._message)
-            recording: concurrent.futures.Future = concurrent.futures.Future()
-            recording.set_result((None, str(exc)))
-        else:
-            if ring is not None:
-                recording = ring.take(snapshotter, child.pid, iteration,
-                                      bool(event.get("cuda")), Release.of(event))
-            else:  # a restore point of the ring too, never removed
-                recording = snapshotter.take(
-                    child.pid, iteration, bool(event.get("cuda")), Release.of(event),
-                    recorded=self.ring.taken if self.ring is not None else None)
-        finally:
-            self.snapshotting = False
-        if ring is None:
-            self._recording.append((iteration, recording))
-
-    def _answer_recorded(self) -> None:
-        """Tell who asked of the snapshots recorded since, in the order taken."""
-        while self._recording and self._recording[0][1].done():
-            iteration, recording = self._recording.popleft()
-            try:
-                manifest, error = recording.result()
-            except Exception as exc:  # a bug in the record must not end the session
-                manifest, error = None, f"{type(exc).__name__}: {exc}"
-            self._recorded(iteration, manifest, error)
-
-    def _records_done(self) -> None:
-        """Wait for the snapshots dumped so far to be recorded, and answer for them."""
-        if self._snapshotter is not None:
-            self._snapshotter.recorder.wait()
-        self._answer_recorded()
-
-    def _recorded(self, iteration: int, manifest: Manifest | None, error: str) -> None:
-        # a request for an earlier iteration that the rank served late is served here
-        waiters = [pending for asked in sorted(self._snapshot_waiters) if asked <= iteration
-                   for pending in self._snapshot_waiters.pop(asked)]
-        if manifest is None:
-            # told to every console: one that scheduled it waits for this
-            self.server.publish("snapshot", {"iteration": iteration, "error": error})
-            for pending in waiters:
-                self.server.fail(pending, SnapshotFailed(f"no snapshot at iteration "
-                                                         f"{iteration}: {error}"))
-            return
-        result = {"id": manifest.id, "iteration": manifest.iteration,
-                  "bytes": manifest.image_bytes, "dump_s": manifest.dump_s,
-                  "path": str(self.store.path(manifest.id))}
-        self._taken[iteration] = result
-        self.server.publish("snapshot", result)
-        for pending in waiters:
-            self.server.reply(pending, result)
+        return self.verbs.snapshots_taken
 
     # -- verbs ------------------------------------------------------------------------
 
     def _hello(self, client: bytes, args: dict) -> dict:
-        return {"session": self.info.session, "rank": self.rank, "world_size": self.world_size,
-                "pid": self.server.agent_pid or 0, "events": self.server.events,
-                "remote_events": self.server.remote_events}
+        rank = self.server.client_rank(client)
+        hello = {"session": self.info.session, "rank": rank, "world_size": self.world_size,
+                 "pid": self.server.agents[rank].pid or 0, "events": self.server.events,
+                 "remote_events": self.server.remote_events}
+        return hello if len(self.ranks) == 1 else {**hello, "ranks": list(self.ranks)}
 
-    def _status(self, client: bytes, args: dict) -> dict:
-        return self._ask_rank("status")
-
-    def _result(self, pending: Pending, message: dict) -> dict | None:
-        """The agent's result in ``message``, or None once ``pending`` has been
-        failed with the error the message carries."""
-        try:
-            return result_of(message)
-        except PrismError as exc:
-            self.server.fail(pending, exc)
-            return None
-
-    def _ask_rank(self, verb: str, then: Callable[[dict], None] = lambda result: None) -> dict:
-        """The rank's answer to ``verb`` with the session's fields (the answer
-        is deferred), or, while the rank is off the bus, what the controller
-        knows; ``then`` is told the answer once it is sent."""
-        extra = {"session": self.info.session, "pid": self.server.agent_pid or 0,
-                 "clients": len(self.server.clients)}
-        if self.server.agent_connected:
+    def ask(self, client: bytes, verb: str,
+            then: Callable[[dict], None] = lambda result: None) -> dict:
+        """The answer of the rank ``client`` drives to ``verb``, with the
+        session's fields (the answer is deferred), or, while that rank is off
+        the bus, what the controller knows; ``then`` is told the answer once
+        it is sent."""
+        server = self.server
+        rank = server.client_rank(client)
+        extra = {"session": self.info.session, "pid": server.agents[rank].pid or 0,
+                 "clients": len(server.clients)}
+        if server.agents[rank].connected:
             def answer(pending: Pending) -> None:
                 def reply(message: dict) -> None:
-                    if (result := self._result(pending, message)) is None:
+                    if (result := answered(server, pending, message)) is None:
                         return
                     result = {**result, **extra}
-                    self.server.reply(pending, result)
+                    server.reply(pending, result)
                     then(result)
-                self.server.ask_agent(verb, {}, reply)
+                server.ask_agent(verb, {}, reply, rank=rank)
             raise Deferred(answer)
-        state = ("exited" if self.exit_code is not None else
-                 "snapshotting" if self.snapshotting else "starting")
-        result = {"state": state, "rank": self.rank, "world_size": self.world_size,
+        code = self.exit_codes.get(rank)
+        state = ("exited" if code is not None else
+                 "snapshotting" if self.verbs.snapshotting(rank) else "starting")
+        result = {"state": state, "rank": rank, "world_size": self.world_size,
                   "iteration": None, "emulated_s": None, "paused_at": None, "breakpoints": 0,
-                  "exit_code": self.exit_code, **extra}
+                  "exit_code": code, **extra}
         then(result)
         return result
 
-    def _snapshot(self, client: bytes, args: dict) -> dict:
-        if self.exit_code is not None:
-            raise RankUnavailable(f"the rank exited (code {self.exit_code}): restore a "
-                                  "snapshot to go on")
-        def answer(pending: Pending) -> None:
-            def scheduled(message: dict) -> None:
-                if (result := self._result(pending, message)) is None:
-                    return
-                iteration = result["iteration"]
-                if result.get("when") == "scheduled":
-                    # taken when the rank gets to that boundary, which a paused
-                    # rank does only once resumed: said now, announced as an event
-                    self.server.reply(pending, result)
-                elif iteration in self._taken:  # the dump was quicker than this reply
-                    self.server.reply(pending, self._taken[iteration])
-                elif sum(map(len, self._snapshot_waiters.values())) >= MAX_SNAPSHOT_WAITERS:
-                    self.server.fail(pending, Busy(
-                        f"{MAX_SNAPSHOT_WAITERS} requests wait for snapshots already: ask "
-                        "again once they are taken"))
-                else:
-                    self._snapshot_waiters.setdefault(iteration, []).append(pending)
-            self.server.ask_agent("snapshot", args, scheduled)
-        raise Deferred(answer)
-
-    def _snapshots(self, client: bytes, args: dict) -> dict:
-        self._records_done()  # those dumped already are listed (a record: ≈0.4 s/GiB)
-        manifests = self.store.list()
-        return {"snapshots": [listed(m) for m in manifests]}
-
-    def _restore(self, client: bytes, args: dict) -> dict:
-        """Replace the rank by a copy restored from a snapshot, paused where
-        the snapshot was taken; the session follows the copy from then on.
-        Answered once the copy is back on the bus, or with why there is none
-        (the rank then runs on as it was)."""
-        if self._checking is not None:
-            raise InvalidState("a restore is under way: wait for its answer")
-        self._restore_lazy = args.get("lazy")  # None: lazily where it can be
-        raise Deferred(lambda pending: self._start_restore(pending, args["id"]))
-
-    def _start_restore(self, pending: Pending, snapshot_id: str) -> None:
-        """The checks of a restore, off the loop; the loop restores once they pass."""
-        self._checking = (pending, off_the_loop(lambda: self._restorable(snapshot_id)))
-
-    def _restorable(self, snapshot_id: str) -> tuple[Manifest, criu_api.Criu, set[int]]:
-        """Everything a restore needs, checked before anything is given up (off
-        the loop): the manifest, the CRIU to use, and the pids the copy takes.
-        A snapshot still being recorded is waited for."""
-        if self._snapshotter is not None:
-            self._snapshotter.recorder.wait()
-        try:
-            manifest = self.store.verify(snapshot_id)
-            snapshots.check_unchanged(manifest)
-        except PrismError as exc:
-            raise InvalidState(str(exc)) from None
-        if (manifest.rank, manifest.world_size) != (self.rank, self.world_size):
-            raise InvalidState(f"snapshot {manifest.id} is of rank {manifest.rank} of "
-                               f"{manifest.world_size}; this session runs rank {self.rank} of "
-                               f"{self.world_size}")
-        try:
-            criu = snapshots.restore_tools(manifest)
-            needed = criu_api.tree_pids(self.store.path(manifest.id))
-        except PrismError as exc:
-            raise SnapshotFailed(str(exc)) from None
-        return manifest, criu, needed
-
-    def take_restore(self) -> RestoreDue | None:
-        """For the controller's loop: a console's restore whose checks passed
-        (one that failed is answered here; the rank runs on as it was)."""
-        if self._checking is None or not self._checking[1].done():
-            return None
-        pending, checks = self._checking
-        self._checking = None
-        # snapshots the rank took meanwhile join its timeline before a restore cuts it
-        self._records_done()
-        try:
-            manifest, criu, needed = checks.result()
-        except PrismError as exc:
-            self.server.fail(pending, exc)
-            return None
-        except Exception as exc:  # a bug in the checks must not end the session
-            self.server.fail(pending, SnapshotFailed(f"the checks before the restore failed: "
-                                                     f"{exc}"))
-            return None
-        return RestoreDue(pending, (manifest,), criu, self.rank, frozenset(needed),
-                          lazy=self._restore_lazy, history=self.ring is not None)
-
-    def replacing(self, due: RestoreDue) -> None:
-        self.server.agent_gone()
-        self._fail_snapshot_waiters("the rank was replaced by a restored copy")
-        self._taken.clear()
-        self.server.agent_away()  # the copy's agent connects as it resumes
-
-    def restored(self, due: RestoreDue, copies: dict[int, RestoredChild]) -> None:
-        (manifest,), copy = due.members, copies[self.rank]
-        if self.ring is not None:
-            plan, _ = self._plans.get(due.pending, (None, None))
-            self.ring.restored(manifest, plan.target if plan is not None else None)
-        self.follows(self.rank, copy)
-        self.exit_code = None
-        result = {"id": manifest.id, "iteration": manifest.iteration, "pid": copy.pid}
-        self.server.publish("restored", result)
-        self._message(f"prism-debug: restored snapshot {manifest.id} (after iteration "
-                      f"{manifest.iteration}) as pid {copy.pid}")
-        # answered when the copy is back on the bus, so the next command reaches it
-        self._restores.append((due.pending, result))
-
-    def restore_failed(self, due: RestoreDue, error: Exception, *, kept: bool) -> None:
-        self._plans.pop(due.pending, None)
-        if kept:
-            self.server.fail(due.pending, SnapshotFailed(f"{error}; the rank runs on as it was"))
-        else:
-            self.server.fail(due.pending, SnapshotFailed(
-                f"{error}; the rank had to end first, as the copy needs its pids (a run with "
-                "--isolate keeps it through a failed restore)"))
-
-    def _agent_back(self, pid: int) -> None:
-        for pending, result in self._restores:
-            step_back = self._plans.pop(pending, None)
-            if step_back is None:
-                self.server.reply(pending, result)
-            else:  # the copy runs on to where it was asked to stop
-                self._replay(pending, result, *step_back)
-        self._restores.clear()
-
-    # -- stepping back (run --history K) -----------------------------------------------
-
-    def _back(self, client: bytes, args: dict) -> dict:
-        """Go back ``iterations`` (default 1) before the one in progress:
-        restore the nearest earlier snapshot of the history, run to where
-        that iteration starts, pause there.  Answered as the copy runs there
-        (with the number of the pause before its stop, as continue is)."""
-        return self._step_back(args.get("iterations", 1))
-
-    def _reverse_continue(self, client: bytes, args: dict) -> dict:
-        """Go back to the last breakpoint hit before where the rank is, as back does."""
-        return self._step_back(None)
-
-    def _step_back(self, iterations: int | None) -> dict:
-        verb = "back" if iterations is not None else "reverse-continue"
-        ring = self.ring
-        if ring is None:
-            raise InvalidState(f"{verb} needs the run's history: run with --history K "
-                               "(e.g. prism-debug run --history 8 …) to keep snapshots of the "
-                               "last K iterations to go back to")
-        if self._checking is not None or self._restores:
-            raise InvalidState("a restore is under way: wait for its answer")
-        if self.exit_code is not None:  # the run ends with it (its last K snapshots stay)
-            raise RankUnavailable(f"the rank exited (code {self.exit_code}); its history's "
-                                  "snapshots stay in the store: prism-debug snapshot restore ID")
-        if not self.server.agent_connected:
-            raise InvalidState(f"the rank is off the bus for a moment (starting, or being "
-                               f"snapshotted): {verb} again")
-
-        def where(pending: Pending) -> None:
-            def paused(message: dict) -> None:
-                try:
-                    status = result_of(message)
-                    if status.get("paused_at") is None:
-                        raise InvalidState(f"{verb} goes back from a paused rank: pause it "
-                                           "first (pause, or a breakpoint)")
-                    self._records_done()  # the ring's newest snapshot may be the nearest
-                    plan = ring.plan(Position.of(status["paused_at"]), iterations)
-                except PrismError as exc:
-                    self.server.fail(pending, exc)
-                    return
-                # the copy gets the breakpoints the rank has now, not its snapshot's
-                self.server.ask_agent("breaks", {}, lambda message: self._go_back(
-                    pending, plan, message))
-            self.server.ask_agent("status", {}, paused)
-        raise Deferred(where)
-
-    def _go_back(self, pending: Pending, plan: Plan, breaks: dict) -> None:
-        try:
-            table = result_of(breaks)["breakpoints"]
-            if self._checking is not None or self._restores:
-                raise InvalidState("a restore is under way: wait for its answer")
-        except PrismError as exc:
-            self.server.fail(pending, exc)
-            return
-        self._plans[pending] = (plan, table)
-        self._restore_lazy = None  # lazily where it can be
-        self._start_restore(pending, plan.snapshot.id)
-
-    def _replay(self, pending: Pending, restored: dict, plan: Plan, breakpoints: list) -> None:
-        """The copy is back on the bus, paused where its snapshot was taken:
-        run it to the plan's stop (passing breakpoints), then answer."""
-        target = plan.target
-        args = {"iteration": target.iteration, "reason": plan.reason, "breakpoints": breakpoints}
-        if target.seq:
-            args["seq"] = target.seq
-
-        def running(message: dict) -> None:
-            if (result := self._result(pending, message)) is None:
-                return
-            self.server.reply(pending, {**restored, **result, "target": target.iteration,
-                                        "target_seq": target.seq or None,
-                                        "replayed": plan.replayed, "reason": plan.reason})
-        self.server.ask_agent("run_to", args, running)
-
-    def _rank_paused(self, where: dict) -> None:
-        if self.ring is not None:
-            self.ring.hit(where)
-        self._paused(where)
-
     def _detach(self, client: bytes, args: dict) -> dict:
-        """The client releases the rank (every breakpoint deleted, a pause
+        """The client releases its rank (every breakpoint deleted, a pause
         resumed) and leaves.  A rank off the bus for a moment (a snapshot, its
         start) is released when it is back."""
         leave = lambda result: self.server.forget_client(client)  # noqa: E731
-        if self.server.agent_connected or self.exit_code is not None:
-            return self._ask_rank("detach", leave)
+        rank = self.server.client_rank(client)
+        if self.server.agents[rank].connected or rank in self.exit_codes:
+            return self.ask(client, "detach", leave)
         # (gone meanwhile, or a table full: nothing to release)
         with contextlib.suppress(BusError):
-            self.server.ask_agent("detach", {}, lambda message: None)
-        return self._ask_rank("status", leave)
+            self.server.ask_agent("detach", {}, lambda message: None, rank=rank)
+        return self.ask(client, "status", leave)
 
     def _leave(self, client: bytes, args: dict) -> dict:
-        """The client leaves; the rank stays as it is (paused or running, its
+        """The client leaves; its rank stays as it is (paused or running, its
         breakpoints kept).  Answered with the rank's state, which the console
         tells its user."""
-        return self._ask_rank("status", lambda result: self.server.forget_client(client))
+        return self.ask(client, "status", lambda result: self.server.forget_client(client))
 
     def _nobody_left(self) -> None:
-        """The last client left (or vanished): nothing changes for the rank —
+        """The last client left (or vanished): nothing changes for the ranks —
         a pause holds until somebody attaches and continues, breakpoints stay
-        armed — but nobody watches its events any more, and the terminal is
+        armed — but nobody watches their events any more, and the terminal is
         told of a pause nobody is attached to."""
-        if self.exit_code is not None or not self.server.agent_connected:
-            return
-        try:
-            self.server.ask_agent("events", {"on": False}, lambda message: None)
-            self.server.ask_agent("status", {}, self._left_paused)
-        except BusError:  # gone, or a table full: nobody to tell then
-            pass
+        for rank in self.ranks:
+            if rank in self.exit_codes or not self.server.agents[rank].connected:
+                continue
+            try:
+                self.server.ask_agent("events", {"on": False}, lambda message: None, rank=rank)
+                self.server.ask_agent("status", {}, functools.partial(self._left_paused, rank),
+                                      rank=rank)
+            except BusError:  # gone, or a table full: nobody to tell then
+                pass
 
-    def _left_paused(self, message: dict) -> None:
+    def _left_paused(self, rank: int, message: dict) -> None:
         try:
             where = result_of(message).get("paused_at")
         except PrismError:
@@ -519,24 +275,52 @@ class Session:
             # nobody was attached when the rank was asked; a console that
             # attached while the answer travelled does not unsay that (its own
             # leaving would ask again, too late if the run ends meanwhile)
-            self._paused(where, nobody_attached=True)
+            self._paused(rank, where, nobody_attached=True)
 
-    def _paused(self, where: dict, *, nobody_attached: bool = False) -> None:
-        """The rank paused, or is paused as the last client leaves: with nobody
+    def _rank_paused(self, rank: int, where: dict) -> None:
+        self.verbs.rank_paused(rank, where)
+        self._paused(rank, where)
+
+    def _paused(self, rank: int, where: dict, *, nobody_attached: bool = False) -> None:
+        """``rank`` paused, or is paused as the last client leaves: with nobody
         attached, say so on the controller's terminal (once a pause), or the
         run just looks stuck."""
         number = where.get("number", 0)
         attached = bool(self.server.clients) and not nobody_attached
-        if attached or number <= self._told_pause:
+        if attached or number <= self._told_pause.get(rank, 0):
             return
-        self._told_pause = number
+        self._told_pause[rank] = number
         if where.get("reason") == "start":
-            self._message(f"prism-debug: rank {self.rank} waits at init_process_group for a "
-                          f"console (--paused): prism-debug attach --rank {self.rank}, then "
-                          "continue")
+            self.message(f"prism-debug: rank {rank} waits at init_process_group for a "
+                         f"console (--paused): prism-debug attach --rank {rank}, then "
+                         "continue")
         else:
-            self._message(f"prism-debug: no console is attached and rank {self.rank} stays "
-                          f"{describe_pause(where)}: {how_to_resume(self.rank)}")
+            self.message(f"prism-debug: no console is attached and rank {rank} stays "
+                         f"{describe_pause(where)}: {how_to_resume(rank)}")
+
+
+class _RankSide:
+    """One rank's relay's view of the session (children.Relay)."""
+
+    def __init__(self, session: Session, rank: int) -> None:
+        self._session = session
+        self._rank = rank
+
+    def output(self, line: str) -> None:
+        self._session.output(self._rank, line)
+
+    def take_snapshot(self, event: dict) -> None:
+        self._session.verbs.take_snapshot(self._rank, event)
+
+
+def answered(server: BusServer, pending: Pending, message: dict) -> dict | None:
+    """An agent's result in ``message``, or None once ``pending`` has been
+    failed with the error the message carries."""
+    try:
+        return result_of(message)
+    except PrismError as exc:
+        server.fail(pending, exc)
+        return None
 
 
 def listed(manifest: Manifest) -> dict:
@@ -575,15 +359,3 @@ def session_info(server: BusServer, world_size: int, ranks: tuple[int, ...], *,
         events=server.events, world_size=world_size, ranks=ranks, started=now_text(),
         curve_public=server.curve_public, remote_commands=server.remote_commands,
         all_ranks=all_ranks, node_rank=node_rank, nnodes=nnodes)
-
-
-def open_session(rank: int, world_size: int, bind: str | None, files: dict[str, Path],
-                 store: Store, snapshotter_factory: Callable[[], Snapshotter],
-                 message: Callable[[str], None], history: int | None = None
-                 ) -> Session | NoSession:
-    """The run's debugging session on the bus, or a silent stand-in without
-    one; ``history``: keep the last K iterations' snapshots to step back to."""
-    if bind is None:
-        return NoSession(snapshotter_factory, files)
-    return Session(rank=rank, world_size=world_size, host=bind, run_files=files, store=store,
-                   snapshotter_factory=snapshotter_factory, message=message, history=history)

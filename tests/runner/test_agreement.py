@@ -5,7 +5,7 @@ rank's agreement, or with the first refusal once every hold is let go."""
 from __future__ import annotations
 
 from prism_debug.bus.server import Pending
-from prism_debug.controller.ranks_session import Agreement
+from prism_debug.controller.cut_verbs import Agreement
 from prism_debug.errors import BadArguments
 
 

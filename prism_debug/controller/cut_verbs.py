@@ -1,8 +1,6 @@
-"""The debugger bus of a run of several real ranks: one server, an agent
-per rank; ``prism-debug attach --rank R`` drives rank R, the others run on.
-
-The verbs a console sends go to the agent of the rank its hello named (the
-lowest, if it named none), and it hears that rank's events only.  A rank
+"""What a session of several real ranks does with snapshots: cuts.  The
+session (``controller/session.py``) has one server, an agent per rank;
+``prism-debug attach --rank R`` drives rank R, the others run on.  A rank
 paused by its console holds the others back only as the job would: they
 wait, their clocks held, at their next op that needs its arrival.
 
@@ -11,9 +9,9 @@ What must be the same on every replica is agreed with every rank first
 real rank at the next boundary they all reach, and ``perturb`` (and its
 ``clear``) changes every replica's virtual peers at one boundary.  A
 console's ``restore CUT`` replaces every rank by its part of a cut of this
-run (checked off the loop, then done by the controller's loop, which
-follows the ranks: controller/ranks.py), the console's own rank paused where
-the cut was taken.  Stepping back is refused with one line: it needs a
+run (checked off the loop, then done by the controller's loop:
+controller/replace.py), the console's own rank paused where the cut was
+taken.  Stepping back is refused with one line: it needs a
 history of cuts.  The ranks' parts of the run's cuts are dumped here as
 they come.
 """
@@ -21,24 +19,20 @@ they come.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 from collections.abc import Callable
 
-from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Handler, Pending, result_of
 from prism_debug.capture.snapshots import check_unchanged, restore_tools
-from prism_debug.controller.no_session import RankSnapshots
 from prism_debug.controller.replace import RestoreDue
-from prism_debug.controller.session import listed, off_the_loop, session_info
+from prism_debug.controller.session import Message, Session, listed, off_the_loop
 from prism_debug.errors import (
-    BusError,
     InvalidState,
     PrismError,
     SnapshotError,
     SnapshotFailed,
 )
 from prism_debug.graph.selectors import ranks_text
-from prism_debug.process.children import RankProcess, RestoredChild
+from prism_debug.process.children import RestoredChild
 from prism_debug.snapshot.criu import Criu, tree_pids
 from prism_debug.snapshot.manifest import Manifest, cut_id, cut_prefix
 from prism_debug.snapshot.store import Store
@@ -51,116 +45,73 @@ REFUSED = {
 }
 
 
-class RanksSession:
-    def __init__(self, *, ranks: tuple[int, ...], world_size: int, host: str,
-                 job_ranks: tuple[int, ...], node: tuple[int, int] | None,
-                 store: Store | None = None) -> None:
-        self.ranks = ranks
-        # the store the run's cuts go to (None: a restored cut's copies, which take none)
+class CutVerbs:
+    """A session of several ranks' cuts, perturbations and restores
+    (session.Verbs); ``store``: where the run's cuts go (None: a restored
+    cut's copies, which take none)."""
+
+    def __init__(self, session: Session, store: Store | None) -> None:
+        self._session = session
+        self.server = session.server
+        self.ranks = session.ranks
         self.store = store
-        self.cut_run: str | None = None  # the part of the cut ids naming this run, once known
-        self._snapshots: dict[int, RankSnapshots] = {}
         self._announced: set[str] = set()  # the cuts told to the consoles
         self._parts: dict[str, Manifest | None] = {}  # the ranks' parts of them, by id
-        self.world_size = world_size
-        self.server = BusServer(ranks, host)
-        self.commands_endpoint = self.server.commands
-        self.agent_curve = self.server.agent_curve
-        self.agent_secret = self.server.secret  # handed to the ranks in 0600 files only
-        self.children: dict[int, RankProcess] = {}
-        self.server.agents.pid_of = lambda rank: (
-            self.children[rank].pid if rank in self.children else None)
-        self.exit_codes: dict[int, int] = {}
-        node_rank, nnodes = node or (None, None)
-        self.info = session_info(self.server, world_size, ranks,
-                                 all_ranks=job_ranks if node is not None else None,
-                                 node_rank=node_rank, nnodes=nnodes)
-        self.session_file = sessions.publish(self.info)
+        # a console's restore: who asked, the checks running off the loop, its rank
+        self._checking: tuple[Pending, concurrent.futures.Future, int] | None = None
         server = self.server
-        server.handle("hello", self._hello)
-        server.handle("status", lambda client, args: self._ask(client, "status"))
-        server.handle("detach", self._detach)
-        server.handle("leave", self._leave)
         server.handle("snapshots", self._snapshots_listed)
         server.handle("snapshot", self._snapshot)
         server.handle("perturb", self._perturb)
         server.handle("unperturb", self._unperturb)
         server.handle("restore", self._restore)
-        # a console's restore: who asked, the checks running off the loop, its rank
-        self._checking: tuple[Pending, concurrent.futures.Future, int] | None = None
-        self.node = node
         for verb, why in REFUSED.items():
             server.handle(verb, _refuse(verb, why))
-        server.on_last_client_gone = self._nobody_left
+
+    @property
+    def cut_run(self) -> str | None:
+        """The part of the cut ids naming this run, once known."""
+        return self._session.cut_run
+
+    @property
+    def _snapshots(self) -> dict:
+        return self._session.rank_snapshots
 
     # -- the controller's loop ---------------------------------------------------------
 
-    def poll(self, timeout_s: float) -> None:
-        self.server.poll(timeout_s)
+    def poll(self) -> None:
         self._announce_cuts()
 
     @property
     def restoring(self) -> bool:
         return self._checking is not None
 
-    def output(self, rank: int, line: str) -> None:
-        self.server.publish("output", {"line": line}, rank)
+    def snapshotting(self, rank: int) -> bool:
+        return False  # (a rank's part of a cut is dumped on a thread of its own)
+
+    def take_snapshot(self, rank: int, event: dict) -> None:
+        snapshots = self._snapshots.get(rank)
+        if snapshots is None:  # (a restored cut's copies are asked for none)
+            raise InvalidState(f"rank {rank} asked for a snapshot nobody asked of it")
+        child = self._session.children.get(rank)
+        assert child is not None  # the rank announcing the snapshot is the one followed
+        snapshots.take(child.pid, event)
 
     def exited(self, rank: int, exit_code: int) -> None:
-        self.exit_codes[rank] = exit_code
-        self.server.agent_gone(rank)
-        self.server.publish("exited", {"exit_code": exit_code}, rank)
+        pass  # (its part of each cut is recorded by its own snapshots)
+
+    def rank_back(self, rank: int) -> None:
+        pass
+
+    def rank_paused(self, rank: int, where: dict) -> None:
+        pass
 
     def close(self) -> None:
-        sessions.withdraw(self.info)
-        self.server.close()
+        pass  # (each rank's snapshots are closed by the run: controller/ranks.py)
 
-    def follows(self, rank: int, child: RankProcess) -> None:
-        """``child`` is ``rank``'s process now (started, or restored)."""
-        self.children[rank] = child
-
-    def follower_side(self, rank: int, snapshots: RankSnapshots | None) -> _RankSide:
-        """What a rank's output relay tells the session (children.Relay);
-        ``snapshots`` takes the rank's part of each cut (None: a run that
-        takes none)."""
-        if snapshots is not None:
-            self._snapshots[rank] = snapshots
-        return _RankSide(self, rank, snapshots)
-
-    # -- verbs ---------------------------------------------------------------------------
-
-    def _hello(self, client: bytes, args: dict) -> dict:
-        rank = self.server.client_rank(client)
-        return {"session": self.info.session, "rank": rank, "world_size": self.world_size,
-                "pid": self.server.agents[rank].pid or 0, "events": self.server.events,
-                "remote_events": self.server.remote_events, "ranks": list(self.ranks)}
-
-    def _ask(self, client: bytes, verb: str,
-             then: Callable[[dict], None] = lambda result: None) -> dict:
-        """The bound rank's answer to ``verb`` with the session's fields, or
-        what the controller knows while that rank is off the bus."""
-        server = self.server
-        rank = server.client_rank(client)
-        extra = {"session": self.info.session, "pid": server.agents[rank].pid or 0,
-                 "clients": len(server.clients)}
-        if server.agents[rank].connected:
-            def answer(pending: Pending) -> None:
-                def reply(message: dict) -> None:
-                    try:
-                        result = {**result_of(message), **extra}
-                    except PrismError as exc:
-                        server.fail(pending, exc)
-                        return
-                    server.reply(pending, result)
-                    then(result)
-                server.ask_agent(verb, {}, reply, rank=rank)
-            raise Deferred(answer)
-        code = self.exit_codes.get(rank)
-        result = {"state": "starting" if code is None else "exited", "rank": rank,
-                  "world_size": self.world_size, "iteration": None, "emulated_s": None,
-                  "paused_at": None, "breakpoints": 0, "exit_code": code, **extra}
-        then(result)
-        return result
+    @property
+    def snapshots_taken(self) -> list[str]:
+        return []  # (a run's cuts are its ranks' snapshots': controller/ranks.py)
 
     # -- what every rank does at one boundary -----------------------------------------
 
@@ -221,7 +172,7 @@ class RanksSession:
         if self.store is None or self.cut_run is None:
             raise InvalidState("restore: a restored cut is restored again as a run of its own "
                                "(prism-debug snapshot restore CUT)")
-        if self.node is not None:
+        if self._session.node is not None:
             raise InvalidState("restore: a cut of ranks on several hosts is restored as a run "
                                "of its own (prism-debug snapshot restore CUT, its parts copied "
                                "to one store)")
@@ -269,8 +220,6 @@ class RanksSession:
         self._snapshots.clear()  # (the copies take none: a console's snapshot is refused)
 
     def restored(self, due: RestoreDue, copies: dict[int, RestoredChild]) -> None:
-        for rank, copy in copies.items():
-            self.follows(rank, copy)
         first = due.members[0]
         pids = {rank: copy.pid for rank, copy in copies.items()}
         self.server.reply(due.pending, {"id": first.cut, "iteration": first.iteration,
@@ -326,22 +275,6 @@ class RanksSession:
                     "dump_s": max(m.dump_s for m in parts), "ranks": list(self.ranks)}
             for rank in self.ranks:
                 self.server.publish("snapshot", data, rank)
-
-    def _detach(self, client: bytes, args: dict) -> dict:
-        """The client releases its rank (breakpoints deleted, a pause resumed) and leaves."""
-        return self._ask(client, "detach", lambda result: self.server.forget_client(client))
-
-    def _leave(self, client: bytes, args: dict) -> dict:
-        return self._ask(client, "status", lambda result: self.server.forget_client(client))
-
-    def _nobody_left(self) -> None:
-        """Nobody watches any rank's events any more: stop publishing them."""
-        for rank in self.ranks:
-            if self.server.agents[rank].connected:
-                # (gone meanwhile, or a table full: nothing to turn off)
-                with contextlib.suppress(BusError):
-                    self.server.ask_agent("events", {"on": False}, lambda message: None,
-                                          rank=rank)
 
 
 class Agreement:
@@ -414,21 +347,14 @@ def _refuse(verb: str, why: str) -> Handler:
     return refuse
 
 
-class _RankSide:
-    """One rank's relay's view of the session (children.Relay)."""
-
-    def __init__(self, session: RanksSession, rank: int,
-                 snapshots: RankSnapshots | None) -> None:
-        self._session = session
-        self._rank = rank
-        self._snapshots = snapshots
-
-    def output(self, line: str) -> None:
-        self._session.output(self._rank, line)
-
-    def take_snapshot(self, event: dict) -> None:
-        if self._snapshots is None:  # (a restored cut's copies are asked for none)
-            raise InvalidState(f"rank {self._rank} asked for a snapshot nobody asked of it")
-        child = self._session.children.get(self._rank)
-        assert child is not None  # the rank announcing the snapshot is the one followed
-        self._snapshots.take(child.pid, event)
+def cuts_session(ranks: tuple[int, ...], world_size: int, bind: str,
+                 job_ranks: tuple[int, ...], node: tuple[int, int] | None, message: Message,
+                 store: Store | None = None) -> Session:
+    """The bus of a run of several real ranks (``node``: this host's share of
+    a job on several, as node rank and count; ``store``: where its cuts go)."""
+    session = Session(ranks=ranks, world_size=world_size, host=bind, message=message,
+                      verbs=lambda session: CutVerbs(session, store), job_ranks=job_ranks,
+                      node=node)
+    message(f"debugger: prism-debug attach --rank R, R one of {ranks_text(ranks)} "
+            f"(session {session.info.session})")
+    return session
