@@ -13,6 +13,7 @@ import time
 import pytest
 
 from prism_debug.bus import sessions
+from prism_debug.bus.words import how_to_resume
 from tests.live_session import SCRIPTS, wait_for_session
 
 pytestmark = pytest.mark.slow
@@ -74,3 +75,8 @@ def test_a_console_drives_one_rank_of_several(tmp_path, session_dir):
         out, err = run.communicate(timeout=60)
     assert "stopping" not in out  # told to stop, no rank failed
     assert not sessions.live_sessions()
+    # rank 1 stayed paused once its console left: the controller's terminal said so
+    told = [line for line in out.splitlines() if line.startswith(
+        "prism-debug: no console is attached and rank 1 stays paused ")]
+    assert len(told) == 1, out
+    assert told[0].endswith(f": {how_to_resume(1)}")
