@@ -265,8 +265,15 @@ def format_back(result: dict) -> str:
     replayed = result["replayed"]
     again = (f", running {replayed} iteration{'s' if replayed != 1 else ''} again"
              if replayed > 0 else "")
-    return (f"{result['reason']}: restored snapshot {result['id']} (after iteration "
+    return (f"{result['reason']}: restored {_restored_what(result)} (after iteration "
             f"{result['iteration']}){again}")
+
+
+def _restored_what(result: dict) -> str:
+    """A rank's snapshot, or a cut of several ranks (its reply names them)."""
+    if "ranks" in result:
+        return f"cut {result['id']} of ranks {ranks_text(result['ranks'])}"
+    return f"snapshot {result['id']}"
 
 
 def format_restored(result: dict) -> str:

@@ -11,9 +11,10 @@ real rank at the next boundary they all reach, and ``perturb`` (and its
 console's ``restore CUT`` replaces every rank by its part of a cut of this
 run (checked off the loop, then done by the controller's loop:
 controller/replace.py), the console's own rank paused where the cut was
-taken.  Stepping back is refused with one line: it needs a
-history of cuts.  The ranks' parts of the run's cuts are dumped here as
-they come.
+taken; the copies' cuts are named for a timeline of their own.  Under
+``--history K`` each rank's parts of the last K iterations' cuts are kept
+(its ring), and ``back`` / ``reverse-continue`` restore every rank from the
+nearest earlier cut, the console's rank run on to its stop.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from __future__ import annotations
 import concurrent.futures
 from collections.abc import Callable
 
-from prism_debug.bus.server import BusServer, Deferred, Handler, Pending, result_of
+from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
+from prism_debug.capture.history import Plan, Position
+from prism_debug.capture.ring import Ring
 from prism_debug.capture.snapshots import check_unchanged, restore_tools
 from prism_debug.controller.replace import RestoreDue
 from prism_debug.controller.session import Message, Session, listed, off_the_loop
@@ -36,13 +39,6 @@ from prism_debug.process.children import RestoredChild
 from prism_debug.snapshot.criu import Criu, tree_pids
 from prism_debug.snapshot.manifest import Manifest, cut_id, cut_prefix
 from prism_debug.snapshot.store import Store
-
-NOT_YET = ("{verb}: not yet in a run of several real ranks ({why}); the ranks run on as "
-           "they are")
-REFUSED = {
-    "back": "stepping back needs a history of cuts",
-    "reverse-continue": "stepping back needs a history of cuts",
-}
 
 
 class CutVerbs:
@@ -65,8 +61,14 @@ class CutVerbs:
         server.handle("perturb", self._perturb)
         server.handle("unperturb", self._unperturb)
         server.handle("restore", self._restore)
-        for verb, why in REFUSED.items():
-            server.handle(verb, _refuse(verb, why))
+        server.handle("back", lambda client, args: self._step_back(
+            client, args.get("iterations", 1)))
+        server.handle("reverse-continue", lambda client, args: self._step_back(client, None))
+        # restores that step back: where the console's rank stops, and its breakpoints
+        self._plans: dict[Pending, tuple[Plan, list]] = {}
+        # restores stepping back whose copies run, answered once the console's
+        # rank's copy is back on the bus and has run to its stop: (who, the reply, rank)
+        self._replays: list[tuple[Pending, dict, int]] = []
 
     @property
     def cut_run(self) -> str | None:
@@ -101,10 +103,21 @@ class CutVerbs:
         pass  # (its part of each cut is recorded by its own snapshots)
 
     def rank_back(self, rank: int) -> None:
-        pass
+        """A copy of ``rank`` is back: a step back its console asked runs on."""
+        due = [replay for replay in self._replays if replay[2] == rank]
+        self._replays = [replay for replay in self._replays if replay[2] != rank]
+        for pending, restored, bound in due:
+            plan, breakpoints = self._plans.pop(pending)
+            self._replay(pending, restored, bound, plan, breakpoints)
 
     def rank_paused(self, rank: int, where: dict) -> None:
-        pass
+        if (ring := self._ring(rank)) is not None:
+            ring.hit(where)
+
+    def _ring(self, rank: int) -> Ring | None:
+        """``rank``'s ``--history`` ring (its parts of the last K cuts), if any."""
+        snapshots = self._snapshots.get(rank)
+        return snapshots.ring if snapshots is not None else None
 
     def close(self) -> None:
         pass  # (each rank's snapshots are closed by the run: controller/ranks.py)
@@ -153,6 +166,12 @@ class CutVerbs:
         each names the boundary it reaches next and holds there; the latest of
         them is the one; the client is answered with ``answer(boundary, each
         rank's answer)`` once every rank has agreed."""
+        self._every_rank_here(verb)
+        raise Deferred(lambda pending: Agreement(self.server, self.ranks, pending, change,
+                                                  answer).start())
+
+    def _every_rank_here(self, verb: str) -> None:
+        """Refuse ``verb`` unless every real rank is on the bus (each takes part)."""
         away = [rank for rank in self.ranks if not self.server.agents[rank].connected]
         if away:
             which = "rank" if len(away) == 1 else "ranks"
@@ -160,8 +179,6 @@ class CutVerbs:
                                f"{ranks_text(away)} {'is' if len(away) == 1 else 'are'} off "
                                "the bus (starting, in a snapshot, or exited): ask again once "
                                "status shows every rank running")
-        raise Deferred(lambda pending: Agreement(self.server, self.ranks, pending, change,
-                                                  answer).start())
 
     # -- a console's restore of a cut -------------------------------------------------
 
@@ -209,26 +226,35 @@ class CutVerbs:
         try:
             members, criu, needed = checks.result()
         except PrismError as exc:
+            self._plans.pop(pending, None)
             self.server.fail(pending, SnapshotFailed(f"{exc}; the ranks run on as they were"))
             return None
-        return RestoreDue(pending, tuple(members), criu, bound, frozenset(needed))
+        return RestoreDue(pending, tuple(members), criu, bound, frozenset(needed),
+                          history=self._ring(bound) is not None)
 
     def replacing(self, due: RestoreDue) -> None:
         for rank in self.ranks:
             self.server.agent_gone(rank)
             self.server.agent_away(rank)
-        self._snapshots.clear()  # (the copies take none: a console's snapshot is refused)
 
     def restored(self, due: RestoreDue, copies: dict[int, RestoredChild]) -> None:
         first = due.members[0]
+        plan = self._plans.get(due.pending, (None, None))[0]
+        for manifest in due.members:  # every rank's ring: its timeline cut where it was restored
+            if (ring := self._ring(manifest.rank)) is not None:
+                ring.restored(manifest, plan.target if plan is not None else None)
         pids = {rank: copy.pid for rank, copy in copies.items()}
-        self.server.reply(due.pending, {"id": first.cut, "iteration": first.iteration,
-                                        "pid": pids[due.bound], "ranks": list(self.ranks),
-                                        "pids": {str(r): pid for r, pid in pids.items()}})
+        result = {"id": first.cut, "iteration": first.iteration, "pid": pids[due.bound],
+                  "ranks": list(self.ranks), "pids": {str(r): pid for r, pid in pids.items()}}
+        if plan is None:
+            self.server.reply(due.pending, result)
+        else:  # answered once the console's rank has run to where it stops
+            self._replays.append((due.pending, result, due.bound))
         for rank in self.ranks:
             self.server.publish("restored", {"id": first.cut}, rank)
 
     def restore_failed(self, due: RestoreDue, error: Exception, *, kept: bool) -> None:
+        self._plans.pop(due.pending, None)
         if kept:
             self.server.fail(due.pending, SnapshotFailed(
                 f"{error}; the ranks run on as they were"))
@@ -237,15 +263,96 @@ class CutVerbs:
                 f"{error}; every rank had ended first, as the copies need their pids: the "
                 "run ends"))
 
+    # -- stepping back (run --history K) -----------------------------------------------
+
+    def _step_back(self, client: bytes, iterations: int | None) -> dict:
+        """``back ITERATIONS`` (None: ``reverse-continue``) of the console's
+        rank: every rank restored from the nearest earlier cut of the history,
+        the console's rank run on to its stop and paused there (the others
+        run on as far as it lets them).  Answered once it is there."""
+        verb = "back" if iterations is not None else "reverse-continue"
+        bound = self.server.client_rank(client)
+        ring = self._ring(bound)
+        if ring is None:
+            raise InvalidState(f"{verb} needs the run's history: run with --history K "
+                               "(e.g. prism-debug run --ranks 0-1 --history 8 …) to keep cuts "
+                               "of the last K iterations to go back to")
+        if self._session.node is not None:
+            raise InvalidState(f"{verb}: a cut of ranks on several hosts is restored as a run "
+                               "of its own (prism-debug snapshot restore CUT)")
+        if self._checking is not None or self._replays:
+            raise InvalidState("a restore is under way: wait for its answer")
+        self._every_rank_here(verb)
+
+        def where(pending: Pending) -> None:
+            def paused(message: dict) -> None:
+                try:
+                    plan, cut = self._plan(verb, ring, result_of(message), iterations)
+                except PrismError as exc:
+                    self.server.fail(pending, exc)
+                    return
+                # the copy gets the breakpoints the rank has now, not its snapshot's
+                self.server.ask_agent("breaks", {}, lambda message: self._go_back(
+                    pending, plan, cut, bound, message), rank=bound)
+            self.server.ask_agent("status", {}, paused, rank=bound)
+        raise Deferred(where)
+
+    def _plan(self, verb: str, ring: Ring, status: dict,
+              iterations: int | None) -> tuple[Plan, str]:
+        """Where the step back goes from the paused rank's ``status``, and the
+        cut it restores."""
+        if status.get("paused_at") is None:
+            raise InvalidState(f"{verb} goes back from a paused rank: pause it first "
+                               "(pause, or a breakpoint)")
+        for each in self._snapshots.values():
+            each.drain()  # the rings' newest cut may be the nearest
+        plan = ring.plan(Position.of(status["paused_at"]), iterations)
+        assert self.store is not None  # (a session with rings has the run's store)
+        cut = self.store.get(plan.snapshot.id).cut
+        assert cut is not None  # (a rank of several's snapshots are its parts of cuts)
+        return plan, cut
+
+    def _go_back(self, pending: Pending, plan: Plan, cut: str, bound: int,
+                 breaks: dict) -> None:
+        try:
+            table = result_of(breaks)["breakpoints"]
+            if self._checking is not None:
+                raise InvalidState("a restore is under way: wait for its answer")
+        except PrismError as exc:
+            self.server.fail(pending, exc)
+            return
+        self._plans[pending] = (plan, table)
+        self._check_restore(pending, cut, bound)
+
+    def _replay(self, pending: Pending, restored: dict, bound: int, plan: Plan,
+                breakpoints: list) -> None:
+        """The console's rank's copy is back on the bus, paused where the cut
+        was taken: run it to the plan's stop (passing breakpoints), then answer."""
+        target = plan.target
+        args = {"iteration": target.iteration, "reason": plan.reason, "breakpoints": breakpoints}
+        if target.seq:
+            args["seq"] = target.seq
+
+        def running(message: dict) -> None:
+            try:
+                result = result_of(message)
+            except PrismError as exc:
+                self.server.fail(pending, exc)
+                return
+            self.server.reply(pending, {**restored, **result, "target": target.iteration,
+                                        "target_seq": target.seq or None,
+                                        "replayed": plan.replayed, "reason": plan.reason})
+        self.server.ask_agent("run_to", args, running, rank=bound)
+
     def _snapshots_listed(self, client: bytes, args: dict) -> dict:
         """Every rank's part of this run's cuts, recorded so far."""
         if self.store is None or self.cut_run is None:
             return {"snapshots": []}
         for each in self._snapshots.values():
             each.wait_recorded()  # those dumped already are listed (a record: ≈0.4 s/GiB)
-        prefix = cut_prefix(self.cut_run)
+        prefixes = tuple(cut_prefix(run) for run in self._session.cut_runs)
         return {"snapshots": [listed(m) for m in self.store.list()
-                              if (m.cut or "").startswith(prefix)]}
+                              if (m.cut or "").startswith(prefixes)]}
 
     def _announce_cuts(self) -> None:
         """Tell every console of each cut once every rank's part is recorded."""
@@ -339,12 +446,6 @@ class Agreement:
             self._server.fail(self._pending, self._errors[0])
         else:
             self._server.reply(self._pending, self._answer(self._boundary, self._agreed))
-
-
-def _refuse(verb: str, why: str) -> Handler:
-    def refuse(client: bytes, args: dict) -> dict:
-        raise InvalidState(NOT_YET.format(verb=verb, why=why))
-    return refuse
 
 
 def cuts_session(ranks: tuple[int, ...], world_size: int, bind: str,

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from prism_debug.capture.ring import Ring
 from prism_debug.capture.snapshots import Release, Snapshotter
 from prism_debug.process.children import RankProcess
 
@@ -19,27 +20,55 @@ class RankSnapshots:
     each recorded off the loop.  ``dumper``: a rank of several dumped on a
     thread of its own, so that every rank of a cut is dumped at once, not
     one after the other while the others wait (each rank's own dumps stay
-    in order: it announces the next only once let go)."""
+    in order: it announces the next only once let go).  ``ring``: the
+    rank's ``--history`` ring, which its history's snapshots go to."""
 
     def __init__(self, snapshotter_factory: Callable[[], Snapshotter],
-                 run_files: dict[str, Path], dumper: bool = False) -> None:
+                 run_files: dict[str, Path], dumper: bool = False,
+                 ring: Ring | None = None) -> None:
         self._snapshotter_factory = snapshotter_factory
         self._snapshotter: Snapshotter | None = None
         self.run_files = run_files
+        self.ring = ring
+        self._cut_run: str | None = None  # the timeline a console's restore began
         self._dumper = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="prism-dump") if dumper else None
 
-    def take(self, pid: int, event: dict) -> None:
+    def _made(self) -> Snapshotter:
         if self._snapshotter is None:
             self._snapshotter = self._snapshotter_factory()
             self._snapshotter.open_files = dict(self.run_files)
+        if self._cut_run is not None:
+            self._snapshotter.cut_run = self._cut_run
+        return self._snapshotter
+
+    def take(self, pid: int, event: dict) -> None:
+        snapshotter = self._made()
+        args = (pid, event["iteration"], bool(event.get("cuda")), Release.of(event))
         # recorded off the loop; the end of the run waits for it
-        dump = functools.partial(self._snapshotter.take, pid, event["iteration"],
-                                 bool(event.get("cuda")), Release.of(event))
+        dump: Callable[[], object]
+        if self.ring is not None and event.get("history"):
+            dump = functools.partial(self.ring.take, snapshotter, *args)
+        else:  # (the user's snapshots are the ring's restore points too, never removed)
+            dump = functools.partial(snapshotter.take, *args, recorded=(
+                self.ring.taken if self.ring is not None else None))
         if self._dumper is None:
             dump()
         else:
             self._dumper.submit(dump)  # (take says what fails itself, and lets the rank go)
+
+    def continue_as(self, cut_run: str) -> None:
+        """A console restored the rank: its snapshots from now on are parts of
+        the cuts of ``cut_run``, the new timeline's (a cut's id names its run
+        and iteration, and the old timeline's cuts stay)."""
+        self._cut_run = cut_run
+
+    def drain(self) -> None:
+        """Until every snapshot asked for so far is dumped and recorded (more
+        may follow: a restored copy's)."""
+        if self._dumper is not None:
+            self._dumper.submit(lambda: None).result()
+        self.wait_recorded()
 
     def close(self) -> None:
         if self._dumper is not None:

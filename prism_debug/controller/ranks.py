@@ -34,6 +34,7 @@ import shlex
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from prism_debug.capture.ring import Ring
 from prism_debug.capture.snapshots import (
     Snapshotter,
 )
@@ -129,12 +130,12 @@ def run_ranks(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path,
     def start(side: dict) -> Iterator[FollowedRank]:
         cut_run = cut_run_of(side["prefix"])
         if session is not None:
-            session.cut_run = cut_run  # (a console's snapshot is a cut of this run too)
+            session.begin_timeline(cut_run)  # (a console's snapshot is a cut of this run too)
         for rank in ranks:
             def snapshotter(rank: int = rank) -> Snapshotter:
                 return Snapshotter.for_run(options, store, message, rank=rank, cut_run=cut_run)
             yield _start(options, graph, run_dir, rank, session, side, extra_env, message,
-                         snapshotter)
+                         snapshotter, store)
 
     started, exit_code = run_all(start, host, session, message, store)
     result = ranks_results(options.world_size, options.command, options.profile.name,
@@ -168,7 +169,9 @@ def run_all(start: Callable[[dict], Iterator[FollowedRank]], host: Host | None,
             def restore(due: RestoreDue) -> None:
                 assert session is not None and store is not None  # (a restore is a console's)
                 where = {**side, "prefix": f"{side['prefix']}restored-{next(restores)}/"}
-                replace_ranks(ranks, due, session, store, message, where)
+                if replace_ranks(ranks, due, session, store, message, where):
+                    # the copies' cuts are of a timeline of their own, named apart
+                    session.begin_timeline(cut_run_of(where["prefix"]))
             try:
                 for each in start(side):
                     ranks[each.rank] = each
@@ -187,12 +190,14 @@ def run_all(start: Callable[[dict], Iterator[FollowedRank]], host: Host | None,
 
 def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, rank: int,
            session: Session | None, side: dict, extra_env: dict[str, str],
-           message: Message, snapshotter: Callable[[], Snapshotter]) -> FollowedRank:
+           message: Message, snapshotter: Callable[[], Snapshotter],
+           store: Store) -> FollowedRank:
     """Start one real rank: its folder, its agent's config, its process and
     the relay of its output (to the session's bus, if any), which takes its
     snapshots."""
     files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
-    snapshots = RankSnapshots(snapshotter, files, dumper=True)
+    ring = Ring(options.history, store, _labelled(rank, message)) if options.history else None
+    snapshots = RankSnapshots(snapshotter, files, dumper=True, ring=ring)
     relay: Relay
     bus: BusEnds  # the session's ends of the bus (a NoSession has none)
     if session is not None:
@@ -221,6 +226,10 @@ def followed(rank: int, files: dict[str, Path], child: Child | RestoredChild,
                         table_prefix=f"[rank {rank}] ")
     return FollowedRank(rank, files, child, follower, snapshots=snapshots,
                         restored_from=restored_from)
+
+
+def _labelled(rank: int, message: Message) -> Message:
+    return lambda line: message(f"[rank {rank}] {line}")
 
 
 def ranks_results(world_size: int, command: list[str], hardware: str, report_path: Path | None,

@@ -69,9 +69,9 @@ class ReplacingSession(BusEnds, Protocol):
 
 
 def replace_ranks(ranks: dict[int, FollowedRank], due: RestoreDue, session: ReplacingSession,
-                  store: Store, message: Message, side: dict | None = None) -> None:
+                  store: Store, message: Message, side: dict | None = None) -> bool:
     """Replace every rank of ``due`` by its copy (``side``: where a cut's
-    copies meet each other again)."""
+    copies meet each other again); whether the copies run."""
     running = [each for each in ranks.values() if each.child.poll() is None]
     ours = set().union(*(each.child.process_ids() for each in running))
     taken = {pid for pid in due.needed if os.path.exists(f"/proc/{pid}")}
@@ -80,7 +80,7 @@ def replace_ranks(ranks: dict[int, FollowedRank], due: RestoreDue, session: Repl
             f"snapshot {due.members[0].id} needs pid(s) {_ids(taken - ours)}, which other "
             "processes hold now (CRIU restores pids): end them, or take snapshots of a run "
             "with --isolate, whose copies get pid namespaces of their own"), kept=True)
-        return
+        return False
     beside = not taken  # else the copies need the ranks' own pids: they must end first
     for each in running:
         if beside:
@@ -90,7 +90,7 @@ def replace_ranks(ranks: dict[int, FollowedRank], due: RestoreDue, session: Repl
     for each in ranks.values():
         each.follower.poll()  # (what it wrote before it was held or ended)
         if not beside and each.snapshots is not None:
-            each.snapshots.close()  # its snapshots stay the run's: recorded, listed at the end
+            each.snapshots.drain()  # its snapshots stay the run's: recorded, listed at the end
     if not beside:
         session.replacing(due)
     try:
@@ -99,7 +99,7 @@ def replace_ranks(ranks: dict[int, FollowedRank], due: RestoreDue, session: Repl
         for each in running if beside else ():
             each.child.hold(False)
         session.restore_failed(due, exc, kept=beside)
-        return
+        return False
     # the copies are up: now, and only now, the ranks they replace go
     if beside:
         session.replacing(due)
@@ -109,6 +109,7 @@ def replace_ranks(ranks: dict[int, FollowedRank], due: RestoreDue, session: Repl
         each = ranks[manifest.rank]
         each.child, each.exit_code, each.restored_from = copies[each.rank], None, manifest.id
     session.restored(due, copies)
+    return True
 
 
 def _restore_copies(ranks: dict[int, FollowedRank], due: RestoreDue, session: ReplacingSession,

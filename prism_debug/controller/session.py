@@ -115,6 +115,7 @@ class Session:
         # a rank of several's part of each cut, as its controller takes it
         self.rank_snapshots: dict[int, RankSnapshots] = {}
         self.cut_run: str | None = None  # the part of the cut ids naming this run, once known
+        self.cut_runs: list[str] = []  # every timeline's (a console's restore begins one)
         self._told_pause: dict[int, int] = {}  # the last pause told of, by rank (numbered)
         node_rank, nnodes = node or (None, None)
         self.info = session_info(self.server, world_size, ranks,
@@ -148,6 +149,14 @@ class Session:
         if snapshots is not None:
             self.rank_snapshots[rank] = snapshots
         return _RankSide(self, rank)
+
+    def begin_timeline(self, cut_run: str) -> None:
+        """The ranks' cuts from now on are of ``cut_run`` (the run's own, or a
+        console's restore's, whose copies' cuts are named apart)."""
+        self.cut_run = cut_run
+        self.cut_runs.append(cut_run)
+        for snapshots in self.rank_snapshots.values():
+            snapshots.continue_as(cut_run)
 
     def exit_code(self, rank: int) -> int | None:
         return self.exit_codes.get(rank)

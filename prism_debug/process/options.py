@@ -202,8 +202,11 @@ class RunOptions:
         if len(ranks) == 1:
             return
         # what several real ranks cannot do yet, said before anything starts
+        if self.history and self.host is not None:
+            raise ConfigError("--history steps back through cuts a console restores on one "
+                              "host; a job of several hosts under torchrun does not take it")
         later = [flag for flag, asked in (
-            ("--history", self.history), ("--paused", self.paused),
+            ("--paused", self.paused),
             ("--isolate", self.isolate), ("--trace", self.trace_path),
             ("--record-program", self.record_program)) if asked]
         if later:

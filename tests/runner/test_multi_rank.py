@@ -150,8 +150,8 @@ def test_a_rank_that_fails_stops_the_others_and_sets_the_exit_code(tmp_path):
 @pytest.mark.parametrize("args, error", [
     (["--ranks", "0-1", "--rank", "3"], "--rank and --ranks exclude each other"),
     (["--ranks", "6-9"], "--ranks: "),
-    (["--ranks", "0-1", "--history", "2"],
-     "--history works with one real rank; a run of several real ranks (--ranks) does not "
+    (["--ranks", "0-1", "--paused"],
+     "--paused works with one real rank; a run of several real ranks (--ranks) does not "
      "take it yet"),
     (["--ranks", "0-99"], "--ranks names 100 ranks: one host runs at most 64 real ranks"),
 ])

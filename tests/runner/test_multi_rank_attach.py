@@ -1,6 +1,6 @@
 """The debugger bus of a run of several real ranks: one session, a console
 per rank, what every replica must do alike agreed with every rank, and
-stepping back refused."""
+stepping back refused without a history."""
 
 from __future__ import annotations
 
@@ -60,8 +60,11 @@ def test_a_console_drives_one_rank_of_several(tmp_path, session_dir):
         assert ("perturbations need virtual peers replayed from a graph"
                 in refused.stdout + refused.stderr)
         refused = attach(1, "back")
-        assert ("back: not yet in a run of several real ranks (stepping back needs a history "
-                "of cuts)") in refused.stdout + refused.stderr
+        assert replies(refused)[-1]["error"] == {
+            "type": "InvalidState",
+            "message": "back needs the run's history: run with --history K (e.g. prism-debug "
+                       "run --ranks 0-1 --history 8 …) to keep cuts of the last K iterations "
+                       "to go back to"}
         elsewhere = attach(7, "status")
         assert elsewhere.returncode != 0
         assert ("no running session holds rank 7: session "
