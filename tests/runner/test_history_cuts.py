@@ -59,8 +59,10 @@ def test_back_restores_both_ranks_from_a_cut_of_the_history(tmp_path, session_di
         info = wait_for_session(run)
         wait_for_iteration(info, 5)
         lines = attach(0, "pause; back 2")
-        paused = int(re.fullmatch(r"paused before .* in iteration (\d+) \(pause\)",
-                                  lines[0]).group(1))
+        # (where a history's dump was under way, the pause is where the next iteration starts)
+        where = re.fullmatch(r"paused (?:before .* in|at) iteration (\d+) \(pause\)", lines[0])
+        assert where is not None, lines
+        paused = int(where.group(1))
         # the ring's cuts are of the last 3 iterations: the one after paused - 3
         # is the newest from which a run gets to where paused - 2 starts
         (cut,) = re.findall(r"cut (c[0-9a-f]+-it\d+) of ranks 0-1", lines[1])
@@ -88,3 +90,10 @@ def test_back_restores_both_ranks_from_a_cut_of_the_history(tmp_path, session_di
             first.setdefault(iteration, digest)
         # every iteration run again computed what it computed the first time
         assert all(digest == first[iteration] for iteration, digest in timeline), rank
+    # the rings after the run: each rank's parts of the same last 3 cuts, whole
+    parts = [json.loads(path.read_text()) for path in (tmp_path / "store").glob(
+        "*/manifest.json")]
+    kept = {rank: sorted(m["iteration"] for m in parts if m["rank"] == rank) for rank in (0, 1)}
+    assert kept[0] == kept[1] and len(kept[0]) == 3, kept
+    assert kept[0] == list(range(kept[0][0], kept[0][0] + 3))
+    assert all(m["history"] and m["cut"].endswith(f"-it{m['iteration']}") for m in parts)
