@@ -1,7 +1,8 @@
 """Stepping back in a session of two real ranks: ``run --ranks 0-1 --history
 3`` keeps a cut of both ranks after every iteration (the last three), and
-``back`` from rank 0's console restores both ranks from the nearest earlier
-cut, runs rank 0 on to where it was asked to stop and pauses it there.
+``back`` (then ``reverse-continue``) from rank 0's console restores both
+ranks from the nearest earlier cut, runs rank 0 on to where it was asked to
+stop and pauses it there.
 What both ranks compute again is checked against what they computed the
 first time, digest for digest, from their own event logs."""
 
@@ -71,7 +72,17 @@ def test_back_restores_both_ranks_from_a_cut_of_the_history(tmp_path, session_di
             f"paused at iteration {paused - 2} (back)",
             f"left; rank 0 stays paused at iteration {paused - 2} (back) — {how_to_resume(0)}"]
         assert cut.endswith(f"-it{paused - 3}")
-        attach(0, "detach")  # both ranks run on, through the iterations again
+        # on to two breakpoints, then back to the first of them
+        lines = attach(0, f"break iter {paused - 1}; break iter {paused}; c; c; rc; detach")
+        (again,) = re.findall(r"cut (c[0-9a-f]+-it\d+) of ranks 0-1", lines[4])
+        assert lines[:6] == [
+            f"breakpoint 1: iteration {paused - 1}", f"breakpoint 2: iteration {paused}",
+            f"paused at iteration {paused - 1} (break 1)",
+            f"paused at iteration {paused} (break 2)",
+            f"reverse-continue, break 1: restored cut {again} of ranks 0-1 (after iteration "
+            f"{paused - 2})",
+            f"paused at iteration {paused - 1} (reverse-continue, break 1)"], lines
+        # both ranks run on, through the iterations again
         wait_for_iteration(info, paused + 1)
     finally:
         run.send_signal(signal.SIGTERM)
@@ -81,10 +92,12 @@ def test_back_restores_both_ranks_from_a_cut_of_the_history(tmp_path, session_di
     for rank in (0, 1):
         timeline = iterations(run_dir, rank)
         numbers = [i for i, _ in timeline]
-        # the copies took up where the cut was taken
+        # the copies took up where the cuts were taken
         again = numbers.index(paused - 2, numbers.index(paused - 1))
         assert numbers[:again] == list(range(1, len(numbers[:again]) + 1))
-        assert numbers[again:again + 3] == [paused - 2, paused - 1, paused]
+        # back to where paused - 2 starts, on to paused; reverse-continue to
+        # where paused - 1 starts, and on
+        assert numbers[again:again + 4] == [paused - 2, paused - 1, paused - 1, paused]
         first: dict[int, str] = {}
         for iteration, digest in timeline:
             first.setdefault(iteration, digest)
