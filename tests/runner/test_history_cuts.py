@@ -74,12 +74,12 @@ def test_back_restores_both_ranks_from_a_cut_of_the_history(tmp_path, session_di
         assert cut.endswith(f"-it{paused - 3}")
         # on to two breakpoints, then back to the first of them
         lines = attach(0, f"break iter {paused - 1}; break iter {paused}; c; c; rc; detach")
-        (again,) = re.findall(r"cut (c[0-9a-f]+-it\d+) of ranks 0-1", lines[4])
+        (earlier,) = re.findall(r"cut (c[0-9a-f]+-it\d+) of ranks 0-1", lines[4])
         assert lines[:6] == [
             f"breakpoint 1: iteration {paused - 1}", f"breakpoint 2: iteration {paused}",
             f"paused at iteration {paused - 1} (break 1)",
             f"paused at iteration {paused} (break 2)",
-            f"reverse-continue, break 1: restored cut {again} of ranks 0-1 (after iteration "
+            f"reverse-continue, break 1: restored cut {earlier} of ranks 0-1 (after iteration "
             f"{paused - 2})",
             f"paused at iteration {paused - 1} (reverse-continue, break 1)"], lines
         # both ranks run on, through the iterations again
