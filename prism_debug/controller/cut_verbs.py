@@ -27,7 +27,7 @@ from prism_debug.capture.history import Plan, Position
 from prism_debug.capture.ring import Ring
 from prism_debug.capture.snapshots import check_unchanged, restore_tools
 from prism_debug.controller.replace import RestoreDue
-from prism_debug.controller.session import Message, Session, listed, off_the_loop
+from prism_debug.controller.session import Message, Session, listed, off_the_loop, run_to_stop
 from prism_debug.errors import (
     InvalidState,
     PrismError,
@@ -108,7 +108,7 @@ class CutVerbs:
         self._replays = [replay for replay in self._replays if replay[2] != rank]
         for pending, restored, bound in due:
             plan, breakpoints = self._plans.pop(pending)
-            self._replay(pending, restored, bound, plan, breakpoints)
+            run_to_stop(self.server, pending, restored, plan, breakpoints, bound)
 
     def rank_paused(self, rank: int, where: dict) -> None:
         if (ring := self._ring(rank)) is not None:
@@ -323,26 +323,6 @@ class CutVerbs:
             return
         self._plans[pending] = (plan, table)
         self._check_restore(pending, cut, bound)
-
-    def _replay(self, pending: Pending, restored: dict, bound: int, plan: Plan,
-                breakpoints: list) -> None:
-        """The console's rank's copy is back on the bus, paused where the cut
-        was taken: run it to the plan's stop (passing breakpoints), then answer."""
-        target = plan.target
-        args = {"iteration": target.iteration, "reason": plan.reason, "breakpoints": breakpoints}
-        if target.seq:
-            args["seq"] = target.seq
-
-        def running(message: dict) -> None:
-            try:
-                result = result_of(message)
-            except PrismError as exc:
-                self.server.fail(pending, exc)
-                return
-            self.server.reply(pending, {**restored, **result, "target": target.iteration,
-                                        "target_seq": target.seq or None,
-                                        "replayed": plan.replayed, "reason": plan.reason})
-        self.server.ask_agent("run_to", args, running, rank=bound)
 
     def _snapshots_listed(self, client: bytes, args: dict) -> dict:
         """Every rank's part of this run's cuts, recorded so far."""

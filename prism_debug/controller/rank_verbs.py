@@ -28,7 +28,14 @@ from prism_debug.capture.ring import Ring
 from prism_debug.capture.snapshots import Release, Snapshotter, release_rank
 from prism_debug.controller.no_session import NoSession
 from prism_debug.controller.replace import RestoreDue
-from prism_debug.controller.session import Message, Session, answered, listed, off_the_loop
+from prism_debug.controller.session import (
+    Message,
+    Session,
+    answered,
+    listed,
+    off_the_loop,
+    run_to_stop,
+)
 from prism_debug.errors import (
     Busy,
     InvalidState,
@@ -322,7 +329,7 @@ class RankVerbs:
             if step_back is None:
                 self.server.reply(pending, result)
             else:  # the copy runs on to where it was asked to stop
-                self._replay(pending, result, *step_back)
+                run_to_stop(self.server, pending, result, *step_back, self.rank)
         self._restores.clear()
 
     # -- stepping back (run --history K) -----------------------------------------------
@@ -383,22 +390,6 @@ class RankVerbs:
         self._plans[pending] = (plan, table)
         self._restore_lazy = None  # lazily where it can be
         self._start_restore(pending, plan.snapshot.id)
-
-    def _replay(self, pending: Pending, restored: dict, plan: Plan, breakpoints: list) -> None:
-        """The copy is back on the bus, paused where its snapshot was taken:
-        run it to the plan's stop (passing breakpoints), then answer."""
-        target = plan.target
-        args = {"iteration": target.iteration, "reason": plan.reason, "breakpoints": breakpoints}
-        if target.seq:
-            args["seq"] = target.seq
-
-        def running(message: dict) -> None:
-            if (result := answered(self.server, pending, message)) is None:
-                return
-            self.server.reply(pending, {**restored, **result, "target": target.iteration,
-                                        "target_seq": target.seq or None,
-                                        "replayed": plan.replayed, "reason": plan.reason})
-        self.server.ask_agent("run_to", args, running)
 
 
 def open_rank_session(rank: int, world_size: int, bind: str | None, files: dict[str, Path],

@@ -31,6 +31,7 @@ from typing import Protocol, TypeVar
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
 from prism_debug.bus.words import describe_pause, how_to_resume
+from prism_debug.capture.history import Plan
 from prism_debug.controller.no_session import RankSnapshots
 from prism_debug.controller.replace import RestoreDue
 from prism_debug.errors import BusError, PrismError
@@ -330,6 +331,25 @@ def answered(server: BusServer, pending: Pending, message: dict) -> dict | None:
     except PrismError as exc:
         server.fail(pending, exc)
         return None
+
+
+def run_to_stop(server: BusServer, pending: Pending, restored: dict, plan: Plan,
+                breakpoints: list, rank: int) -> None:
+    """A step back's copy of ``rank`` is back on the bus, paused where its
+    snapshot (or cut) was taken: run it to the plan's stop (passing
+    breakpoints, stopping at ``breakpoints``), then answer ``pending``."""
+    target = plan.target
+    args = {"iteration": target.iteration, "reason": plan.reason, "breakpoints": breakpoints}
+    if target.seq:
+        args["seq"] = target.seq
+
+    def running(message: dict) -> None:
+        if (result := answered(server, pending, message)) is None:
+            return
+        server.reply(pending, {**restored, **result, "target": target.iteration,
+                               "target_seq": target.seq or None, "replayed": plan.replayed,
+                               "reason": plan.reason})
+    server.ask_agent("run_to", args, running, rank=rank)
 
 
 def listed(manifest: Manifest) -> dict:
