@@ -31,6 +31,7 @@ from prism_debug.controller.session import Message, Session, listed, off_the_loo
 from prism_debug.errors import (
     InvalidState,
     PrismError,
+    RankUnavailable,
     SnapshotError,
     SnapshotFailed,
 )
@@ -100,7 +101,13 @@ class CutVerbs:
         snapshots.take(child.pid, event)
 
     def exited(self, rank: int, exit_code: int) -> None:
-        pass  # (its part of each cut is recorded by its own snapshots)
+        """A step back whose copy of ``rank`` ended before it was back fails
+        (the rank's part of each cut is recorded by its own snapshots)."""
+        for pending, _, _ in [replay for replay in self._replays if replay[2] == rank]:
+            self._plans.pop(pending, None)
+            self.server.fail(pending, RankUnavailable(
+                f"the restored rank {rank} exited (code {exit_code}) before it reconnected"))
+        self._replays = [replay for replay in self._replays if replay[2] != rank]
 
     def rank_back(self, rank: int) -> None:
         """A copy of ``rank`` is back: a step back its console asked runs on."""
@@ -193,7 +200,7 @@ class CutVerbs:
             raise InvalidState("restore: a cut of ranks on several hosts is restored as a run "
                                "of its own (prism-debug snapshot restore CUT, its parts copied "
                                "to one store)")
-        if self._checking is not None:
+        if self._checking is not None or self._replays:
             raise InvalidState("a restore is under way: wait for its answer")
         bound = self.server.client_rank(client)
         raise Deferred(lambda pending: self._check_restore(pending, args["id"], bound))
@@ -225,7 +232,7 @@ class CutVerbs:
         self._checking = None
         try:
             members, criu, needed = checks.result()
-        except PrismError as exc:
+        except Exception as exc:  # (a bug in the checks must not end the session either)
             self._plans.pop(pending, None)
             self.server.fail(pending, SnapshotFailed(f"{exc}; the ranks run on as they were"))
             return None
@@ -316,7 +323,7 @@ class CutVerbs:
                  breaks: dict) -> None:
         try:
             table = result_of(breaks)["breakpoints"]
-            if self._checking is not None:
+            if self._checking is not None or self._replays:
                 raise InvalidState("a restore is under way: wait for its answer")
         except PrismError as exc:
             self.server.fail(pending, exc)

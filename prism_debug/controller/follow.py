@@ -24,7 +24,7 @@ from prism_debug.process.children import POLL_S, Follower, RankProcess
 
 Message = Callable[[str], None]
 # a console's restore, checked (controller/replace.py's RestoreDue): the loop only hands it on
-Due = TypeVar("Due", covariant=True)
+Due = TypeVar("Due")
 
 
 class FollowedRank:
@@ -66,17 +66,21 @@ class LoopSession(Protocol[Due]):
     def take_restore(self) -> Due | None:
         """A console's restore whose checks passed, for the loop to do."""
 
+    def restore_refused(self, due: Due, why: str) -> None:
+        """A restore the loop will not do (the run is being stopped): say why."""
+
 
 D = TypeVar("D")
 
 
 def follow(ranks: dict[int, FollowedRank], session: LoopSession[D], message: Message,
-           replace: Callable[[D], None]) -> int:
+           replace: Callable[[D], bool]) -> int:
     """Wait for every rank, relaying their output and serving ``session``;
     the first failure's exit code (0 when none failed).  Once a rank fails,
     the others are stopped.  A console's restore (checked by the session) is
-    done here, by ``replace``, between two looks at the ranks.  Whatever
-    happens, no rank outlives this."""
+    done here, by ``replace``, between two looks at the ranks; once its
+    copies run, a failure before it is the old ranks' and no longer the
+    run's.  Whatever happens, no rank outlives this."""
     stopping = False  # (bound before the handler that sets it)
 
     def forward(signum: int, frame: FrameType | None) -> None:
@@ -93,8 +97,13 @@ def follow(ranks: dict[int, FollowedRank], session: LoopSession[D], message: Mes
             try:
                 failure = _look(ranks, session, message, failure, stopping)
                 session.poll(POLL_S)  # the bus, for the loop's sleep
-                if (due := session.take_restore()) is not None and not stopping:
-                    replace(due)
+                if (due := session.take_restore()) is None:
+                    continue
+                if stopping:
+                    session.restore_refused(due, "the run is being stopped: nothing was "
+                                                 "restored")
+                elif replace(due):
+                    failure = None
             except KeyboardInterrupt:
                 interrupted += 1
                 stopping = True

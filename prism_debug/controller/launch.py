@@ -180,7 +180,7 @@ def follow_rank(session: Session | NoSession, rank: int, files: dict[str, Path],
     followed = {rank: FollowedRank(rank, files, child, follower)}
     session.follows(rank, child)
 
-    def replace(due: RestoreDue) -> None:
+    def replace(due: RestoreDue) -> bool:
         assert isinstance(session, Session)  # (a restore is a console's)
-        replace_ranks(followed, due, session, store, message)
+        return replace_ranks(followed, due, session, store, message)
     return follower, follow(followed, session, message, replace)

@@ -106,6 +106,9 @@ class NoBus:
     def take_restore(self) -> None:
         return None
 
+    def restore_refused(self, due: object, why: str) -> None:
+        pass  # (no console asked)
+
 
 class NoSession(NoBus):
     """A rank's side of a run without a bus: its relay, which takes its

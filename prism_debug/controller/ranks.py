@@ -166,12 +166,14 @@ def run_all(start: Callable[[dict], Iterator[FollowedRank]], host: Host | None,
         with side_store(host) as side:
             restores = itertools.count(1)
 
-            def restore(due: RestoreDue) -> None:
+            def restore(due: RestoreDue) -> bool:
                 assert session is not None and store is not None  # (a restore is a console's)
                 where = {**side, "prefix": f"{side['prefix']}restored-{next(restores)}/"}
-                if replace_ranks(ranks, due, session, store, message, where):
-                    # the copies' cuts are of a timeline of their own, named apart
-                    session.begin_timeline(cut_run_of(where["prefix"]))
+                if not replace_ranks(ranks, due, session, store, message, where):
+                    return False
+                # the copies' cuts are of a timeline of their own, named apart
+                session.begin_timeline(cut_run_of(where["prefix"]))
+                return True
             try:
                 for each in start(side):
                     ranks[each.rank] = each

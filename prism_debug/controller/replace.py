@@ -88,9 +88,14 @@ def replace_ranks(ranks: dict[int, FollowedRank], due: RestoreDue, session: Repl
         else:
             each.child.kill()
     for each in ranks.values():
-        each.follower.poll()  # (what it wrote before it was held or ended)
-        if not beside and each.snapshots is not None:
-            each.snapshots.drain()  # its snapshots stay the run's: recorded, listed at the end
+        if not beside:
+            # what it wrote before it ended (a snapshot it asked for is moot:
+            # it is gone).  A held rank's output waits: should the copies fail,
+            # it runs on, and a snapshot it asked for meanwhile is still taken.
+            each.follower.poll(snapshots=False)
+        if each.snapshots is not None:
+            # its snapshots stay the run's, recorded under the timeline they were taken in
+            each.snapshots.drain()
     if not beside:
         session.replacing(due)
     try:
@@ -98,7 +103,7 @@ def replace_ranks(ranks: dict[int, FollowedRank], due: RestoreDue, session: Repl
     except (PrismError, OSError) as exc:
         for each in running if beside else ():
             each.child.hold(False)
-        session.restore_failed(due, exc, kept=beside)
+        session.restore_failed(due, exc, kept=beside and bool(running))
         return False
     # the copies are up: now, and only now, the ranks they replace go
     if beside:

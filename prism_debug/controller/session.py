@@ -34,7 +34,7 @@ from prism_debug.bus.words import describe_pause, how_to_resume
 from prism_debug.capture.history import Plan
 from prism_debug.controller.no_session import RankSnapshots
 from prism_debug.controller.replace import RestoreDue
-from prism_debug.errors import BusError, PrismError
+from prism_debug.errors import BusError, PrismError, RankUnavailable
 from prism_debug.process.children import RankProcess, Relay, RestoredChild
 from prism_debug.snapshot.manifest import Manifest
 from prism_debug.snapshot.store import now_text
@@ -184,6 +184,11 @@ class Session:
 
     def restore_failed(self, due: RestoreDue, error: Exception, *, kept: bool) -> None:
         self.verbs.restore_failed(due, error, kept=kept)
+
+    def restore_refused(self, due: RestoreDue, why: str) -> None:
+        """A checked restore the loop will not do: the run ends (its plan, if
+        any, goes with the session)."""
+        self.server.fail(due.pending, RankUnavailable(why))
 
     def output(self, rank: int, line: str) -> None:
         self.server.publish("output", {"line": line}, rank)

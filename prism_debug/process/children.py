@@ -264,7 +264,9 @@ class Follower:
         self._header_shown = False
         self._session = session
 
-    def poll(self, final: bool = False) -> None:
+    def poll(self, final: bool = False, snapshots: bool = True) -> None:
+        """Relay what the rank wrote since (``final``: it has exited);
+        ``snapshots``: pass its requests for snapshots on too."""
         for line in self._log.lines(final):
             self._message(self._prefix + line)
             self._session.output(line)
@@ -278,7 +280,7 @@ class Follower:
                     self._message(self._table_prefix + reporting.table_header())
                     self._header_shown = True
                 self._message(self._table_prefix + reporting.table_row(event))
-            elif event.get("kind") == "snapshot" and not final:
+            elif event.get("kind") == "snapshot" and snapshots and not final:
                 self._session.take_snapshot(event)
 
 
