@@ -23,11 +23,18 @@ import concurrent.futures
 from collections.abc import Callable
 
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
-from prism_debug.capture.history import Plan, Position
+from prism_debug.capture.history import Plan
 from prism_debug.capture.ring import Ring
 from prism_debug.capture.snapshots import check_unchanged, restore_tools
 from prism_debug.controller.replace import RestoreDue
-from prism_debug.controller.session import Message, Session, listed, off_the_loop, run_to_stop
+from prism_debug.controller.session import (
+    Message,
+    Session,
+    listed,
+    off_the_loop,
+    plan_step_back,
+    run_to_stop,
+)
 from prism_debug.errors import (
     InvalidState,
     PrismError,
@@ -290,45 +297,25 @@ class CutVerbs:
         if self._checking is not None or self._replays:
             raise InvalidState("a restore is under way: wait for its answer")
         self._every_rank_here(verb)
+        plan_step_back(self.server, verb, bound, ring, iterations, self._drain,
+                       lambda pending, plan, breakpoints: self._go_back(
+                           pending, plan, breakpoints, bound))
 
-        def where(pending: Pending) -> None:
-            def paused(message: dict) -> None:
-                try:
-                    plan, cut = self._plan(verb, ring, result_of(message), iterations)
-                except PrismError as exc:
-                    self.server.fail(pending, exc)
-                    return
-                # the copy gets the breakpoints the rank has now, not its snapshot's
-                self.server.ask_agent("breaks", {}, lambda message: self._go_back(
-                    pending, plan, cut, bound, message), rank=bound)
-            self.server.ask_agent("status", {}, paused, rank=bound)
-        raise Deferred(where)
-
-    def _plan(self, verb: str, ring: Ring, status: dict,
-              iterations: int | None) -> tuple[Plan, str]:
-        """Where the step back goes from the paused rank's ``status``, and the
-        cut it restores."""
-        if status.get("paused_at") is None:
-            raise InvalidState(f"{verb} goes back from a paused rank: pause it first "
-                               "(pause, or a breakpoint)")
+    def _drain(self) -> None:
         for each in self._snapshots.values():
             each.drain()  # the rings' newest cut may be the nearest
-        plan = ring.plan(Position.of(status["paused_at"]), iterations)
-        assert self.store is not None  # (a session with rings has the run's store)
-        cut = self.store.get(plan.snapshot.id).cut
-        assert cut is not None  # (a rank of several's snapshots are its parts of cuts)
-        return plan, cut
 
-    def _go_back(self, pending: Pending, plan: Plan, cut: str, bound: int,
-                 breaks: dict) -> None:
+    def _go_back(self, pending: Pending, plan: Plan, breakpoints: list, bound: int) -> None:
         try:
-            table = result_of(breaks)["breakpoints"]
             if self._checking is not None or self._replays:
                 raise InvalidState("a restore is under way: wait for its answer")
+            assert self.store is not None  # (a session with rings has the run's store)
+            cut = self.store.get(plan.snapshot.id).cut
         except PrismError as exc:
             self.server.fail(pending, exc)
             return
-        self._plans[pending] = (plan, table)
+        assert cut is not None  # (a rank of several's snapshots are its parts of cuts)
+        self._plans[pending] = (plan, breakpoints)
         self._check_restore(pending, cut, bound)
 
     def _snapshots_listed(self, client: bytes, args: dict) -> dict:

@@ -27,6 +27,11 @@ Message = Callable[[str], None]
 Due = TypeVar("Due")
 
 
+def labelled(rank: int, message: Message) -> Message:
+    """``message`` with each line said to be ``rank``'s (several ranks' lines interleave)."""
+    return lambda line: message(f"[rank {rank}] {line}")
+
+
 class FollowedRank:
     """One real rank as the loop follows it: its files, its process (a
     console's restore replaces it), its relay, and its snapshots."""

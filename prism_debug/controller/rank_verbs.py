@@ -21,9 +21,9 @@ import concurrent.futures
 from collections.abc import Callable
 from pathlib import Path
 
-from prism_debug.bus.server import Deferred, Pending, result_of
+from prism_debug.bus.server import Deferred, Pending
 from prism_debug.capture import snapshots
-from prism_debug.capture.history import Plan, Position
+from prism_debug.capture.history import Plan
 from prism_debug.capture.ring import Ring
 from prism_debug.capture.snapshots import Release, Snapshotter, release_rank
 from prism_debug.controller.no_session import NoSession
@@ -34,6 +34,7 @@ from prism_debug.controller.session import (
     answered,
     listed,
     off_the_loop,
+    plan_step_back,
     run_to_stop,
 )
 from prism_debug.errors import (
@@ -360,34 +361,15 @@ class RankVerbs:
         if not self.server.agent_connected:
             raise InvalidState(f"the rank is off the bus for a moment (starting, or being "
                                f"snapshotted): {verb} again")
+        plan_step_back(self.server, verb, self.rank, ring, iterations, self._records_done,
+                       self._go_back)
 
-        def where(pending: Pending) -> None:
-            def paused(message: dict) -> None:
-                try:
-                    status = result_of(message)
-                    if status.get("paused_at") is None:
-                        raise InvalidState(f"{verb} goes back from a paused rank: pause it "
-                                           "first (pause, or a breakpoint)")
-                    self._records_done()  # the ring's newest snapshot may be the nearest
-                    plan = ring.plan(Position.of(status["paused_at"]), iterations)
-                except PrismError as exc:
-                    self.server.fail(pending, exc)
-                    return
-                # the copy gets the breakpoints the rank has now, not its snapshot's
-                self.server.ask_agent("breaks", {}, lambda message: self._go_back(
-                    pending, plan, message))
-            self.server.ask_agent("status", {}, paused)
-        raise Deferred(where)
-
-    def _go_back(self, pending: Pending, plan: Plan, breaks: dict) -> None:
-        try:
-            table = result_of(breaks)["breakpoints"]
-            if self._checking is not None or self._restores:
-                raise InvalidState("a restore is under way: wait for its answer")
-        except PrismError as exc:
-            self.server.fail(pending, exc)
+    def _go_back(self, pending: Pending, plan: Plan, breakpoints: list) -> None:
+        if self._checking is not None or self._restores:
+            self.server.fail(pending, InvalidState("a restore is under way: wait for its "
+                                                   "answer"))
             return
-        self._plans[pending] = (plan, table)
+        self._plans[pending] = (plan, breakpoints)
         self._restore_lazy = None  # lazily where it can be
         self._start_restore(pending, plan.snapshot.id)
 

@@ -39,7 +39,7 @@ from prism_debug.capture.snapshots import (
     Snapshotter,
 )
 from prism_debug.controller.cut_verbs import cuts_session
-from prism_debug.controller.follow import FollowedRank, follow
+from prism_debug.controller.follow import FollowedRank, follow, labelled
 from prism_debug.controller.no_session import NoBus, NoSession, RankSnapshots
 from prism_debug.controller.replace import RestoreDue, replace_ranks
 from prism_debug.controller.session import Session
@@ -198,7 +198,7 @@ def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, ran
     the relay of its output (to the session's bus, if any), which takes its
     snapshots."""
     files = run_files(make_run_dir(run_dir / f"rank-{rank}"))
-    ring = Ring(options.history, store, _labelled(rank, message)) if options.history else None
+    ring = Ring(options.history, store, labelled(rank, message)) if options.history else None
     snapshots = RankSnapshots(snapshotter, files, dumper=True, ring=ring)
     relay: Relay
     bus: BusEnds  # the session's ends of the bus (a NoSession has none)
@@ -215,9 +215,9 @@ def _start(options: RunOptions, graph: ExecutionGraph | None, run_dir: Path, ran
 
 
 def followed(rank: int, files: dict[str, Path], child: Child | RestoredChild,
-              session: Session | None, relay: Relay, message: Message, *,
-              snapshots: RankSnapshots | None = None,
-              restored_from: str | None = None) -> FollowedRank:
+             session: Session | None, relay: Relay, message: Message, *,
+             snapshots: RankSnapshots | None = None,
+             restored_from: str | None = None) -> FollowedRank:
     """A rank's process, known to the session (or its relay) and followed."""
     if session is not None:
         session.follows(rank, child)
@@ -230,26 +230,20 @@ def followed(rank: int, files: dict[str, Path], child: Child | RestoredChild,
                         restored_from=restored_from)
 
 
-def _labelled(rank: int, message: Message) -> Message:
-    return lambda line: message(f"[rank {rank}] {line}")
-
-
 def ranks_results(world_size: int, command: list[str], hardware: str, report_path: Path | None,
-             ranks: dict[int, FollowedRank], exit_code: int, message: Message) -> RunResult:
+                  ranks: dict[int, FollowedRank], exit_code: int, message: Message) -> RunResult:
     """Each rank's report (its folder's report.json, and ``report_path`` for
     them all); the lowest rank's result, with each rank's in ``ranks``."""
     results: dict[int, RunResult] = {}
     reports: dict[str, dict] = {}
     for rank, each in ranks.items():
-        def labelled(line: str, rank: int = rank) -> None:
-            message(f"[rank {rank}] {line}")
         events, report = finish(each.follower, each.files["events"], each.exit_code or 0,
-                                world_size, rank, command, hardware, None, None, labelled,
-                                restored_from=each.restored_from)
+                                world_size, rank, command, hardware, None, None,
+                                labelled(rank, message), restored_from=each.restored_from)
         run_dir = each.files["log"].parent
         (run_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n")
         reports[str(rank)] = report
-        taken = each.snapshots.taken if each.snapshots is not None else []
+        taken = each.taken
         results[rank] = RunResult(report, each.exit_code or 0, run_dir, taken, events)
     if report_path:
         report_path.write_text(json.dumps({"ranks": reports}, indent=1) + "\n")

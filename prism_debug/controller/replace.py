@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from prism_debug.capture.snapshots import restore_process
+from prism_debug.controller.follow import FollowedRank, labelled
 from prism_debug.errors import PrismError, SnapshotFailed
 from prism_debug.process.children import RestoredChild
 from prism_debug.process.start import BusEnds
@@ -29,7 +30,6 @@ from prism_debug.snapshot.store import Store
 
 if TYPE_CHECKING:
     from prism_debug.bus.server import Pending
-    from prism_debug.controller.follow import FollowedRank
 
 Message = Callable[[str], None]
 
@@ -129,19 +129,14 @@ def _restore_copies(ranks: dict[int, FollowedRank], due: RestoreDue, session: Re
                 store, manifest, each.files, due.criu, bus=session.commands_endpoint,
                 bus_curve=session.agent_curve, bus_secret=session.agent_secret,
                 pause=each.rank == due.bound, history=due.history, lazy=due.lazy,
-                side_store=side, message=_labelled(each.rank, message, len(ranks)))
+                side_store=side,
+                message=message if len(ranks) == 1 else labelled(each.rank, message))
             copies[each.rank] = RestoredChild(pid, isolated=not due.needed)
     except BaseException:
         for copy in copies.values():
             copy.kill()
         raise
     return copies
-
-
-def _labelled(rank: int, message: Message, ranks: int) -> Message:
-    if ranks == 1:
-        return message
-    return lambda line: message(f"[rank {rank}] {line}")
 
 
 def _ids(pids: set[int]) -> str:

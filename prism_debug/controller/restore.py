@@ -23,7 +23,7 @@ from prism_debug.capture.snapshots import (
     restore_tools,
 )
 from prism_debug.controller.cut_verbs import cuts_session
-from prism_debug.controller.follow import FollowedRank
+from prism_debug.controller.follow import FollowedRank, labelled
 from prism_debug.controller.launch import follow_rank
 from prism_debug.controller.no_session import NoSession
 from prism_debug.controller.rank_verbs import open_rank_session
@@ -166,7 +166,7 @@ def _restore_cut(options: RestoreOptions, store: Store, members: list[Manifest],
             else:
                 relay = bus = NoSession(_no_snapshots(rank), files)
             child = restored_copy(store, manifest, criu, options, files, bus,
-                                  _labelled(rank, message), side=side)
+                                  labelled(rank, message), side=side)
             yield followed(rank, files, child, session, relay, message,
                            restored_from=manifest.id)
 
@@ -178,10 +178,6 @@ def _restore_cut(options: RestoreOptions, store: Store, members: list[Manifest],
         _check_copy(manifest, result.ranks[manifest.rank].events, each.exit_code or 0,
                     each.files["log"], options)
     return result
-
-
-def _labelled(rank: int, message: Message) -> Message:
-    return lambda line: message(f"[rank {rank}] {line}")
 
 
 def _no_snapshots(rank: int) -> Callable[[], Snapshotter]:

@@ -26,15 +26,16 @@ import functools
 import os
 import threading
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import NoReturn, Protocol, TypeVar
 
 from prism_debug.bus import sessions
 from prism_debug.bus.server import BusServer, Deferred, Pending, result_of
 from prism_debug.bus.words import describe_pause, how_to_resume
-from prism_debug.capture.history import Plan
+from prism_debug.capture.history import Plan, Position
+from prism_debug.capture.ring import Ring
 from prism_debug.controller.no_session import RankSnapshots
 from prism_debug.controller.replace import RestoreDue
-from prism_debug.errors import BusError, PrismError, RankUnavailable
+from prism_debug.errors import BusError, InvalidState, PrismError, RankUnavailable
 from prism_debug.process.children import RankProcess, Relay, RestoredChild
 from prism_debug.snapshot.manifest import Manifest
 from prism_debug.snapshot.store import now_text
@@ -115,8 +116,9 @@ class Session:
         self.exit_codes: dict[int, int] = {}
         # a rank of several's part of each cut, as its controller takes it
         self.rank_snapshots: dict[int, RankSnapshots] = {}
-        self.cut_run: str | None = None  # the part of the cut ids naming this run, once known
-        self.cut_runs: list[str] = []  # every timeline's (a console's restore begins one)
+        # the part of the cut ids naming each timeline of the run, once known
+        # (a console's restore begins one): the newest names its cuts now
+        self.cut_runs: list[str] = []
         self._told_pause: dict[int, int] = {}  # the last pause told of, by rank (numbered)
         node_rank, nnodes = node or (None, None)
         self.info = session_info(self.server, world_size, ranks,
@@ -154,10 +156,14 @@ class Session:
     def begin_timeline(self, cut_run: str) -> None:
         """The ranks' cuts from now on are of ``cut_run`` (the run's own, or a
         console's restore's, whose copies' cuts are named apart)."""
-        self.cut_run = cut_run
         self.cut_runs.append(cut_run)
         for snapshots in self.rank_snapshots.values():
             snapshots.continue_as(cut_run)
+
+    @property
+    def cut_run(self) -> str | None:
+        """What names the ranks' cuts now (None: a run not of several, or not started)."""
+        return self.cut_runs[-1] if self.cut_runs else None
 
     def exit_code(self, rank: int) -> int | None:
         return self.exit_codes.get(rank)
@@ -336,6 +342,35 @@ def answered(server: BusServer, pending: Pending, message: dict) -> dict | None:
     except PrismError as exc:
         server.fail(pending, exc)
         return None
+
+
+def plan_step_back(server: BusServer, verb: str, rank: int, ring: Ring,
+                   iterations: int | None, recorded: Callable[[], None],
+                   go: Callable[[Pending, Plan, list], None]) -> NoReturn:
+    """``back ITERATIONS`` (None: ``reverse-continue``) of ``rank``, planned
+    from where it is paused (``recorded`` first waits for the ring's dumps:
+    the newest may be the nearest); ``go`` restores for it, given who asked,
+    the plan and the breakpoints the rank has now (the copy gets those, not
+    its snapshot's).  Raises the Deferred that answers the console."""
+    def where(pending: Pending) -> None:
+        def paused(message: dict) -> None:
+            try:
+                status = result_of(message)
+                if status.get("paused_at") is None:
+                    raise InvalidState(f"{verb} goes back from a paused rank: pause it first "
+                                       "(pause, or a breakpoint)")
+                recorded()
+                plan = ring.plan(Position.of(status["paused_at"]), iterations)
+            except PrismError as exc:
+                server.fail(pending, exc)
+                return
+
+            def breaks(message: dict) -> None:
+                if (result := answered(server, pending, message)) is not None:
+                    go(pending, plan, result["breakpoints"])
+            server.ask_agent("breaks", {}, breaks, rank=rank)
+        server.ask_agent("status", {}, paused, rank=rank)
+    raise Deferred(where)
 
 
 def run_to_stop(server: BusServer, pending: Pending, restored: dict, plan: Plan,
