@@ -19,11 +19,22 @@ from prism_debug.snapshot.store import exclusive_lock
 T = TypeVar("T")
 
 
-def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
+# make test's two phases (tools/run_tests.sh) are two pytest sessions: this
+# folder, where it names one, is what both share, so the serial phase reads
+# the profiled graphs and real torchrun incidents the parallel one made
+# instead of making them again (not the graph cache: see conftest.graph_cache)
+SHARED_ENV = "PRISM_DEBUG_TESTS_SHARED"
+
+
+def shared_dir(tmp_path_factory: pytest.TempPathFactory, name: str, *,
+               across_sessions: bool = True) -> Path:
     """A folder of this test session that all its xdist workers share (a
-    worker's base temp is a folder of the session's)."""
+    worker's base temp is a folder of the session's), or, ``across_sessions``,
+    of every session given ``$PRISM_DEBUG_TESTS_SHARED``."""
     base = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    if across_sessions and os.environ.get(SHARED_ENV):
+        base = Path(os.environ[SHARED_ENV])
+    elif os.environ.get("PYTEST_XDIST_WORKER"):
         base = base.parent
     folder = base / name
     folder.mkdir(mode=0o700, exist_ok=True)

@@ -9,7 +9,10 @@ python=$1
 shift
 workers=${PYTEST_WORKERS:-2}
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# what the session fixtures make (profiled graphs, real torchrun incidents)
+# is made once for both phases (tests/shared.py)
+export PRISM_DEBUG_TESTS_SHARED=$(mktemp -d)
+trap 'rm -f "$log"; rm -rf "$PRISM_DEBUG_TESTS_SHARED"' EXIT
 started=$SECONDS
 
 phase() {  # phase NAME PYTEST-ARGS...: run one, remember its counts and status

@@ -39,6 +39,7 @@ from prism_debug.agent.program import MESSAGES_ENV, ProgramRecorder, slice_book
 from prism_debug.agent.real import SeveralRanks
 from prism_debug.agent.reload import Sources
 from prism_debug.agent.reload import apply as apply_reload
+from prism_debug.agent.shutdown import spare_the_collector_at_exit
 from prism_debug.backend.fr_recorder import FlightLog
 from prism_debug.backend.install import Messages, install
 from prism_debug.backend.real_comms import SideStore
@@ -167,6 +168,7 @@ class Agent:
         register_optimizer_step_pre_hook(self._before_step)
         register_optimizer_step_post_hook(self._after_step)
         atexit.register(self._on_exit)
+        spare_the_collector_at_exit()
         no_gpu.watch(self._emit)  # a CUDA call on a machine without a GPU, named
         if self.link is not None:
             self.link.start()
