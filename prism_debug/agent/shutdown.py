@@ -4,8 +4,8 @@ When Python exits it clears every module and runs the cyclic garbage
 collector over what is left, several times.  With torch loaded (and
 ``torch._dynamo``, which a torch optimizer's first step imports) that is
 some 300,000 tracked objects: 0.8 to 0.9 s of CPU per process on this
-project's machines, a quarter of a short rank's life, paid by every run,
-every profiling slice and every restored copy.  Freezing the collector once
+project's machines, a sixth to a quarter of a short rank's life, paid by
+every run, every profiling slice and every restored copy.  Freezing the collector once
 the exit handlers begin moves every object alive then out of its reach.
 Reference counting still frees what it frees when the modules are cleared,
 so a file the script left open is flushed and closed as before.  Only
